@@ -1,0 +1,140 @@
+package pgserver
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// cluster is a throwaway PostgreSQL cluster run from the local binaries. Its temporary
+// directory holds the data directory, the Unix socket and the server log.
+type cluster struct {
+	binDir string
+	dir    string
+	port   int
+	cred   *syscall.Credential // the postgres OS user when running as root, else nil
+	pg     *child              // the running postmaster; nil while halted
+}
+
+// findBinDir returns the directory of the local PostgreSQL server binaries, looking at
+// $PG_BIN, pg_config --bindir, /usr/lib/postgresql/*/bin (highest version first) and
+// PATH, or "" if there are none.
+func findBinDir(ctx context.Context) string {
+	var dirs []string
+	dirs = append(dirs, os.Getenv("PG_BIN"))
+	if out, err := exec.CommandContext(ctx, "pg_config", "--bindir").Output(); err == nil {
+		dirs = append(dirs, strings.TrimSpace(string(out)))
+	}
+	debian, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	version := func(dir string) float64 {
+		v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(dir)), 64)
+		return v
+	}
+	sort.Slice(debian, func(i, j int) bool { return version(debian[i]) > version(debian[j]) })
+	dirs = append(dirs, debian...)
+	if p, err := exec.LookPath("postgres"); err == nil {
+		dirs = append(dirs, filepath.Dir(p))
+	}
+	for _, dir := range dirs {
+		if isFile(filepath.Join(dir, "postgres")) && isFile(filepath.Join(dir, "initdb")) {
+			return dir
+		}
+	}
+	return ""
+}
+
+// isFile reports whether path names a regular file.
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// startLocal initializes a cluster in a fresh temporary directory and starts it on a free port.
+func startLocal(ctx context.Context, binDir string) (*Server, error) {
+	cred, err := runAs()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := tempDir("pgserver-", cred)
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{binDir: binDir, dir: dir, cred: cred}
+	err = c.initdb(ctx)
+	if err == nil {
+		err = onFreePort(func(port int) error {
+			c.port = port
+			return c.start(ctx)
+		})
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &Server{URL: pgURL("postgres", c.port, "postgres"), Kind: "local", local: c}, nil
+}
+
+func (c *cluster) dataDir() string { return filepath.Join(c.dir, "data") }
+func (c *cluster) logPath() string { return filepath.Join(c.dir, "postgres.log") }
+
+// initdb creates the data directory: trust authentication, superuser postgres, UTF8, C locale.
+func (c *cluster) initdb(ctx context.Context) error {
+	logFile, offset, err := openLog(c.logPath())
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	args := []string{"-D", c.dataDir(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"}
+	if err := command(ctx, filepath.Join(c.binDir, "initdb"), args, c.dir, logFile, c.cred).Run(); err != nil {
+		return startErr("initdb", err, c.logPath(), offset)
+	}
+	return nil
+}
+
+// start starts the postmaster on c.port, unless it runs already, and waits until it
+// accepts connections.
+func (c *cluster) start(ctx context.Context) error {
+	if c.pg != nil {
+		return nil
+	}
+	logFile, offset, err := openLog(c.logPath())
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	args := []string{"-D", c.dataDir(), "-p", strconv.Itoa(c.port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + c.dir}
+	for _, s := range settings {
+		args = append(args, "-c", s)
+	}
+	// SIGQUIT is PostgreSQL's immediate shutdown: the data is thrown away or only halted.
+	pg, err := spawn(filepath.Join(c.binDir, "postgres"), args, c.dir, logFile, c.cred, syscall.SIGQUIT)
+	if err != nil {
+		return err
+	}
+	if err := waitReady(ctx, pgURL("postgres", c.port, "postgres"), pg); err != nil {
+		pg.stop()
+		return startErr("postgres", err, c.logPath(), offset)
+	}
+	c.pg = pg
+	return nil
+}
+
+// halt shuts the postmaster down immediately, keeping the data directory.
+func (c *cluster) halt() {
+	if c.pg != nil {
+		c.pg.stop()
+		c.pg = nil
+	}
+}
+
+// remove halts the cluster and deletes its directory.
+func (c *cluster) remove() error {
+	c.halt()
+	return os.RemoveAll(c.dir)
+}

@@ -1,0 +1,59 @@
+package pgserver
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// shared is the server Main started.
+var shared *Server
+
+// Main is for TestMain: it starts a server with Start(ctx, "RELAY_TEST_DATABASE_URL"),
+// exposes it through Shared, runs the tests, stops the server and exits with the
+// tests' exit code. If no server can be started it prints why to stderr and exits 1:
+// tests never skip because no database was found.
+func Main(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	s, err := Start(ctx, "RELAY_TEST_DATABASE_URL")
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	shared = s
+	code := m.Run()
+	if err := s.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "pgserver: stopping the shared server:", err)
+	}
+	os.Exit(code)
+}
+
+// Shared returns the server Main started. It panics if TestMain did not call Main.
+func Shared() *Server {
+	if shared == nil {
+		panic("pgserver.Shared: call pgserver.Main(m) in TestMain first")
+	}
+	return shared
+}
+
+var notIdent = regexp.MustCompile(`[^a-z0-9]+`)
+
+// Name returns a unique, valid, lowercase SQL identifier of at most 63 bytes made of
+// t.Name() and a random suffix, for per-test tables and keys in parallel tests.
+func Name(t testing.TB) string {
+	suffix := fmt.Sprintf("_%08x", rand.Uint32())
+	base := strings.Trim(notIdent.ReplaceAllString(strings.ToLower(t.Name()), "_"), "_")
+	if base == "" || base[0] >= '0' && base[0] <= '9' {
+		base = "t_" + base
+	}
+	if n := 63 - len(suffix); len(base) > n {
+		base = strings.TrimRight(base[:n], "_")
+	}
+	return base + suffix
+}
