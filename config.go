@@ -1,0 +1,273 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults of [Config], as [DefaultConfig] fills them in.
+const (
+	AppNameDefault      = "app"
+	TableDefault        = "mensagem_m2m"
+	IntervalDefault     = time.Second
+	BatchSizeDefault    = 100
+	MaxAttemptsDefault  = 10
+	RetryBackoffDefault = time.Second
+	SendTimeoutDefault  = 30 * time.Second
+	ConcurrencyDefault  = 1
+
+	// RetryBackoffMax caps the wait before an ERROR row is retried, however
+	// many attempts it has.
+	RetryBackoffMax = time.Hour
+
+	// LockKeySuffix is appended to [Config.AppName] to form the election key,
+	// exactly as the JVM relay forms it: hashtext(AppName || '_relay_m2m').
+	LockKeySuffix = "_relay_m2m"
+)
+
+// Upper bounds that catch a misplaced digit before it reaches production.
+const (
+	batchSizeMax   = 10_000
+	concurrencyMax = 1_000
+)
+
+// Config configures a [Relay]. Build it with [DefaultConfig] or [ConfigFromEnv]
+// and change the fields you need: [New] refuses a Config built any other way,
+// because the safe default of ClusterLock (true) cannot survive Go's zero value.
+type Config struct {
+	// AppName names the app. Replicas of one app share it, and the election
+	// key is AppName + "_relay_m2m", so a JVM replica of the same app excludes
+	// this one and the other way round. Defaults to "app".
+	AppName string
+
+	// Table is the outbox table, optionally schema-qualified ("outbox.mensagem_m2m").
+	// Each part is an identifier of letters, digits and underscores; it is quoted
+	// in SQL, so it is case-sensitive. Defaults to "mensagem_m2m".
+	Table string
+
+	// Enabled gates the periodic tick started by [Relay.Start]. It does not
+	// apply to [Relay.Run] or [Relay.RunIfElected]. Defaults to true.
+	Enabled bool
+
+	// ClusterLock runs every periodic pass, and [Relay.RunIfElected], under the
+	// per-app election. false is the escape hatch: every replica drains at the
+	// same time and the avoidable duplication of decision 0035 is back (the
+	// relay logs a warning). Defaults to true.
+	ClusterLock bool
+
+	// Interval is the delay between periodic passes. Defaults to 1s.
+	Interval time.Duration
+
+	// BatchSize is the most rows one batch selects. Defaults to 100.
+	BatchSize int
+
+	// MaxAttempts is the ceiling: a row whose attempts reached it is dead and
+	// never selected again until an operator re-queues it. Defaults to 10.
+	MaxAttempts int
+
+	// RetryBackoff is the base of the wait before an ERROR row is retried:
+	// RetryBackoff * 2^(attempts-1) after its last attempt (updated_at), capped
+	// at [RetryBackoffMax]. 0 retries it on the next pass. Defaults to 1s.
+	RetryBackoff time.Duration
+
+	// SendTimeout bounds one [Sender.Send]. A send that has not returned by then
+	// marks its row ERROR and the batch goes on. Defaults to 30s.
+	SendTimeout time.Duration
+
+	// Concurrency is how many messages of a batch may be in flight at once,
+	// all under the one election. Messages with the same natural key are never
+	// in flight together and go in id order. Defaults to 1.
+	Concurrency int
+
+	// Logger receives the relay's logs. Defaults to [slog.Default].
+	Logger *slog.Logger
+
+	// Guard runs the elected pass. nil means a [PostgresGuard] on the relay's pool.
+	Guard Guard
+
+	// Observer, if set, receives every pass's and message's outcome, to export
+	// metrics. nil means none.
+	Observer Observer
+
+	// built is set only by DefaultConfig, so New can tell a Config that
+	// started from the defaults from a zero value with ClusterLock silently false.
+	built bool
+}
+
+// DefaultConfig returns a Config with every default filled in.
+func DefaultConfig() Config {
+	return Config{
+		AppName:      AppNameDefault,
+		Table:        TableDefault,
+		Enabled:      true,
+		ClusterLock:  true,
+		Interval:     IntervalDefault,
+		BatchSize:    BatchSizeDefault,
+		MaxAttempts:  MaxAttemptsDefault,
+		RetryBackoff: RetryBackoffDefault,
+		SendTimeout:  SendTimeoutDefault,
+		Concurrency:  ConcurrencyDefault,
+		built:        true,
+	}
+}
+
+// errConfigNotBuilt is returned by New for a Config that did not start from DefaultConfig.
+var errConfigNotBuilt = errors.New("relay: Config was not built by relay.DefaultConfig() or relay.ConfigFromEnv(); " +
+	"start from cfg := relay.DefaultConfig() and change the fields you need, so that ClusterLock defaults to true")
+
+func (c *Config) validate() error {
+	if !c.built {
+		return errConfigNotBuilt
+	}
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, msg: fmt.Sprintf(format, args...)})
+	}
+	if strings.TrimSpace(c.AppName) == "" {
+		bad("AppName", "must not be empty: it names the election key")
+	}
+	if _, err := parseTable(c.Table); err != nil {
+		bad("Table", "%v", err)
+	}
+	if c.Interval <= 0 {
+		bad("Interval", "must be positive, got %s", c.Interval)
+	}
+	if c.BatchSize < 1 || c.BatchSize > batchSizeMax {
+		bad("BatchSize", "must be between 1 and %d, got %d", batchSizeMax, c.BatchSize)
+	}
+	if c.MaxAttempts < 1 {
+		bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
+	}
+	if c.RetryBackoff < 0 {
+		bad("RetryBackoff", "must not be negative, got %s", c.RetryBackoff)
+	}
+	if c.SendTimeout <= 0 {
+		bad("SendTimeout", "must be positive, got %s", c.SendTimeout)
+	}
+	if c.Concurrency < 1 || c.Concurrency > concurrencyMax {
+		bad("Concurrency", "must be between 1 and %d, got %d", concurrencyMax, c.Concurrency)
+	}
+	return errors.Join(errs...)
+}
+
+// FieldError is a [Config] field with a value [New] refuses.
+type FieldError struct {
+	Field string // the Config field, as in "BatchSize"
+	msg   string
+}
+
+func (e *FieldError) Error() string { return "relay: Config." + e.Field + " " + e.msg }
+
+// lockKey is the election key, as the JVM relay forms it.
+func (c *Config) lockKey() string { return c.AppName + LockKeySuffix }
+
+// The environment variables read by ConfigFromEnv.
+const (
+	EnvAppName      = "RELAY_APP_NAME"
+	EnvTable        = "RELAY_TABLE"
+	EnvEnabled      = "RELAY_ENABLED"
+	EnvClusterLock  = "RELAY_CLUSTER_LOCK"
+	EnvInterval     = "RELAY_INTERVAL"
+	EnvBatchSize    = "RELAY_BATCH_SIZE"
+	EnvMaxAttempts  = "RELAY_MAX_ATTEMPTS"
+	EnvRetryBackoff = "RELAY_RETRY_BACKOFF"
+	EnvSendTimeout  = "RELAY_SEND_TIMEOUT"
+	EnvConcurrency  = "RELAY_CONCURRENCY"
+)
+
+// ConfigFromEnv returns [DefaultConfig] with every RELAY_* variable that is set
+// applied on top, so an operator can flip the escape hatch (RELAY_CLUSTER_LOCK=false)
+// without a release. Booleans take strconv.ParseBool's forms ("true", "false",
+// "1", "0"), durations time.ParseDuration's ("500ms", "30s"). A malformed value
+// is an error that names the variable; unset and empty variables keep the default.
+func ConfigFromEnv() (Config, error) {
+	return configFromLookup(os.LookupEnv)
+}
+
+func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
+	cfg := DefaultConfig()
+	var errs []error
+	get := func(name string) (string, bool) {
+		v, ok := lookup(name)
+		v = strings.TrimSpace(v)
+		return v, ok && v != ""
+	}
+	str := func(name string, dst *string) {
+		if v, ok := get(name); ok {
+			*dst = v
+		}
+	}
+	boolean := func(name string, dst *bool) {
+		if v, ok := get(name); ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("relay: %s=%q is not a boolean (use true or false)", name, v))
+				return
+			}
+			*dst = b
+		}
+	}
+	integer := func(name string, dst *int) {
+		if v, ok := get(name); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("relay: %s=%q is not an integer", name, v))
+				return
+			}
+			*dst = n
+		}
+	}
+	duration := func(name string, dst *time.Duration) {
+		if v, ok := get(name); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("relay: %s=%q is not a duration (use a unit, as in 500ms or 30s)", name, v))
+				return
+			}
+			*dst = d
+		}
+	}
+	str(EnvAppName, &cfg.AppName)
+	str(EnvTable, &cfg.Table)
+	boolean(EnvEnabled, &cfg.Enabled)
+	boolean(EnvClusterLock, &cfg.ClusterLock)
+	duration(EnvInterval, &cfg.Interval)
+	integer(EnvBatchSize, &cfg.BatchSize)
+	integer(EnvMaxAttempts, &cfg.MaxAttempts)
+	duration(EnvRetryBackoff, &cfg.RetryBackoff)
+	duration(EnvSendTimeout, &cfg.SendTimeout)
+	integer(EnvConcurrency, &cfg.Concurrency)
+	if len(errs) > 0 {
+		return Config{}, errors.Join(errs...)
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, fmt.Errorf("%w (from the environment: %s)", err, envNames(err))
+	}
+	return cfg, nil
+}
+
+// envNames names the variables behind the fields that err refuses.
+func envNames(err error) string {
+	vars := map[string]string{
+		"AppName": EnvAppName, "Table": EnvTable, "Interval": EnvInterval, "BatchSize": EnvBatchSize,
+		"MaxAttempts": EnvMaxAttempts, "RetryBackoff": EnvRetryBackoff, "SendTimeout": EnvSendTimeout,
+		"Concurrency": EnvConcurrency,
+	}
+	var names []string
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return ""
+	}
+	for _, e := range joined.Unwrap() {
+		var fe *FieldError
+		if errors.As(e, &fe) {
+			names = append(names, vars[fe.Field])
+		}
+	}
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,516 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Timings of the pass.
+const (
+	// outcomeTimeout bounds the short transaction that records one outcome. It
+	// runs even when the pass was cancelled: the send already happened.
+	outcomeTimeout = 10 * time.Second
+	// lastErrorMax is how much of a sender's error last_error keeps.
+	lastErrorMax = 2000
+)
+
+// Relay delivers the outbound rows of one outbox table through its senders.
+// Build it with [New]; it is safe for concurrent use, and its passes never
+// overlap within one process.
+type Relay struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	logger   *slog.Logger
+	repo     *repository
+	senders  map[string]Sender
+	types    []string
+	guard    Guard
+	key      string
+	observer Observer
+	stats    counters
+
+	// pass is a one-slot semaphore: one pass of this relay at a time.
+	pass chan struct{}
+
+	mu     sync.Mutex
+	ticker *ticker
+}
+
+// New returns a relay that drains cfg.Table through senders, one per type.
+// cfg must come from [DefaultConfig] or [ConfigFromEnv]; New refuses a Config
+// built any other way, bad values (the error names the field), and nil senders,
+// empty or duplicate types.
+//
+// With ClusterLock and no Guard, the relay elects with a [PostgresGuard] on
+// pool, which holds one connection for the whole pass while the pass works on
+// others: pool must allow at least 2 connections.
+func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("relay: New needs a *pgxpool.Pool, got nil")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if len(senders) == 0 {
+		return nil, errors.New("relay: New needs at least one Sender: the relay drains only the types it has senders for")
+	}
+	byType := make(map[string]Sender, len(senders))
+	for i, s := range senders {
+		if s == nil {
+			return nil, fmt.Errorf("relay: sender %d is nil", i)
+		}
+		t := s.Type()
+		if strings.TrimSpace(t) == "" {
+			return nil, fmt.Errorf("relay: sender %d (%T) has an empty type", i, s)
+		}
+		if _, dup := byType[t]; dup {
+			return nil, fmt.Errorf("relay: two senders for type %q: each type has exactly one sender", t)
+		}
+		byType[t] = s
+	}
+	repo, err := newRepository(cfg.Table, cfg.RetryBackoff)
+	if err != nil {
+		return nil, &FieldError{Field: "Table", msg: err.Error()}
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger = logger.With(slog.String("component", "relay"), slog.String("app", cfg.AppName))
+	r := &Relay{
+		pool:     pool,
+		cfg:      cfg,
+		logger:   logger,
+		repo:     repo,
+		senders:  byType,
+		types:    slices.Sorted(mapsKeys(byType)),
+		guard:    cfg.Guard,
+		key:      cfg.lockKey(),
+		observer: cfg.Observer,
+		pass:     make(chan struct{}, 1),
+	}
+	if r.guard == nil {
+		if max := pool.Config().MaxConns; cfg.ClusterLock && max < 2 {
+			return nil, fmt.Errorf("relay: the pool allows %d connection; the election holds one for the whole pass "+
+				"and the pass needs another: set pool_max_conns to at least 2", max)
+		}
+		g := NewPostgresGuard(pool)
+		g.logger = logger
+		r.guard = g
+	}
+	if !cfg.ClusterLock {
+		logger.Warn("relay: ClusterLock is off: every replica of this app drains the same rows at the same time, " +
+			"and each message they share is delivered more than once (decision 0035's avoidable duplication)")
+	}
+	return r, nil
+}
+
+func mapsKeys(m map[string]Sender) func(yield func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// Run runs one direct pass, without election: it selects a batch of at most
+// BatchSize deliverable rows and delivers them. It is for tests and for "run
+// now"; replicas that must not duplicate each other use [Relay.RunIfElected].
+// It waits for a pass of this relay already in flight. It returns how many rows
+// it processed (recorded sent or failed).
+func (r *Relay) Run(ctx context.Context) (int, error) {
+	select {
+	case r.pass <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-r.pass }()
+	start := time.Now()
+	res := r.batch(ctx, nil)
+	r.passDone(res, start)
+	return res.processed(), res.err
+}
+
+// RunIfElected runs the same pass as [Relay.Run] under the election for
+// AppName + "_relay_m2m". It reports true when it ran (it won the election, or
+// ClusterLock is off and it ran a direct pass) and false when it coalesced:
+// another session, in this process or another (a JVM relay among them), held
+// the election, and nothing was dispatched. Enabled does not apply to it.
+//
+// If the election is lost mid-pass, the pass stops before its next message and
+// the error wraps [ErrElectionLost].
+func (r *Relay) RunIfElected(ctx context.Context) (bool, error) {
+	res, ran := r.runIfElected(ctx, nil)
+	return ran, res.err
+}
+
+// passOpts tune the periodic pass; the direct and elected passes use none.
+type passOpts struct {
+	halt  <-chan struct{} // closed: start no new message or batch (graceful stop)
+	drain bool            // take batches while they come back full
+}
+
+// runIfElected is RunIfElected, with the periodic tick's options.
+func (r *Relay) runIfElected(ctx context.Context, o *passOpts) (passResult, bool) {
+	if !r.cfg.ClusterLock {
+		select {
+		case r.pass <- struct{}{}:
+		case <-ctx.Done():
+			return passResult{err: ctx.Err()}, false
+		}
+		defer func() { <-r.pass }()
+		start := time.Now()
+		res := r.passes(ctx, o)
+		r.passDone(res, start)
+		return res, true
+	}
+	select {
+	case r.pass <- struct{}{}:
+	default:
+		// A pass of this relay is in flight: it holds the election, so this
+		// one coalesces like any other loser.
+		r.passDone(passResult{coalesced: true}, time.Now())
+		return passResult{}, false
+	}
+	defer func() { <-r.pass }()
+	start := time.Now()
+	var res passResult
+	ran, err := r.guard.TryRun(ctx, r.key, func(ctx context.Context) error {
+		res = r.passes(ctx, o)
+		return res.err
+	})
+	res.err = err
+	res.coalesced = !ran
+	r.passDone(res, start)
+	return res, ran
+}
+
+// passes runs one batch, or, when draining, batches while they come back full,
+// for at most drainMax, under whatever election the caller holds.
+func (r *Relay) passes(ctx context.Context, o *passOpts) passResult {
+	var total passResult
+	start := time.Now()
+	for first := true; ; first = false {
+		res := r.batch(ctx, o)
+		total.add(res, first)
+		if res.err != nil || o == nil || !o.drain || !res.full || halted(ctx, o) {
+			return total
+		}
+		if time.Since(start) > drainMax {
+			total.backlog = true
+			return total
+		}
+	}
+}
+
+// drainMax bounds how long one election keeps draining a backlog before it
+// lets go and the next tick elects again at once.
+const drainMax = 10 * time.Second
+
+func halted(ctx context.Context, o *passOpts) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	if o == nil || o.halt == nil {
+		return false
+	}
+	select {
+	case <-o.halt:
+		return true
+	default:
+		return false
+	}
+}
+
+// passResult is what a pass, or a batch of it, did.
+type passResult struct {
+	sent, failed, dead int
+	lag                time.Duration
+	full               bool // the batch came back with BatchSize rows
+	backlog            bool // draining stopped at drainMax with rows left
+	coalesced          bool
+	err                error
+}
+
+func (p *passResult) processed() int { return p.sent + p.failed + p.dead }
+
+func (p *passResult) add(b passResult, first bool) {
+	p.sent += b.sent
+	p.failed += b.failed
+	p.dead += b.dead
+	if first {
+		p.lag = b.lag
+	}
+	p.full = b.full
+	p.err = b.err
+}
+
+func (r *Relay) passDone(res passResult, start time.Time) {
+	rep := PassReport{
+		Coalesced: res.coalesced,
+		Sent:      res.sent,
+		Failed:    res.failed,
+		Dead:      res.dead,
+		Duration:  time.Since(start),
+		Lag:       res.lag,
+		Err:       res.err,
+	}
+	r.stats.passDone(rep)
+	if r.observer != nil {
+		r.observer.PassDone(rep)
+	}
+	attrs := []slog.Attr{
+		slog.Bool("elected", !res.coalesced),
+		slog.Int("sent", res.sent),
+		slog.Int("failed", res.failed),
+		slog.Int("dead", res.dead),
+		slog.Duration("duration", rep.Duration),
+	}
+	ctx := context.Background()
+	switch {
+	case res.err != nil && !errors.Is(res.err, context.Canceled):
+		r.logger.LogAttrs(ctx, slog.LevelError, "relay: pass failed", append(attrs, slog.String("error", res.err.Error()))...)
+	case res.processed() > 0:
+		r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: pass delivered", append(attrs, slog.Duration("lag", res.lag))...)
+	default:
+		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: pass", attrs...)
+	}
+}
+
+// Stats returns a snapshot of what the relay did since New.
+func (r *Relay) Stats() Stats { return r.stats.snapshot() }
+
+// batch selects one batch outside any transaction and delivers it, each outcome
+// in its own short transaction. Messages of one natural key go in id order, one
+// at a time; after one of them fails, the rest of that key wait for a later pass.
+func (r *Relay) batch(ctx context.Context, o *passOpts) passResult {
+	if halted(ctx, o) {
+		return passResult{err: context.Cause(ctx)}
+	}
+	rows, err := r.repo.fetch(ctx, r.pool, r.cfg.MaxAttempts, r.types, r.cfg.BatchSize)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		return passResult{err: fmt.Errorf("relay: select a batch from %s: %w", r.cfg.Table, err)}
+	}
+	res := passResult{full: len(rows) == r.cfg.BatchSize}
+	if len(rows) == 0 {
+		return res
+	}
+	res.lag = max(time.Since(rows[0].CreatedAt), 0)
+
+	groups := byKey(rows)
+	workers := min(r.cfg.Concurrency, len(groups))
+	var (
+		mu   sync.Mutex
+		next atomic.Int64
+		stop atomic.Bool // a recording failed: start no new message
+		wg   sync.WaitGroup
+	)
+	work := func() {
+		defer wg.Done()
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= len(groups) {
+				return
+			}
+			for _, m := range groups[i] {
+				if stop.Load() || halted(ctx, o) {
+					return
+				}
+				out, err := r.deliver(ctx, m)
+				mu.Lock()
+				switch out {
+				case outcomeSent:
+					res.sent++
+				case outcomeFailed:
+					res.failed++
+				case outcomeDead:
+					res.dead++
+				}
+				if err != nil && res.err == nil {
+					res.err = err
+				}
+				mu.Unlock()
+				if err != nil {
+					stop.Store(true)
+					return
+				}
+				if out != outcomeSent {
+					break // the rest of this key waits for a later pass
+				}
+			}
+		}
+	}
+	wg.Add(workers)
+	for range workers - 1 {
+		go work()
+	}
+	work()
+	wg.Wait()
+	if res.err == nil && ctx.Err() != nil {
+		res.err = context.Cause(ctx)
+	}
+	return res
+}
+
+// byKey splits a batch, in id order, into runs of one natural key each, in the
+// order of each key's first id.
+func byKey(rows []row) [][]*row {
+	index := make(map[string]int, len(rows))
+	groups := make([][]*row, 0, len(rows))
+	for i := range rows {
+		m := &rows[i]
+		g, ok := index[m.Key]
+		if !ok {
+			g = len(groups)
+			index[m.Key] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], m)
+	}
+	return groups
+}
+
+type outcome int
+
+const (
+	outcomeNone        outcome = iota // not recorded: interrupted, or the row had moved on
+	outcomeSent                       // recorded SENT
+	outcomeFailed                     // recorded ERROR below the ceiling
+	outcomeDead                       // recorded ERROR at the ceiling
+	outcomeInterrupted                // the pass was cancelled mid-send: nothing recorded, the row stays as it was
+)
+
+// errSendTimeout is the cause of a send's context when SendTimeout elapses.
+var errSendTimeout = errors.New("send timed out")
+
+// deliver sends one message and records its outcome. A non-nil error means
+// the outcome could not be recorded and the pass must stop.
+func (r *Relay) deliver(ctx context.Context, m *row) (outcome, error) {
+	s := r.senders[m.Type]
+	start := time.Now()
+	sendErr := r.send(ctx, s, m.Message)
+	took := time.Since(start)
+	if sendErr != nil && ctx.Err() != nil {
+		// Our own cancellation (stop, lost election) cut the send short: its
+		// outcome is unknown, so the row stays as read and a later pass re-sends it.
+		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: send interrupted",
+			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("error", sendErr.Error()))
+		return outcomeInterrupted, nil
+	}
+
+	// The send happened: record it even if the pass is being cancelled.
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
+	defer cancel()
+	out := outcomeSent
+	var err error
+	if sendErr == nil {
+		err = r.repo.markSent(octx, r.pool, m)
+	} else {
+		dead := IsPermanent(sendErr) || m.Attempts+1 >= r.cfg.MaxAttempts
+		out = outcomeFailed
+		if dead {
+			out = outcomeDead
+		}
+		err = r.repo.markFailed(octx, r.pool, m, errorText(sendErr), dead, r.cfg.MaxAttempts)
+	}
+	if errors.Is(err, errStale) {
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: outcome not recorded: the row changed while it was sent",
+			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("read_status", m.status), slog.Int("read_attempts", m.Attempts))
+		return outcomeNone, nil
+	}
+	if err != nil {
+		r.logger.LogAttrs(ctx, slog.LevelError, "relay: outcome not recorded; the message will be delivered again",
+			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Bool("sent", sendErr == nil), slog.String("error", err.Error()))
+		return outcomeNone, fmt.Errorf("relay: record the outcome of message %d: %w", m.ID, err)
+	}
+
+	switch out {
+	case outcomeSent:
+		r.stats.sent.Add(1)
+	case outcomeFailed:
+		r.stats.failed.Add(1)
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: send failed; will retry",
+			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Int("attempts", m.Attempts+1), slog.String("error", sendErr.Error()))
+	case outcomeDead:
+		r.stats.dead.Add(1)
+		r.logger.LogAttrs(ctx, slog.LevelError, "relay: send failed; message is dead until re-queued",
+			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Int("attempts", m.Attempts+1), slog.String("error", sendErr.Error()))
+	}
+	if r.observer != nil {
+		rep := MessageReport{ID: m.ID, Type: m.Type, Attempts: m.Attempts, Duration: took, Err: sendErr, Outcome: OutcomeSent}
+		if out != outcomeSent {
+			rep.Attempts++
+			rep.Outcome = OutcomeError
+			if out == outcomeDead {
+				rep.Outcome = OutcomeDead
+			}
+		}
+		r.observer.MessageDone(rep)
+	}
+	return out, nil
+}
+
+// send calls s.Send under SendTimeout in its own goroutine, so that a panic
+// becomes an error and a sender that ignores its context cannot hold the pass
+// past SendTimeout: such a sender is abandoned, and the log says so.
+func (r *Relay) send(ctx context.Context, s Sender, m Message) error {
+	sctx, cancel := context.WithTimeoutCause(ctx, r.cfg.SendTimeout, fmt.Errorf("%w after %s", errSendTimeout, r.cfg.SendTimeout))
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				r.logger.LogAttrs(ctx, slog.LevelError, "relay: sender panicked",
+					slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+				done <- fmt.Errorf("sender panicked: %v", p)
+			}
+		}()
+		done <- s.Send(sctx, m)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-sctx.Done():
+		select {
+		case err := <-done: // it answered just in time
+			return err
+		case <-time.After(sendGrace):
+		}
+		r.logger.LogAttrs(ctx, slog.LevelError, "relay: sender did not return after its context ended; abandoned",
+			slog.Int64("id", m.ID), slog.String("type", m.Type))
+		return context.Cause(sctx)
+	}
+}
+
+// sendGrace is how long a sender whose context ended may take to return.
+const sendGrace = 100 * time.Millisecond
+
+// errorText is err's text as last_error keeps it: valid UTF-8, no NUL bytes
+// (PostgreSQL text refuses them), at most lastErrorMax bytes.
+func errorText(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) > lastErrorMax {
+		s = s[:lastErrorMax]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}

@@ -1,0 +1,213 @@
+package relay
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Every SQL statement of the package lives in this file (and schema.sql).
+
+//go:embed schema.sql
+var schemaTemplate string
+
+// identifierRE is what a part of Config.Table may be: a plain SQL identifier.
+var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// parseTable validates a possibly schema-qualified table name and returns it as
+// an identifier, so that it is always quoted and never pasted into SQL as given.
+func parseTable(name string) (pgx.Identifier, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("table %q: want name or schema.name", name)
+	}
+	for _, p := range parts {
+		if !identifierRE.MatchString(p) {
+			return nil, fmt.Errorf("table %q: %q is not an identifier of at most 63 letters, digits and underscores, starting with a letter or underscore", name, p)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+// SchemaSQL returns the outbox table's DDL for table (optionally schema-qualified),
+// for adopters who keep it in their own migrations. It is idempotent.
+func SchemaSQL(table string) (string, error) {
+	id, err := parseTable(table)
+	if err != nil {
+		return "", fmt.Errorf("relay: %w", err)
+	}
+	name := id[len(id)-1]
+	return strings.NewReplacer(
+		"{{table}}", id.Sanitize(),
+		"{{outbox_index}}", indexName(name, "_outbox"),
+		"{{key_index}}", indexName(name, "_outbox_key"),
+	).Replace(schemaTemplate), nil
+}
+
+// indexName is table+suffix, cut to PostgreSQL's 63 bytes so that two indexes never truncate to one name.
+func indexName(table, suffix string) string {
+	if len(table)+len(suffix) > 63 {
+		table = table[:63-len(suffix)]
+	}
+	return pgx.Identifier{table + suffix}.Sanitize()
+}
+
+// Beginner starts a transaction: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// CreateTable creates the outbox table and its indexes if they do not exist.
+// Replicas may call it at the same time on start-up: it serialises them on a
+// transaction-scoped advisory lock.
+func CreateTable(ctx context.Context, db Beginner, table string) error {
+	ddl, err := SchemaSQL(table)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "relay_schema:"+table); err != nil {
+			return fmt.Errorf("relay: create table %s: %w", table, err)
+		}
+		if _, err := tx.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("relay: create table %s: %w", table, err)
+		}
+		return nil
+	})
+}
+
+// Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// querier is what the pass reads and writes through: *pgxpool.Pool in production.
+type querier interface {
+	execer
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// row is one outbound row as the pass read it: the message and the state that
+// fences its outcome.
+type row struct {
+	Message
+	status string
+}
+
+// Row statuses.
+const (
+	statusPending = "PENDING"
+	statusError   = "ERROR"
+	statusSent    = "SENT"
+)
+
+// repository holds the statements of one table, built once by newRepository.
+type repository struct {
+	table      string // quoted
+	fetchSQL   string
+	sentSQL    string
+	failedSQL  string
+	deadSQL    string
+	backoff    float64 // seconds; 0 = no backoff
+	backoffMax float64
+}
+
+func newRepository(table string, backoff time.Duration) (*repository, error) {
+	id, err := parseTable(table)
+	if err != nil {
+		return nil, err
+	}
+	t := id.Sanitize()
+	r := &repository{table: t, backoff: backoff.Seconds(), backoffMax: RetryBackoffMax.Seconds()}
+
+	// The predicate repeats the partial index's (direction, status) word for
+	// word, so the planner walks the index in id order and stops at LIMIT.
+	// $1 ceiling, $2 types, $3 limit, $4 backoff base (s), $5 backoff cap (s).
+	live := func(a string) string {
+		return a + `direction = 'OUT' AND ` + a + `status IN ('PENDING', 'ERROR') AND ` +
+			a + `attempts < $1 AND ` + a + `type = ANY($2::text[])`
+	}
+	if r.backoff == 0 {
+		r.fetchSQL = `SELECT id, type, natural_key, payload, attempts, created_at, status FROM ` + t + `
+WHERE ` + live("") + `
+ORDER BY id LIMIT $3`
+	} else {
+		waiting := func(a string) string {
+			return a + `status = 'ERROR' AND ` + a + `updated_at > now() - make_interval(secs => least($4::float8 * power(2, greatest(` +
+				a + `attempts - 1, 0)), $5::float8))`
+		}
+		// A row waits while it, or an earlier live row of its key, waits out a
+		// backoff, so a retry never lets a later message of the same key overtake it.
+		r.fetchSQL = `SELECT m.id, m.type, m.natural_key, m.payload, m.attempts, m.created_at, m.status FROM ` + t + ` m
+WHERE ` + live("m.") + ` AND NOT (` + waiting("m.") + `)
+  AND NOT EXISTS (SELECT 1 FROM ` + t + ` e
+    WHERE e.natural_key = m.natural_key AND e.id < m.id AND ` + live("e.") + ` AND ` + waiting("e.") + `)
+ORDER BY m.id LIMIT $3`
+	}
+	// Every outcome is fenced on the state the pass read (status, attempts):
+	// a late writer never overwrites a newer outcome.
+	r.sentSQL = `UPDATE ` + t + ` SET status = 'SENT', sent_at = now(), updated_at = now()
+WHERE id = $1 AND status = $2 AND attempts = $3`
+	r.failedSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = attempts + 1, last_error = $4, updated_at = now()
+WHERE id = $1 AND status = $2 AND attempts = $3`
+	r.deadSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = greatest(attempts + 1, $5), last_error = $4, updated_at = now()
+WHERE id = $1 AND status = $2 AND attempts = $3`
+	return r, nil
+}
+
+// fetch selects one batch, outside any transaction.
+func (r *repository) fetch(ctx context.Context, db querier, maxAttempts int, types []string, limit int) ([]row, error) {
+	args := []any{maxAttempts, types, limit}
+	if r.backoff != 0 {
+		args = append(args, r.backoff, r.backoffMax)
+	}
+	rows, err := db.Query(ctx, r.fetchSQL, args...)
+	if err != nil {
+		return nil, err
+	}
+	batch := make([]row, 0, limit)
+	for rows.Next() {
+		var m row
+		if err := rows.Scan(&m.ID, &m.Type, &m.Key, &m.Payload, &m.Attempts, &m.CreatedAt, &m.status); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		batch = append(batch, m)
+	}
+	return batch, rows.Err()
+}
+
+// errStale says an outcome was not recorded because the row had moved on.
+var errStale = errors.New("row no longer in the state the pass read")
+
+// markSent records a delivery in its own short transaction.
+func (r *repository) markSent(ctx context.Context, db execer, m *row) error {
+	return affectedOne(db.Exec(ctx, r.sentSQL, m.ID, m.status, m.Attempts))
+}
+
+// markFailed records a failure (attempts + 1) in its own short transaction;
+// dead rows have their attempts raised to the ceiling at once.
+func (r *repository) markFailed(ctx context.Context, db execer, m *row, errText string, dead bool, maxAttempts int) error {
+	if dead {
+		return affectedOne(db.Exec(ctx, r.deadSQL, m.ID, m.status, m.Attempts, errText, maxAttempts))
+	}
+	return affectedOne(db.Exec(ctx, r.failedSQL, m.ID, m.status, m.Attempts, errText))
+}
+
+func affectedOne(tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return errStale
+	}
+	return nil
+}

@@ -1,0 +1,19 @@
+CREATE TABLE IF NOT EXISTS {{table}} (
+    id          bigserial   PRIMARY KEY,
+    direction   text        NOT NULL DEFAULT 'OUT' CHECK (direction IN ('IN', 'OUT')),
+    type        text        NOT NULL,
+    natural_key text        NOT NULL,
+    payload     jsonb       NOT NULL,
+    status      text        NOT NULL DEFAULT 'PENDING' CHECK (status IN ('PENDING', 'ERROR', 'SENT')),
+    attempts    integer     NOT NULL DEFAULT 0,
+    last_error  text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    sent_at     timestamptz
+);
+-- the pass reads only the small live part of the table, however large the SENT history grows
+CREATE INDEX IF NOT EXISTS {{outbox_index}} ON {{table}} (id)
+    WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');
+-- per-key order under RetryBackoff: a row waits while an earlier row of its key waits out its backoff
+CREATE INDEX IF NOT EXISTS {{key_index}} ON {{table}} (natural_key, id)
+    WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');

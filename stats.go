@@ -1,0 +1,103 @@
+package relay
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of what a [Relay] did since [New], as [Relay.Stats] returns it.
+type Stats struct {
+	PassesElected   int64 // passes that ran: elected, or direct ([Relay.Run], ClusterLock off)
+	PassesCoalesced int64 // passes skipped because another session held the election
+	Sent            int64 // messages delivered and recorded SENT
+	Failed          int64 // failed attempts recorded ERROR below the ceiling (they will be retried)
+	Dead            int64 // failed attempts that left the row dead (at the ceiling, or a [Permanent] error)
+
+	LastPassAt  time.Time // when the last pass (run or coalesced) ended; zero before the first
+	LastPassErr error     // the last pass's error, nil if it succeeded
+
+	// Lag is the age, when the last pass read it, of the oldest row that pass
+	// found deliverable: how far behind the relay is. 0 when it found none.
+	Lag time.Duration
+}
+
+// Observer receives each pass's and each message's outcome, to export metrics
+// (Prometheus, OpenTelemetry) without the relay depending on either. Its
+// methods are called synchronously from the pass, possibly from several
+// goroutines at once when Concurrency > 1: they must be quick and safe for
+// concurrent use.
+type Observer interface {
+	// PassDone is called after every pass, elected, direct or coalesced.
+	PassDone(p PassReport)
+	// MessageDone is called after each message whose outcome was recorded.
+	MessageDone(m MessageReport)
+}
+
+// PassReport is one pass's outcome.
+type PassReport struct {
+	Coalesced bool          // true: another session held the election and nothing ran
+	Sent      int           // messages recorded SENT
+	Failed    int           // messages recorded ERROR below the ceiling
+	Dead      int           // messages recorded dead
+	Duration  time.Duration // how long the pass took, election included
+	Lag       time.Duration // see [Stats.Lag]
+	Err       error         // the pass's error, if any
+}
+
+// MessageReport is one message's outcome.
+type MessageReport struct {
+	ID       int64
+	Type     string
+	Attempts int           // attempts after this one
+	Outcome  string        // "SENT", "ERROR" or "DEAD"
+	Duration time.Duration // the send's duration
+	Err      error         // the sender's error, nil when sent
+}
+
+// Outcomes of MessageReport.Outcome.
+const (
+	OutcomeSent  = "SENT"
+	OutcomeError = "ERROR"
+	OutcomeDead  = "DEAD"
+)
+
+// counters are the relay's running totals behind Stats.
+type counters struct {
+	elected, coalesced, sent, failed, dead atomic.Int64
+
+	mu      sync.Mutex
+	lastAt  time.Time
+	lastErr error
+	lag     time.Duration
+}
+
+func (c *counters) passDone(p PassReport) {
+	if p.Coalesced {
+		c.coalesced.Add(1)
+	} else {
+		c.elected.Add(1)
+	}
+	c.mu.Lock()
+	c.lastAt = time.Now()
+	c.lastErr = p.Err
+	if !p.Coalesced {
+		c.lag = p.Lag
+	}
+	c.mu.Unlock()
+}
+
+func (c *counters) snapshot() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Stats{
+		PassesElected:   c.elected.Load(),
+		PassesCoalesced: c.coalesced.Load(),
+		Sent:            c.sent.Load(),
+		Failed:          c.failed.Load(),
+		Dead:            c.dead.Load(),
+		LastPassAt:      c.lastAt,
+		LastPassErr:     c.lastErr,
+		Lag:             c.lag,
+	}
+}
