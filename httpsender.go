@@ -1,0 +1,373 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// HTTPSenderTimeoutDefault is the default of [HTTPSenderConfig.Timeout].
+const HTTPSenderTimeoutDefault = 10 * time.Second
+
+// The request headers an HTTPSender sets from the message.
+const (
+	headerIdempotencyKey = "Idempotency-Key"
+	headerMessageID      = "Relay-Message-Id"
+	headerMessageType    = "Relay-Message-Type"
+	headerAttempt        = "Relay-Attempt"
+)
+
+const (
+	// httpDrainLimit is how much of a response body Send reads before closing
+	// it, so that the connection goes back to the pool. A longer body costs the
+	// connection instead of the time to read it.
+	httpDrainLimit = 64 << 10
+
+	// httpErrorBodyLimit is how many bytes of a failure's body go into the error
+	// text, which ends up in the last_error column.
+	httpErrorBodyLimit = 200
+)
+
+// HTTPSender delivers messages of one type by HTTP to a URL built from the
+// message. Build it with [NewHTTPSender]; it is safe for concurrent use.
+//
+// Each [HTTPSender.Send] makes one request (the relay does the retrying), with
+// the payload verbatim as the body and these headers:
+//
+//	Content-Type: application/json    unless [HTTPSenderConfig.Header] sets another
+//	Idempotency-Key: <Message.Key>    the receiver deduplicates by it; omitted when the key is empty
+//	Relay-Message-Id: <Message.ID>
+//	Relay-Message-Type: <Message.Type>
+//	Relay-Attempt: <Message.Attempts+1>  the attempt being made, from 1
+//
+// Any 2xx answer is success. A 4xx answer is [Permanent],
+// except 408 Request Timeout, 425 Too Early and 429 Too Many Requests; 5xx,
+// those three, a 3xx the client did not follow, transport errors and timeouts
+// are retried. The error text reads well in the last_error column:
+//
+//	PUT http://orders.internal/orders/42: 503 Service Unavailable: upstream busy
+type HTTPSender struct {
+	typ     string
+	url     func(m Message) (string, error)
+	method  string
+	client  *http.Client
+	timeout time.Duration
+	header  http.Header
+}
+
+// HTTPSenderConfig configures [NewHTTPSender].
+type HTTPSenderConfig struct {
+	// Type is the message type the sender delivers. Required.
+	Type string
+
+	// URL returns the absolute http or https URL that m goes to, typically a
+	// base plus the escaped key (see [URLWithKey]). An error, or a URL that
+	// does not parse, fails the message permanently. Required.
+	URL func(m Message) (string, error)
+
+	// Method is the request method. Defaults to PUT, which suits a receiver
+	// that stores the message under its key and so is idempotent by itself.
+	Method string
+
+	// Client sends the requests. Defaults to a client shared by the
+	// HTTPSenders that leave it nil: it keeps connections alive (up to 16 idle
+	// per host), takes proxies from the environment like
+	// [http.DefaultTransport], and does not follow redirects, because Go turns
+	// a redirected PUT or POST into a GET whose 200 would pass for delivery.
+	Client *http.Client
+
+	// Timeout bounds one request, from dialling to reading the answer, on top
+	// of the relay's ctx (whose [Config.SendTimeout] wins when
+	// it is shorter). Defaults to [HTTPSenderTimeoutDefault] (10s).
+	Timeout time.Duration
+
+	// Header is added to every request, for Authorization, say. It may set
+	// Content-Type, but not the headers the sender sets from the message
+	// (Idempotency-Key and Relay-*) nor Host or Content-Length, which Go
+	// ignores here. NewHTTPSender copies it. Optional.
+	Header http.Header
+}
+
+// NewHTTPSender returns an [HTTPSender] configured by cfg, or an error naming
+// each field it refuses, as in "relay: HTTPSenderConfig.Type must not be empty".
+func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
+	s := &HTTPSender{
+		typ:     cfg.Type,
+		url:     cfg.URL,
+		method:  cfg.Method,
+		client:  cfg.Client,
+		timeout: cfg.Timeout,
+		header:  make(http.Header, len(cfg.Header)),
+	}
+	if s.method == "" {
+		s.method = http.MethodPut
+	}
+	if s.client == nil {
+		s.client = defaultHTTPClient()
+	}
+	if s.timeout == 0 {
+		s.timeout = HTTPSenderTimeoutDefault
+	}
+
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("relay: HTTPSenderConfig.%s %s", field, fmt.Sprintf(format, args...)))
+	}
+	if strings.TrimSpace(s.typ) == "" {
+		bad("Type", "must not be empty")
+	} else if !validHeaderValue(s.typ) {
+		bad("Type", "%q must not contain control characters: it is sent in the %s header", s.typ, headerMessageType)
+	}
+	if s.url == nil {
+		bad("URL", "must not be nil (try relay.URLWithKey(base))")
+	}
+	if !validToken(s.method) {
+		bad("Method", "%q is not a valid HTTP method", s.method)
+	}
+	if s.timeout < 0 {
+		bad("Timeout", "must not be negative, got %s", s.timeout)
+	}
+	for name, values := range cfg.Header {
+		switch canonical := http.CanonicalHeaderKey(name); {
+		case !validToken(name):
+			bad("Header", "%q is not a valid header name", name)
+		case canonical == headerIdempotencyKey || canonical == headerMessageID ||
+			canonical == headerMessageType || canonical == headerAttempt:
+			bad("Header", "must not set %s: the sender sets it from each message", canonical)
+		case canonical == "Host" || canonical == "Content-Length":
+			bad("Header", "must not set %s: Go ignores it in a request's headers", canonical)
+		default:
+			for _, v := range values {
+				if !validHeaderValue(v) {
+					bad("Header", "%s has a value with control characters", canonical)
+					break
+				}
+				s.header.Add(canonical, v)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return s, nil
+}
+
+// Type returns the message type s delivers, [HTTPSenderConfig.Type].
+func (s *HTTPSender) Type() string { return s.typ }
+
+// Send delivers m with one request and returns nil when the answer is a 2xx.
+// The error of an answer that can never succeed is wrapped with [Permanent];
+// when ctx ends first, the error wraps ctx.Err() and returns at once.
+func (s *HTTPSender) Send(ctx context.Context, m Message) error {
+	rawURL, err := s.url(m)
+	if err != nil {
+		return Permanent(fmt.Errorf("URL of message %d: %w", m.ID, err))
+	}
+	// A header value the transport would refuse fails every attempt alike.
+	if !validHeaderValue(m.Key) {
+		return Permanent(fmt.Errorf("message %d: Key %q has control characters, which the %s header cannot carry", m.ID, m.Key, headerIdempotencyKey))
+	}
+	if !validHeaderValue(m.Type) {
+		return Permanent(fmt.Errorf("message %d: Type %q has control characters, which the %s header cannot carry", m.ID, m.Type, headerMessageType))
+	}
+
+	reqCtx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel() // after the deferred drain below: the body is read under reqCtx
+
+	req, err := http.NewRequestWithContext(reqCtx, s.method, rawURL, bytes.NewReader(m.Payload))
+	if err != nil {
+		return Permanent(fmt.Errorf("%s: invalid URL: %w", s.method, err))
+	}
+	target := s.method + " " + req.URL.Redacted()
+	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+		return Permanent(fmt.Errorf("%s: unsupported scheme %q (want http or https)", target, req.URL.Scheme))
+	}
+	if req.URL.Host == "" {
+		return Permanent(fmt.Errorf("%s: URL has no host", target))
+	}
+
+	req.Header = s.header.Clone()
+	if req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if m.Key != "" { // an empty key would make the receiver fold distinct messages into one
+		req.Header.Set(headerIdempotencyKey, m.Key)
+	}
+	req.Header.Set(headerMessageID, strconv.FormatInt(m.ID, 10))
+	req.Header.Set(headerMessageType, m.Type)
+	req.Header.Set(headerAttempt, strconv.Itoa(m.Attempts+1))
+
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return s.transportError(ctx, reqCtx, target, err)
+	}
+	defer func() {
+		// Drain (bounded) and close, so that the connection is reused.
+		_, _ = io.CopyN(io.Discard, resp.Body, httpDrainLimit)
+		_ = resp.Body.Close()
+	}()
+
+	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		return nil
+	}
+	err = errors.New(target + ": " + describeResponse(resp))
+	if permanentStatus(resp.StatusCode) {
+		return Permanent(err)
+	}
+	return err
+}
+
+// transportError describes a request that got no answer. It is never
+// permanent: the network, the receiver or the deadline may do better next time.
+func (s *HTTPSender) transportError(ctx, reqCtx context.Context, target string, err error) error {
+	// url.Error repeats the method and the URL, which target already has.
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		err = uerr.Err
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		if cause := context.Cause(ctx); cause != ctxErr {
+			return fmt.Errorf("%s: %w: %w", target, ctxErr, cause)
+		}
+		return fmt.Errorf("%s: %w", target, ctxErr)
+	}
+	if reqCtx.Err() != nil {
+		return fmt.Errorf("%s: no answer within %s: %w", target, s.timeout, err)
+	}
+	return fmt.Errorf("%s: %w", target, err)
+}
+
+// permanentStatus reports whether a non-2xx status means that sending the same
+// request again cannot succeed.
+func permanentStatus(code int) bool {
+	switch code {
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return code >= 400 && code <= 499
+}
+
+// describeResponse is the status of resp, with Location and Retry-After when
+// present and the start of the body, as one line fit for the last_error column.
+func describeResponse(resp *http.Response) string {
+	var b strings.Builder
+	if text := http.StatusText(resp.StatusCode); text != "" {
+		b.WriteString(strconv.Itoa(resp.StatusCode) + " " + text)
+	} else if resp.Status != "" {
+		b.WriteString(resp.Status)
+	} else {
+		b.WriteString(strconv.Itoa(resp.StatusCode))
+	}
+	for _, name := range []string{"Location", "Retry-After"} {
+		if v := oneLine([]byte(resp.Header.Get(name))); v != "" {
+			b.WriteString(" (" + name + ": " + v + ")")
+		}
+	}
+	// Read more than is kept: oneLine collapses whitespace, and cuts with "…".
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, 4*httpErrorBodyLimit))
+	if body := oneLine(head); body != "" {
+		b.WriteString(": " + body)
+	}
+	return b.String()
+}
+
+// oneLine makes p safe and short for a text column: valid UTF-8 (PostgreSQL
+// refuses anything else, NUL included), control characters and runs of
+// whitespace as one space, at most httpErrorBodyLimit bytes, cut on a rune
+// boundary and marked with "…".
+func oneLine(p []byte) string {
+	s := strings.ToValidUTF8(string(p), "\uFFFD")
+	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r)
+	}), " ")
+	if len(s) <= httpErrorBodyLimit {
+		return s
+	}
+	cut := httpErrorBodyLimit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strings.TrimRight(s[:cut], " ") + "…"
+}
+
+// URLWithKey returns an [HTTPSenderConfig.URL] that sends each message to
+// base + "/" + its key, escaped as one path segment: with base
+// "https://orders.internal/orders", the key "A/1" goes to
+// https://orders.internal/orders/A%2F1. It is the one layout common enough to
+// ship; write the function yourself for anything else (the type in the path,
+// a query string). A trailing slash on base is dropped; a message with an
+// empty key fails permanently, rather than be sent to base itself.
+func URLWithKey(base string) func(m Message) (string, error) {
+	base = strings.TrimRight(base, "/")
+	return func(m Message) (string, error) {
+		switch m.Key {
+		case "":
+			return "", errors.New("empty Key: URLWithKey needs a key for the path")
+		case ".", "..": // would name base or its parent after path cleaning
+			return base + "/" + strings.Repeat("%2E", len(m.Key)), nil
+		}
+		return base + "/" + url.PathEscape(m.Key), nil
+	}
+}
+
+// defaultHTTPClient is the client of the HTTPSenders configured without one.
+var defaultHTTPClient = sync.OnceValue(func() *http.Client {
+	var t *http.Transport
+	if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+		t = dt.Clone() // dial, TLS handshake and idle timeouts, proxies from the environment
+	} else {
+		t = &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			ForceAttemptHTTP2:     true,
+			MaxIdleConns:          100,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: time.Second,
+		}
+	}
+	// The default of 2 would close connections as soon as [Config.Concurrency]
+	// puts more than two requests in flight to one receiver.
+	t.MaxIdleConnsPerHost = 16
+	return &http.Client{
+		Transport: t,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+})
+
+// validToken reports whether s is an HTTP token (RFC 9110), as method and
+// header names must be.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether s can be sent as a header value: no control
+// characters other than tab, as net/http's transport demands.
+func validHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
