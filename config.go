@@ -84,6 +84,23 @@ type Config struct {
 	// in flight together and go in id order. Defaults to 1.
 	Concurrency int
 
+	// GroupOutcomes, when above 1, records the outcomes of up to that many
+	// delivered messages in one statement instead of one short transaction
+	// each: several times the throughput on a fast destination. The price is
+	// plain and bounded: a crash re-delivers the messages whose outcome was not
+	// yet recorded, at most GroupOutcomes of them and at most 100ms' worth,
+	// the inherent duplication at-least-once already accepts. Each row is
+	// still fenced on the state the pass read, and a failure still marks only
+	// its own row. Defaults to 0: one transaction per outcome, as decision 0035
+	// describes.
+	GroupOutcomes int
+
+	// AsyncCommit commits the outcome transactions with synchronous_commit =
+	// off: they do not wait for their WAL flush. A crash of the database (not
+	// of the relay) then forgets the last fraction of a second of outcomes and
+	// their messages are delivered again: still at-least-once. Defaults to false.
+	AsyncCommit bool
+
 	// Logger receives the relay's logs. Defaults to [slog.Default].
 	Logger *slog.Logger
 
@@ -152,6 +169,9 @@ func (c *Config) validate() error {
 	if c.Concurrency < 1 || c.Concurrency > concurrencyMax {
 		bad("Concurrency", "must be between 1 and %d, got %d", concurrencyMax, c.Concurrency)
 	}
+	if c.GroupOutcomes < 0 || c.GroupOutcomes > batchSizeMax {
+		bad("GroupOutcomes", "must be between 0 and %d, got %d", batchSizeMax, c.GroupOutcomes)
+	}
 	return errors.Join(errs...)
 }
 
@@ -168,16 +188,18 @@ func (c *Config) lockKey() string { return c.AppName + LockKeySuffix }
 
 // The environment variables read by ConfigFromEnv.
 const (
-	EnvAppName      = "RELAY_APP_NAME"
-	EnvTable        = "RELAY_TABLE"
-	EnvEnabled      = "RELAY_ENABLED"
-	EnvClusterLock  = "RELAY_CLUSTER_LOCK"
-	EnvInterval     = "RELAY_INTERVAL"
-	EnvBatchSize    = "RELAY_BATCH_SIZE"
-	EnvMaxAttempts  = "RELAY_MAX_ATTEMPTS"
-	EnvRetryBackoff = "RELAY_RETRY_BACKOFF"
-	EnvSendTimeout  = "RELAY_SEND_TIMEOUT"
-	EnvConcurrency  = "RELAY_CONCURRENCY"
+	EnvAppName       = "RELAY_APP_NAME"
+	EnvTable         = "RELAY_TABLE"
+	EnvEnabled       = "RELAY_ENABLED"
+	EnvClusterLock   = "RELAY_CLUSTER_LOCK"
+	EnvInterval      = "RELAY_INTERVAL"
+	EnvBatchSize     = "RELAY_BATCH_SIZE"
+	EnvMaxAttempts   = "RELAY_MAX_ATTEMPTS"
+	EnvRetryBackoff  = "RELAY_RETRY_BACKOFF"
+	EnvSendTimeout   = "RELAY_SEND_TIMEOUT"
+	EnvConcurrency   = "RELAY_CONCURRENCY"
+	EnvGroupOutcomes = "RELAY_GROUP_OUTCOMES"
+	EnvAsyncCommit   = "RELAY_ASYNC_COMMIT"
 )
 
 // ConfigFromEnv returns [DefaultConfig] with every RELAY_* variable that is set
@@ -242,6 +264,8 @@ func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	duration(EnvRetryBackoff, &cfg.RetryBackoff)
 	duration(EnvSendTimeout, &cfg.SendTimeout)
 	integer(EnvConcurrency, &cfg.Concurrency)
+	integer(EnvGroupOutcomes, &cfg.GroupOutcomes)
+	boolean(EnvAsyncCommit, &cfg.AsyncCommit)
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
 	}
@@ -256,7 +280,7 @@ func envNames(err error) string {
 	vars := map[string]string{
 		"AppName": EnvAppName, "Table": EnvTable, "Interval": EnvInterval, "BatchSize": EnvBatchSize,
 		"MaxAttempts": EnvMaxAttempts, "RetryBackoff": EnvRetryBackoff, "SendTimeout": EnvSendTimeout,
-		"Concurrency": EnvConcurrency,
+		"Concurrency": EnvConcurrency, "GroupOutcomes": EnvGroupOutcomes,
 	}
 	var names []string
 	joined, ok := err.(interface{ Unwrap() []error })

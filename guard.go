@@ -33,6 +33,7 @@ var ErrElectionLost = errors.New("relay: election lost: the advisory lock's sess
 // Timings of PostgresGuard. The unlock and the heartbeat run under their own
 // short deadlines, never under a caller's context that may already be cancelled.
 const (
+	guardLockTimeout      = 30 * time.Second
 	guardUnlockTimeout    = 5 * time.Second
 	guardHeartbeat        = 2 * time.Second
 	guardHeartbeatTimeout = 5 * time.Second
@@ -92,13 +93,16 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	}
 	defer g.unclaim(key)
 
-	conn, err := g.pool.Acquire(ctx)
+	// An unreachable database fails the election instead of hanging the caller.
+	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
+	defer cancelLock()
+	conn, err := g.pool.Acquire(lctx)
 	if err != nil {
 		return false, fmt.Errorf("relay: acquire a connection for the lock %q: %w", key, err)
 	}
 	var locked *bool
 	var pid uint32
-	if err := conn.QueryRow(ctx, lockSQL, key).Scan(&locked, &pid); err != nil {
+	if err := conn.QueryRow(lctx, lockSQL, key).Scan(&locked, &pid); err != nil {
 		// The statement may have reached the server and taken the lock.
 		closeConn(conn)
 		return false, fmt.Errorf("relay: try the lock %q: %w", key, err)

@@ -21,6 +21,9 @@ const (
 	// outcomeTimeout bounds the short transaction that records one outcome. It
 	// runs even when the pass was cancelled: the send already happened.
 	outcomeTimeout = 10 * time.Second
+	// fetchTimeout bounds the select of a batch, connection included, so an
+	// unreachable database fails the pass instead of hanging the ticker.
+	fetchTimeout = 30 * time.Second
 	// lastErrorMax is how much of a sender's error last_error keeps.
 	lastErrorMax = 2000
 )
@@ -45,6 +48,9 @@ type Relay struct {
 
 	mu     sync.Mutex
 	ticker *ticker
+
+	streakMu sync.Mutex
+	streak   int // passes failed in a row, for the log's backoff
 }
 
 // New returns a relay that drains cfg.Table through senders, one per type.
@@ -280,9 +286,28 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 		slog.Duration("duration", rep.Duration),
 	}
 	ctx := context.Background()
+	failed := res.err != nil && !errors.Is(res.err, context.Canceled)
+	r.streakMu.Lock()
+	streak := r.streak
+	if failed {
+		r.streak++
+		streak = r.streak
+	} else {
+		r.streak = 0
+	}
+	r.streakMu.Unlock()
 	switch {
-	case res.err != nil && !errors.Is(res.err, context.Canceled):
-		r.logger.LogAttrs(ctx, slog.LevelError, "relay: pass failed", append(attrs, slog.String("error", res.err.Error()))...)
+	case failed:
+		// While the database is away every pass fails the same way: log the
+		// 1st, 2nd, 4th, 8th… failure of a streak, the rest at Debug.
+		level := slog.LevelDebug
+		if streak&(streak-1) == 0 {
+			level = slog.LevelError
+		}
+		r.logger.LogAttrs(ctx, level, "relay: pass failed",
+			append(attrs, slog.Int("consecutive_failures", streak), slog.String("error", res.err.Error()))...)
+	case streak > 0:
+		r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: passes succeed again", append(attrs, slog.Int("after_failures", streak))...)
 	case res.processed() > 0:
 		r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: pass delivered", append(attrs, slog.Duration("lag", res.lag))...)
 	default:
@@ -300,7 +325,9 @@ func (r *Relay) batch(ctx context.Context, o *passOpts) passResult {
 	if halted(ctx, o) {
 		return passResult{err: context.Cause(ctx)}
 	}
-	rows, err := r.repo.fetch(ctx, r.pool, r.cfg.MaxAttempts, r.types, r.cfg.BatchSize)
+	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+	rows, err := r.repo.fetch(fctx, r.pool, r.cfg.MaxAttempts, r.types, r.cfg.BatchSize)
+	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			err = context.Cause(ctx)
@@ -315,54 +342,40 @@ func (r *Relay) batch(ctx context.Context, o *passOpts) passResult {
 
 	groups := byKey(rows)
 	workers := min(r.cfg.Concurrency, len(groups))
-	var (
-		mu   sync.Mutex
-		next atomic.Int64
-		stop atomic.Bool // a recording failed: start no new message
-		wg   sync.WaitGroup
-	)
+	rec := r.newRecorder(ctx, &res)
+	var next atomic.Int64
 	work := func() {
-		defer wg.Done()
 		for {
 			i := int(next.Add(1)) - 1
 			if i >= len(groups) {
 				return
 			}
 			for _, m := range groups[i] {
-				if stop.Load() || halted(ctx, o) {
+				if halted(ctx, o) || rec.errorOf() != nil {
 					return
 				}
-				out, err := r.deliver(ctx, m)
-				mu.Lock()
-				switch out {
-				case outcomeSent:
-					res.sent++
-				case outcomeFailed:
-					res.failed++
-				case outcomeDead:
-					res.dead++
-				}
-				if err != nil && res.err == nil {
-					res.err = err
-				}
-				mu.Unlock()
-				if err != nil {
-					stop.Store(true)
+				d := r.deliver(ctx, m)
+				if d.out == outcomeInterrupted {
 					return
 				}
-				if out != outcomeSent {
+				if rec.add(d) != nil {
+					return
+				}
+				if d.out != outcomeSent {
 					break // the rest of this key waits for a later pass
 				}
 			}
 		}
 	}
-	wg.Add(workers)
+	var wg sync.WaitGroup
 	for range workers - 1 {
-		go work()
+		wg.Go(work)
 	}
 	work()
 	wg.Wait()
-	if res.err == nil && ctx.Err() != nil {
+	if err := rec.flush(); err != nil {
+		res.err = err
+	} else if ctx.Err() != nil {
 		res.err = context.Cause(ctx)
 	}
 	return res
@@ -386,84 +399,30 @@ func byKey(rows []row) [][]*row {
 	return groups
 }
 
-type outcome int
-
-const (
-	outcomeNone        outcome = iota // not recorded: interrupted, or the row had moved on
-	outcomeSent                       // recorded SENT
-	outcomeFailed                     // recorded ERROR below the ceiling
-	outcomeDead                       // recorded ERROR at the ceiling
-	outcomeInterrupted                // the pass was cancelled mid-send: nothing recorded, the row stays as it was
-)
-
 // errSendTimeout is the cause of a send's context when SendTimeout elapses.
 var errSendTimeout = errors.New("send timed out")
 
-// deliver sends one message and records its outcome. A non-nil error means
-// the outcome could not be recorded and the pass must stop.
-func (r *Relay) deliver(ctx context.Context, m *row) (outcome, error) {
-	s := r.senders[m.Type]
+// deliver sends one message and says what became of it; recording it is the
+// recorder's job.
+func (r *Relay) deliver(ctx context.Context, m *row) delivery {
 	start := time.Now()
-	sendErr := r.send(ctx, s, m.Message)
-	took := time.Since(start)
-	if sendErr != nil && ctx.Err() != nil {
+	err := r.send(ctx, r.senders[m.Type], m.Message)
+	d := delivery{m: m, sendErr: err, took: time.Since(start)}
+	switch {
+	case err == nil:
+		d.out = outcomeSent
+	case ctx.Err() != nil:
 		// Our own cancellation (stop, lost election) cut the send short: its
 		// outcome is unknown, so the row stays as read and a later pass re-sends it.
 		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: send interrupted",
-			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("error", sendErr.Error()))
-		return outcomeInterrupted, nil
+			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("error", err.Error()))
+		d.out = outcomeInterrupted
+	case IsPermanent(err) || m.Attempts+1 >= r.cfg.MaxAttempts:
+		d.out = outcomeDead
+	default:
+		d.out = outcomeFailed
 	}
-
-	// The send happened: record it even if the pass is being cancelled.
-	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
-	defer cancel()
-	out := outcomeSent
-	var err error
-	if sendErr == nil {
-		err = r.repo.markSent(octx, r.pool, m)
-	} else {
-		dead := IsPermanent(sendErr) || m.Attempts+1 >= r.cfg.MaxAttempts
-		out = outcomeFailed
-		if dead {
-			out = outcomeDead
-		}
-		err = r.repo.markFailed(octx, r.pool, m, errorText(sendErr), dead, r.cfg.MaxAttempts)
-	}
-	if errors.Is(err, errStale) {
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: outcome not recorded: the row changed while it was sent",
-			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("read_status", m.status), slog.Int("read_attempts", m.Attempts))
-		return outcomeNone, nil
-	}
-	if err != nil {
-		r.logger.LogAttrs(ctx, slog.LevelError, "relay: outcome not recorded; the message will be delivered again",
-			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Bool("sent", sendErr == nil), slog.String("error", err.Error()))
-		return outcomeNone, fmt.Errorf("relay: record the outcome of message %d: %w", m.ID, err)
-	}
-
-	switch out {
-	case outcomeSent:
-		r.stats.sent.Add(1)
-	case outcomeFailed:
-		r.stats.failed.Add(1)
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: send failed; will retry",
-			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Int("attempts", m.Attempts+1), slog.String("error", sendErr.Error()))
-	case outcomeDead:
-		r.stats.dead.Add(1)
-		r.logger.LogAttrs(ctx, slog.LevelError, "relay: send failed; message is dead until re-queued",
-			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Int("attempts", m.Attempts+1), slog.String("error", sendErr.Error()))
-	}
-	if r.observer != nil {
-		rep := MessageReport{ID: m.ID, Type: m.Type, Attempts: m.Attempts, Duration: took, Err: sendErr, Outcome: OutcomeSent}
-		if out != outcomeSent {
-			rep.Attempts++
-			rep.Outcome = OutcomeError
-			if out == outcomeDead {
-				rep.Outcome = OutcomeDead
-			}
-		}
-		r.observer.MessageDone(rep)
-	}
-	return out, nil
+	return d
 }
 
 // send calls s.Send under SendTimeout in its own goroutine, so that a panic

@@ -116,6 +116,7 @@ type repository struct {
 	sentSQL    string
 	failedSQL  string
 	deadSQL    string
+	groupSQL   string
 	backoff    float64 // seconds; 0 = no backoff
 	backoffMax float64
 }
@@ -160,6 +161,16 @@ WHERE id = $1 AND status = $2 AND attempts = $3`
 WHERE id = $1 AND status = $2 AND attempts = $3`
 	r.deadSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = greatest(attempts + 1, $5), last_error = $4, updated_at = now()
 WHERE id = $1 AND status = $2 AND attempts = $3`
+	// Grouped outcomes (Config.GroupOutcomes): one statement, each row still
+	// fenced on its own read state; a failure still marks only its own row.
+	r.groupSQL = `UPDATE ` + t + ` AS m SET status = o.new_status, attempts = o.new_attempts,
+  last_error = coalesce(o.err, m.last_error),
+  sent_at = CASE WHEN o.new_status = 'SENT' THEN now() ELSE m.sent_at END,
+  updated_at = now()
+FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::int[], $6::text[])
+  AS o(id, status, attempts, new_status, new_attempts, err)
+WHERE m.id = o.id AND m.status = o.status AND m.attempts = o.attempts
+RETURNING m.id`
 	return r, nil
 }
 
@@ -185,29 +196,97 @@ func (r *repository) fetch(ctx context.Context, db querier, maxAttempts int, typ
 	return batch, rows.Err()
 }
 
-// errStale says an outcome was not recorded because the row had moved on.
-var errStale = errors.New("row no longer in the state the pass read")
+// asyncCommitSQL makes the outcome's own transaction commit without waiting
+// for its WAL flush (Config.AsyncCommit). It is sent in one batch with the
+// outcome's statement: pgx sends a batch with one Sync, so both run in one
+// implicit transaction and is_local applies to its commit.
+const asyncCommitSQL = `SELECT set_config('synchronous_commit', 'off', true)`
 
-// markSent records a delivery in its own short transaction.
-func (r *repository) markSent(ctx context.Context, db execer, m *row) error {
-	return affectedOne(db.Exec(ctx, r.sentSQL, m.ID, m.status, m.Attempts))
+// batcher is what outcomes are recorded through: *pgxpool.Pool in production.
+type batcher interface {
+	querier
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// markFailed records a failure (attempts + 1) in its own short transaction;
-// dead rows have their attempts raised to the ceiling at once.
-func (r *repository) markFailed(ctx context.Context, db execer, m *row, errText string, dead bool, maxAttempts int) error {
-	if dead {
-		return affectedOne(db.Exec(ctx, r.deadSQL, m.ID, m.status, m.Attempts, errText, maxAttempts))
+// record writes the outcomes ds: one in its own short transaction, several in
+// one statement. Each row is fenced on the state the pass read; it returns the
+// ids of the rows that had moved on and were left alone.
+func (r *repository) record(ctx context.Context, db batcher, ds []delivery, maxAttempts int, async bool) (stale map[int64]bool, err error) {
+	if len(ds) == 1 {
+		d := &ds[0]
+		sql, args := r.sentSQL, []any{d.m.ID, d.m.status, d.m.Attempts}
+		switch d.out {
+		case outcomeFailed:
+			sql, args = r.failedSQL, append(args, errorText(d.sendErr))
+		case outcomeDead:
+			sql, args = r.deadSQL, append(args, errorText(d.sendErr), maxAttempts)
+		}
+		var tag pgconn.CommandTag
+		if async {
+			b := &pgx.Batch{}
+			b.Queue(asyncCommitSQL)
+			b.Queue(sql, args...)
+			br := db.SendBatch(ctx, b)
+			if _, err = br.Exec(); err == nil {
+				tag, err = br.Exec()
+			}
+			err = errors.Join(err, br.Close())
+		} else {
+			tag, err = db.Exec(ctx, sql, args...)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if tag.RowsAffected() != 1 {
+			return map[int64]bool{d.m.ID: true}, nil
+		}
+		return nil, nil
 	}
-	return affectedOne(db.Exec(ctx, r.failedSQL, m.ID, m.status, m.Attempts, errText))
-}
 
-func affectedOne(tag pgconn.CommandTag, err error) error {
+	n := len(ds)
+	ids, statuses, attempts := make([]int64, n), make([]string, n), make([]int32, n)
+	newStatuses, newAttempts, errs := make([]string, n), make([]int32, n), make([]*string, n)
+	for i := range ds {
+		d := &ds[i]
+		ids[i], statuses[i], attempts[i] = d.m.ID, d.m.status, int32(d.m.Attempts)
+		newStatuses[i], newAttempts[i] = statusSent, int32(d.newAttempts(maxAttempts))
+		if d.out != outcomeSent {
+			newStatuses[i] = statusError
+			text := errorText(d.sendErr)
+			errs[i] = &text
+		}
+	}
+	args := []any{ids, statuses, attempts, newStatuses, newAttempts, errs}
+	var rows pgx.Rows
+	var br pgx.BatchResults
+	if async {
+		b := &pgx.Batch{}
+		b.Queue(asyncCommitSQL)
+		b.Queue(r.groupSQL, args...)
+		br = db.SendBatch(ctx, b)
+		if _, err = br.Exec(); err != nil {
+			return nil, errors.Join(err, br.Close())
+		}
+		rows, err = br.Query()
+	} else {
+		rows, err = db.Query(ctx, r.groupSQL, args...)
+	}
+	if err == nil {
+		var recorded []int64
+		recorded, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		stale = make(map[int64]bool, n)
+		for _, id := range ids {
+			stale[id] = true
+		}
+		for _, id := range recorded {
+			delete(stale, id)
+		}
+	}
+	if br != nil {
+		err = errors.Join(err, br.Close())
+	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if tag.RowsAffected() != 1 {
-		return errStale
-	}
-	return nil
+	return stale, nil
 }

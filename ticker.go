@@ -46,7 +46,10 @@ func (r *Relay) Start(ctx context.Context) error {
 	passCtx, cancel := context.WithCancel(ctx)
 	t := &ticker{cancel: cancel, halt: make(chan struct{}), done: make(chan struct{})}
 	log := cronLogger{r.logger}
-	t.cron = cron.New(cron.WithLogger(log), cron.WithChain(cron.Recover(log), cron.SkipIfStillRunning(log)))
+	// SkipIfStillRunning must wrap Recover, not the other way round: a panic
+	// escaping SkipIfStillRunning's job loses its token and every later tick
+	// is skipped for good.
+	t.cron = cron.New(cron.WithLogger(log), cron.WithChain(cron.SkipIfStillRunning(log), cron.Recover(log)))
 	t.cron.Schedule(every(tickResolution(r.cfg.Interval)), cron.FuncJob(func() { r.tick(passCtx, t) }))
 	t.cron.Start()
 	r.ticker = t

@@ -1,0 +1,154 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+)
+
+func TestConcurrency(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("UpToNInFlightUnderOneElection", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		keys := make([]string, 40)
+		for i := range keys {
+			keys[i] = fmt.Sprint("k", i)
+		}
+		b.insert(t, "t", keys...)
+		cfg := b.cfg
+		cfg.Concurrency = 8
+		rec := newRecorder("t", func(context.Context, relay.Message) error {
+			time.Sleep(10 * time.Millisecond)
+			return nil
+		})
+		ran, err := b.newRelay(t, cfg, rec).RunIfElected(ctx)
+		require.NoError(t, err)
+		require.True(t, ran)
+		require.Equal(t, 40, b.countStatus(t, "SENT"))
+		require.Equal(t, 8, rec.maxInFlight())
+	})
+
+	t.Run("OneKeyOneAtATimeInIdOrder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		var keys []string
+		for i := range 60 {
+			keys = append(keys, fmt.Sprint("k", i%3))
+		}
+		b.insert(t, "t", keys...)
+		cfg := b.cfg
+		cfg.Concurrency = 8
+		var mu sync.Mutex
+		inFlight := map[string]bool{}
+		last := map[string]int64{}
+		var violations []string
+		s := relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+			mu.Lock()
+			if inFlight[m.Key] {
+				violations = append(violations, fmt.Sprintf("key %s twice in flight", m.Key))
+			}
+			if m.ID < last[m.Key] {
+				violations = append(violations, fmt.Sprintf("key %s: %d after %d", m.Key, m.ID, last[m.Key]))
+			}
+			inFlight[m.Key], last[m.Key] = true, m.ID
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			mu.Lock()
+			inFlight[m.Key] = false
+			mu.Unlock()
+			return nil
+		})
+		n, err := b.newRelay(t, cfg, s).Run(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 60, n)
+		require.Empty(t, violations)
+	})
+}
+
+func TestGroupOutcomes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	for _, async := range []bool{false, true} {
+		t.Run(fmt.Sprintf("AsyncCommit=%v", async), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var keys []string
+			for i := range 25 {
+				keys = append(keys, fmt.Sprint("k", i))
+			}
+			ids := b.insert(t, "t", keys...)
+			cfg := b.cfg
+			cfg.GroupOutcomes = 10
+			cfg.AsyncCommit = async
+			cfg.Concurrency = 4
+			cfg.MaxAttempts = 3
+			r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+				switch m.Key {
+				case "k3":
+					return errors.New("retry me")
+				case "k4":
+					return relay.Permanent(errors.New("never"))
+				case "k5":
+					// moved on by someone else while in flight: fenced out
+					b.exec(t, "UPDATE %s SET status = 'SENT', last_error = 'elsewhere' WHERE id = $1", m.ID)
+				}
+				return nil
+			}))
+			n, err := r.Run(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 24, n, "the stale row is not counted")
+			require.Equal(t, 23, b.countStatus(t, "SENT"))
+
+			s := b.state(t, ids[3])
+			require.Equal(t, "ERROR", s.Status)
+			require.Equal(t, 1, s.Attempts)
+			require.Equal(t, "retry me", *s.LastError)
+			s = b.state(t, ids[4])
+			require.Equal(t, "ERROR", s.Status)
+			require.Equal(t, 3, s.Attempts, "a permanent failure is dead at once")
+			s = b.state(t, ids[5])
+			require.Equal(t, "elsewhere", *s.LastError)
+			require.NotNil(t, b.state(t, ids[0]).SentAt)
+
+			st := r.Stats()
+			require.EqualValues(t, 22, st.Sent)
+			require.EqualValues(t, 1, st.Failed)
+			require.EqualValues(t, 1, st.Dead)
+		})
+	}
+
+	t.Run("AGroupIsRecordedWithinItsDelay", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.insert(t, "t", "a", "b")
+		cfg := b.cfg
+		cfg.GroupOutcomes = 100
+		sentA := make(chan struct{})
+		var seen string
+		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+			if m.Key == "a" {
+				close(sentA)
+				return nil
+			}
+			// b is slow: a's outcome must not wait for the group to fill.
+			time.Sleep(500 * time.Millisecond)
+			seen = b.state(t, ids[0]).Status
+			return nil
+		}))
+		_, err := r.Run(ctx)
+		require.NoError(t, err)
+		<-sentA
+		require.Equal(t, "SENT", seen, "a's outcome was recorded within the group delay, before the batch ended")
+	})
+}
