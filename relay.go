@@ -146,6 +146,7 @@ func (r *Relay) Run(ctx context.Context) (int, error) {
 	defer func() { <-r.pass }()
 	start := time.Now()
 	res := r.batch(ctx, nil)
+	res.ran = true
 	r.passDone(res, start)
 	return res.processed(), res.err
 }
@@ -180,6 +181,7 @@ func (r *Relay) runIfElected(ctx context.Context, o *passOpts) (passResult, bool
 		defer func() { <-r.pass }()
 		start := time.Now()
 		res := r.passes(ctx, o)
+		res.ran = true
 		r.passDone(res, start)
 		return res, true
 	}
@@ -199,7 +201,8 @@ func (r *Relay) runIfElected(ctx context.Context, o *passOpts) (passResult, bool
 		return res.err
 	})
 	res.err = err
-	res.coalesced = !ran
+	res.ran = ran
+	res.coalesced = !ran && err == nil
 	r.passDone(res, start)
 	return res, ran
 }
@@ -247,7 +250,8 @@ type passResult struct {
 	lag                time.Duration
 	full               bool // the batch came back with BatchSize rows
 	backlog            bool // draining stopped at drainMax with rows left
-	coalesced          bool
+	ran                bool // the pass ran: elected, or direct
+	coalesced          bool // another session held the election
 	err                error
 }
 
@@ -266,6 +270,7 @@ func (p *passResult) add(b passResult, first bool) {
 
 func (r *Relay) passDone(res passResult, start time.Time) {
 	rep := PassReport{
+		Ran:       res.ran,
 		Coalesced: res.coalesced,
 		Sent:      res.sent,
 		Failed:    res.failed,
@@ -279,7 +284,7 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 		r.observer.PassDone(rep)
 	}
 	attrs := []slog.Attr{
-		slog.Bool("elected", !res.coalesced),
+		slog.Bool("ran", res.ran),
 		slog.Int("sent", res.sent),
 		slog.Int("failed", res.failed),
 		slog.Int("dead", res.dead),

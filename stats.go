@@ -10,6 +10,7 @@ import (
 type Stats struct {
 	PassesElected   int64 // passes that ran: elected, or direct ([Relay.Run], ClusterLock off)
 	PassesCoalesced int64 // passes skipped because another session held the election
+	PassesFailed    int64 // passes that ended in an error, whether or not they ran (see LastPassErr)
 	Sent            int64 // messages delivered and recorded SENT
 	Failed          int64 // failed attempts recorded ERROR below the ceiling (they will be retried)
 	Dead            int64 // failed attempts that left the row dead (at the ceiling, or a [Permanent] error)
@@ -36,7 +37,8 @@ type Observer interface {
 
 // PassReport is one pass's outcome.
 type PassReport struct {
-	Coalesced bool          // true: another session held the election and nothing ran
+	Ran       bool          // the pass ran: it won the election, or it was a direct pass
+	Coalesced bool          // another session held the election and nothing ran
 	Sent      int           // messages recorded SENT
 	Failed    int           // messages recorded ERROR below the ceiling
 	Dead      int           // messages recorded dead
@@ -64,7 +66,7 @@ const (
 
 // counters are the relay's running totals behind Stats.
 type counters struct {
-	elected, coalesced, sent, failed, dead atomic.Int64
+	elected, coalesced, passFailed, sent, failed, dead atomic.Int64
 
 	mu      sync.Mutex
 	lastAt  time.Time
@@ -73,15 +75,19 @@ type counters struct {
 }
 
 func (c *counters) passDone(p PassReport) {
-	if p.Coalesced {
-		c.coalesced.Add(1)
-	} else {
+	switch {
+	case p.Ran:
 		c.elected.Add(1)
+	case p.Coalesced:
+		c.coalesced.Add(1)
+	}
+	if p.Err != nil {
+		c.passFailed.Add(1)
 	}
 	c.mu.Lock()
 	c.lastAt = time.Now()
 	c.lastErr = p.Err
-	if !p.Coalesced {
+	if p.Ran {
 		c.lag = p.Lag
 	}
 	c.mu.Unlock()
@@ -93,6 +99,7 @@ func (c *counters) snapshot() Stats {
 	return Stats{
 		PassesElected:   c.elected.Load(),
 		PassesCoalesced: c.coalesced.Load(),
+		PassesFailed:    c.passFailed.Load(),
 		Sent:            c.sent.Load(),
 		Failed:          c.failed.Load(),
 		Dead:            c.dead.Load(),
