@@ -207,15 +207,20 @@ func (r *Relay) runIfElected(ctx context.Context, o *passOpts) (passResult, bool
 	return res, ran
 }
 
-// passes runs one batch, or, when draining, batches while they come back full,
-// for at most drainMax, under whatever election the caller holds.
+// passes runs one batch, or, when draining, batches while they come back
+// full, for at most drainMax, under whatever election the caller holds.
+// Draining stops after a batch with a failure: the destination may be
+// struggling, and the failed rows wait for the next tick, not the next batch.
 func (r *Relay) passes(ctx context.Context, o *passOpts) passResult {
+	if o != nil && o.drain && r.cfg.Concurrency > 1 {
+		return r.drain(ctx, o)
+	}
 	var total passResult
 	start := time.Now()
 	for first := true; ; first = false {
 		res := r.batch(ctx, o)
 		total.add(res, first)
-		if res.err != nil || o == nil || !o.drain || !res.full || halted(ctx, o) {
+		if res.err != nil || o == nil || !o.drain || !res.full || res.failed+res.dead > 0 || halted(ctx, o) {
 			return total
 		}
 		if time.Since(start) > drainMax {
@@ -330,14 +335,9 @@ func (r *Relay) batch(ctx context.Context, o *passOpts) passResult {
 	if halted(ctx, o) {
 		return passResult{err: context.Cause(ctx)}
 	}
-	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
-	rows, err := r.repo.fetch(fctx, r.pool, r.cfg.MaxAttempts, r.types, r.cfg.BatchSize)
-	cancel()
+	rows, err := r.fetch(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			err = context.Cause(ctx)
-		}
-		return passResult{err: fmt.Errorf("relay: select a batch from %s: %w", r.cfg.Table, err)}
+		return passResult{err: err}
 	}
 	res := passResult{full: len(rows) == r.cfg.BatchSize}
 	if len(rows) == 0 {
@@ -346,7 +346,6 @@ func (r *Relay) batch(ctx context.Context, o *passOpts) passResult {
 	res.lag = max(time.Since(rows[0].CreatedAt), 0)
 
 	groups := byKey(rows)
-	workers := min(r.cfg.Concurrency, len(groups))
 	rec := r.newRecorder(ctx, &res)
 	var next atomic.Int64
 	work := func() {
@@ -355,25 +354,13 @@ func (r *Relay) batch(ctx context.Context, o *passOpts) passResult {
 			if i >= len(groups) {
 				return
 			}
-			for _, m := range groups[i] {
-				if halted(ctx, o) || rec.errorOf() != nil {
-					return
-				}
-				d := r.deliver(ctx, m)
-				if d.out == outcomeInterrupted {
-					return
-				}
-				if rec.add(d) != nil {
-					return
-				}
-				if d.out != outcomeSent {
-					break // the rest of this key waits for a later pass
-				}
+			if _, stop := r.deliverKey(ctx, o, rec, groups[i]); stop {
+				return
 			}
 		}
 	}
 	var wg sync.WaitGroup
-	for range workers - 1 {
+	for range min(r.cfg.Concurrency, len(groups)) - 1 {
 		wg.Go(work)
 	}
 	work()
@@ -384,6 +371,44 @@ func (r *Relay) batch(ctx context.Context, o *passOpts) passResult {
 		res.err = context.Cause(ctx)
 	}
 	return res
+}
+
+// fetch selects one batch, outside any transaction.
+func (r *Relay) fetch(ctx context.Context) ([]row, error) {
+	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+	defer cancel()
+	rows, err := r.repo.fetch(fctx, r.pool, r.cfg.MaxAttempts, r.types, r.cfg.BatchSize)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		return nil, fmt.Errorf("relay: select a batch from %s: %w", r.cfg.Table, err)
+	}
+	return rows, nil
+}
+
+// deliverKey delivers the messages of one natural key, in id order, one at a
+// time, and records each outcome. It stops at the first message that is not
+// sent: the rest of that key wait for a later pass instead of overtaking it.
+// It reports whether every message was sent, and whether the whole pass must
+// stop (halted, or a recording failed).
+func (r *Relay) deliverKey(ctx context.Context, o *passOpts, rec *recorder, group []*row) (allSent, stop bool) {
+	for _, m := range group {
+		if halted(ctx, o) || rec.errorOf() != nil {
+			return false, true
+		}
+		d := r.deliver(ctx, m)
+		if d.out == outcomeInterrupted {
+			return false, true
+		}
+		if rec.add(d) != nil {
+			return false, true
+		}
+		if d.out != outcomeSent {
+			return false, false
+		}
+	}
+	return true, false
 }
 
 // byKey splits a batch, in id order, into runs of one natural key each, in the

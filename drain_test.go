@@ -1,0 +1,127 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+)
+
+// TestDrain covers the periodic pass through a backlog with Concurrency > 1,
+// where the next batch is selected while the last one's messages are in flight.
+func TestDrain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	for _, group := range []int{0, 7} {
+		t.Run(fmt.Sprintf("ExactlyOnceInKeyOrder/GroupOutcomes=%d", group), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var keys []string
+			for i := range 300 {
+				keys = append(keys, fmt.Sprint("k", i%40))
+			}
+			ids := b.insert(t, "t", keys...)
+			cfg := b.cfg
+			cfg.Interval = time.Hour // one tick: the whole backlog in one election
+			cfg.BatchSize = 10
+			cfg.Concurrency = 8
+			cfg.GroupOutcomes = group
+			var mu sync.Mutex
+			sends := map[int64]int{}
+			last := map[string]int64{}
+			var disorder []string
+			r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+				mu.Lock()
+				defer mu.Unlock()
+				sends[m.ID]++
+				if m.ID < last[m.Key] {
+					disorder = append(disorder, fmt.Sprintf("%s: %d after %d", m.Key, m.ID, last[m.Key]))
+				}
+				last[m.Key] = m.ID
+				return nil
+			}))
+			require.NoError(t, r.Start(ctx))
+			require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 20*time.Second, 10*time.Millisecond)
+			require.NoError(t, r.Stop(ctx))
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, sends, len(ids))
+			for id, n := range sends {
+				require.Equal(t, 1, n, "row %d sent %d times", id, n)
+			}
+			require.Empty(t, disorder)
+			require.EqualValues(t, 1, r.Stats().PassesElected)
+		})
+	}
+
+	t.Run("AFailureIsNotRetriedWithinTheDrain", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		var keys []string
+		for i := range 100 {
+			keys = append(keys, fmt.Sprint("k", i))
+		}
+		ids := b.insert(t, "t", keys...)
+		cfg := b.cfg
+		cfg.Interval = time.Hour
+		cfg.BatchSize = 10
+		cfg.Concurrency = 4
+		var mu sync.Mutex
+		calls := 0
+		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+			if m.ID == ids[0] {
+				mu.Lock()
+				calls++
+				mu.Unlock()
+				return errors.New("down")
+			}
+			return nil
+		}))
+		require.NoError(t, r.Start(ctx))
+		require.Eventually(t, func() bool { return r.Stats().PassesElected == 1 }, 10*time.Second, 10*time.Millisecond)
+		require.NoError(t, r.Stop(ctx))
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, 1, calls, "with RetryBackoff 0 a failed row waits for the next tick, not the next batch")
+		require.Equal(t, 1, b.state(t, ids[0]).Attempts)
+	})
+
+	t.Run("AHungSendDoesNotHoldTheOtherWorkers", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		var keys []string
+		for i := range 60 {
+			keys = append(keys, fmt.Sprint("k", i))
+		}
+		ids := b.insert(t, "t", keys...)
+		cfg := b.cfg
+		cfg.Interval = time.Hour
+		cfg.BatchSize = 10
+		cfg.Concurrency = 4
+		release := make(chan struct{})
+		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
+			if m.ID == ids[0] {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		}))
+		require.NoError(t, r.Start(ctx))
+		// The 59 others are delivered while the first one is still in flight:
+		// the next batches are selected without waiting for it.
+		require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 59 }, 10*time.Second, 10*time.Millisecond)
+		require.Equal(t, "PENDING", b.state(t, ids[0]).Status)
+		close(release)
+		require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 60 }, 10*time.Second, 10*time.Millisecond)
+		require.NoError(t, r.Stop(ctx))
+	})
+}
