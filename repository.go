@@ -290,3 +290,106 @@ func (r *repository) record(ctx context.Context, db batcher, ds []delivery, maxA
 	}
 	return stale, nil
 }
+
+// ---- The producer (Enqueue) and the operator's statements (Admin) ----
+
+// enqueue inserts one outbound PENDING row and returns its id. The payload
+// goes as text cast to jsonb, which works in every pgx query mode.
+func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing) (int64, error) {
+	var id int64
+	err := q.QueryRow(ctx, `INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts)
+VALUES ('OUT', $1, $2, $3::jsonb, 'PENDING', 0) RETURNING id`, m.Type, m.Key, string(m.Payload)).Scan(&id)
+	return id, err
+}
+
+// adminRepository holds the statements of Admin for one table. A dead row is
+// an outbound ERROR row whose attempts reached the ceiling ($1 everywhere).
+type adminRepository struct {
+	countSQL       string
+	listDeadSQL    string
+	requeueAllSQL  string
+	requeueTypeSQL string
+	requeueIDsSQL  string
+	purgeSQL       string
+}
+
+func newAdminRepository(table string) (*adminRepository, error) {
+	id, err := parseTable(table)
+	if err != nil {
+		return nil, err
+	}
+	t := id.Sanitize()
+	const dead = `direction = 'OUT' AND status = 'ERROR' AND attempts >= $1`
+	// Re-queue touches only rows dead at the moment of the statement; no pass
+	// reads them, so it never races a delivery.
+	const requeue = `SET status = 'PENDING', attempts = 0, updated_at = now() WHERE ` + dead
+	return &adminRepository{
+		countSQL: `SELECT type, status, status = 'ERROR' AND attempts >= $1 AS dead, count(*) FROM ` + t + `
+WHERE direction = 'OUT' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`,
+		listDeadSQL: `SELECT id, type, natural_key, attempts, coalesce(last_error, ''), updated_at FROM ` + t + `
+WHERE ` + dead + ` ORDER BY id LIMIT $2`,
+		requeueAllSQL:  `UPDATE ` + t + ` ` + requeue,
+		requeueTypeSQL: `UPDATE ` + t + ` ` + requeue + ` AND type = $2`,
+		requeueIDsSQL:  `UPDATE ` + t + ` ` + requeue + ` AND id = ANY($2::bigint[])`,
+		// One bounded chunk, oldest first: short statements, few locks. SENT
+		// rows are never written by a pass again. id = ANY(ARRAY(...)) deletes
+		// by primary key; "id IN (subquery)" plans a hash join that reads the
+		// whole table for every chunk.
+		purgeSQL: `DELETE FROM ` + t + ` WHERE id = ANY(ARRAY(SELECT id FROM ` + t + `
+WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < $1 ORDER BY id LIMIT $2))`,
+	}, nil
+}
+
+func (r *adminRepository) countByStatus(ctx context.Context, db querier, ceiling int) ([]StatusCount, error) {
+	rows, err := db.Query(ctx, r.countSQL, ceiling)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (StatusCount, error) {
+		var c StatusCount
+		err := row.Scan(&c.Type, &c.Status, &c.Dead, &c.Count)
+		return c, err
+	})
+}
+
+func (r *adminRepository) listDead(ctx context.Context, db querier, ceiling, limit int) ([]DeadMessage, error) {
+	rows, err := db.Query(ctx, r.listDeadSQL, ceiling, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadMessage, error) {
+		var d DeadMessage
+		err := row.Scan(&d.ID, &d.Type, &d.Key, &d.Attempts, &d.LastError, &d.UpdatedAt)
+		return d, err
+	})
+}
+
+func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling))
+}
+
+func (r *adminRepository) requeueType(ctx context.Context, db execer, ceiling int, typ string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueTypeSQL, ceiling, typ))
+}
+
+func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids))
+}
+
+// cutoff is the database's now() minus retention, fixed once for a whole purge.
+func (r *adminRepository) cutoff(ctx context.Context, db querier, retention time.Duration) (time.Time, error) {
+	var t time.Time
+	err := db.QueryRow(ctx, `SELECT now() - make_interval(secs => $1::float8)`, retention.Seconds()).Scan(&t)
+	return t, err
+}
+
+func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit))
+}
+
+func rowsAffected(tag pgconn.CommandTag, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}

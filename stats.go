@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,13 +83,19 @@ func (c *counters) passDone(p PassReport) {
 	case p.Coalesced:
 		c.coalesced.Add(1)
 	}
-	if p.Err != nil {
+	failed := p.Err != nil && !errors.Is(p.Err, context.Canceled) // a stop is not a failure
+	if failed {
 		c.passFailed.Add(1)
 	}
 	c.mu.Lock()
 	c.lastAt = time.Now()
-	c.lastErr = p.Err
-	if p.Ran {
+	c.lastErr = nil
+	if failed {
+		c.lastErr = p.Err
+	}
+	// A pass that failed before it read anything knows nothing new of the lag:
+	// keep the last one rather than report "caught up" while the relay is stuck.
+	if p.Ran && (p.Err == nil || p.Lag > 0) {
 		c.lag = p.Lag
 	}
 	c.mu.Unlock()

@@ -1,0 +1,177 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PurgeChunk is how many SENT rows one statement of [Admin.PurgeSent] deletes
+// at most, so that a purge of a long history never holds many locks for long.
+const PurgeChunk = 1000
+
+// Admin operates one outbox table while relays deliver from it: it counts rows,
+// lists and re-queues dead ones, and purges the SENT history. Build it with
+// [NewAdmin].
+//
+// It takes the relay's [Config], not a table name and a number, because a row
+// is dead only relative to the relays' ceiling (ERROR with attempts at or above
+// [Config.MaxAttempts]): an Admin built from the same Config as the relays,
+// typically [ConfigFromEnv], cannot disagree with them about which rows are
+// dead, and so never re-queues a row a relay may still be retrying.
+//
+// Every method is safe to run while any number of replicas deliver: each is
+// one statement ([Admin.PurgeSent] one per chunk), and none writes a live row
+// (PENDING, or ERROR below the ceiling), which is all a pass reads. Re-queue
+// writes only rows that are dead at the moment of its statement, and purge only
+// SENT rows, which no pass touches again. An Admin is safe for concurrent use.
+type Admin struct {
+	pool        *pgxpool.Pool
+	table       string
+	maxAttempts int
+	repo        *adminRepository
+}
+
+// NewAdmin returns an Admin for cfg.Table whose ceiling is cfg.MaxAttempts.
+// cfg must come from [DefaultConfig] or [ConfigFromEnv], as for [New]; pass the
+// relays' own Config.
+func NewAdmin(pool *pgxpool.Pool, cfg Config) (*Admin, error) {
+	if pool == nil {
+		return nil, errors.New("relay: NewAdmin needs a *pgxpool.Pool, got nil")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	repo, err := newAdminRepository(cfg.Table)
+	if err != nil {
+		return nil, &FieldError{Field: "Table", msg: err.Error()}
+	}
+	return &Admin{pool: pool, table: cfg.Table, maxAttempts: cfg.MaxAttempts, repo: repo}, nil
+}
+
+// StatusCount is how many outbound rows of one type are in one status, as
+// [Admin.CountByStatus] reports them.
+type StatusCount struct {
+	Type   string
+	Status string // "PENDING", "ERROR" or "SENT"
+	Dead   bool   // ERROR rows at or above the ceiling: never retried until re-queued
+	Count  int64
+}
+
+// CountByStatus counts the outbound rows by type and status, ordered by type,
+// status and Dead. Dead rows are counted apart from the ERROR rows that
+// will still be retried: a type's ERROR status may appear twice, with Dead
+// false and with Dead true. It reads the whole table, SENT history
+// included: it is for dashboards and operators, not for every tick.
+func (a *Admin) CountByStatus(ctx context.Context) ([]StatusCount, error) {
+	counts, err := a.repo.countByStatus(ctx, a.pool, a.maxAttempts)
+	if err != nil {
+		return nil, fmt.Errorf("relay: count the rows of %s by status: %w", a.table, err)
+	}
+	return counts, nil
+}
+
+// DeadMessage is a dead row, as [Admin.ListDead] reports it.
+type DeadMessage struct {
+	ID        int64
+	Type      string
+	Key       string    // the natural key
+	Attempts  int       // at or above the ceiling
+	LastError string    // the last failure's text; "" if none was recorded
+	UpdatedAt time.Time // when it died
+}
+
+// ListDeadMax is the most rows one [Admin.ListDead] returns.
+const ListDeadMax = 10_000
+
+// ListDead returns at most limit dead rows, oldest (lowest id) first. limit
+// must be between 1 and [ListDeadMax].
+func (a *Admin) ListDead(ctx context.Context, limit int) ([]DeadMessage, error) {
+	if limit < 1 || limit > ListDeadMax {
+		return nil, fmt.Errorf("relay: ListDead: limit must be between 1 and %d, got %d", ListDeadMax, limit)
+	}
+	dead, err := a.repo.listDead(ctx, a.pool, a.maxAttempts, limit)
+	if err != nil {
+		return nil, fmt.Errorf("relay: list the dead rows of %s: %w", a.table, err)
+	}
+	return dead, nil
+}
+
+// RequeueAll re-queues every dead row: status PENDING, attempts 0, last_error
+// kept for the record. The next pass delivers them. It returns how many rows it
+// re-queued.
+//
+// A re-queued row goes back in its key's order by id: if later messages of the
+// same key were delivered while it was dead, it now arrives after them, and the
+// receiver must tolerate that as it tolerates any redelivery.
+func (a *Admin) RequeueAll(ctx context.Context) (int64, error) {
+	n, err := a.repo.requeueAll(ctx, a.pool, a.maxAttempts)
+	if err != nil {
+		return 0, fmt.Errorf("relay: re-queue the dead rows of %s: %w", a.table, err)
+	}
+	return n, nil
+}
+
+// RequeueType re-queues the dead rows of type typ, as [Admin.RequeueAll] does,
+// and returns how many. typ must not be blank.
+func (a *Admin) RequeueType(ctx context.Context, typ string) (int64, error) {
+	if strings.TrimSpace(typ) == "" {
+		return 0, errors.New("relay: RequeueType: the type must not be empty (use RequeueAll to re-queue every dead row)")
+	}
+	n, err := a.repo.requeueType(ctx, a.pool, a.maxAttempts, typ)
+	if err != nil {
+		return 0, fmt.Errorf("relay: re-queue the dead rows of type %q in %s: %w", typ, a.table, err)
+	}
+	return n, nil
+}
+
+// RequeueIDs re-queues the rows of ids that are dead, as [Admin.RequeueAll]
+// does, and returns how many; ids of rows that are not dead (live, SENT,
+// inbound or missing) are left alone. No ids re-queues nothing.
+func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	n, err := a.repo.requeueIDs(ctx, a.pool, a.maxAttempts, ids)
+	if err != nil {
+		return 0, fmt.Errorf("relay: re-queue %d dead row(s) of %s by id: %w", len(ids), a.table, err)
+	}
+	return n, nil
+}
+
+// PurgeSent deletes the outbound SENT rows whose sent_at is older than
+// retention (measured on the database's clock), oldest first, in statements of
+// at most [PurgeChunk] rows each, and returns how many it deleted. Live and
+// dead rows, inbound rows and SENT rows within retention are left alone.
+// retention must not be negative; 0 purges every SENT row.
+//
+// It stops at the first error, or when ctx ends between chunks, and then
+// returns how many rows it had deleted with the error; running it again
+// resumes where it stopped.
+func (a *Admin) PurgeSent(ctx context.Context, retention time.Duration) (int64, error) {
+	if retention < 0 {
+		return 0, fmt.Errorf("relay: PurgeSent: retention must not be negative, got %s", retention)
+	}
+	cutoff, err := a.repo.cutoff(ctx, a.pool, retention)
+	if err != nil {
+		return 0, fmt.Errorf("relay: purge the SENT rows of %s: %w", a.table, err)
+	}
+	var total int64
+	for {
+		n, err := a.repo.purgeChunk(ctx, a.pool, cutoff, PurgeChunk)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("relay: purge the SENT rows of %s (%d deleted so far): %w", a.table, total, err)
+		}
+		if n < PurgeChunk {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, fmt.Errorf("relay: purge the SENT rows of %s (%d deleted so far): %w", a.table, total, err)
+		}
+	}
+}

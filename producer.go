@@ -1,0 +1,82 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Querier is what [Enqueue] writes through: pgx.Tx (as pool.Begin returns
+// it), *pgxpool.Pool, *pgxpool.Conn and *pgx.Conn satisfy it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Outgoing is a message to write to the outbox with [Enqueue].
+type Outgoing struct {
+	// Type chooses the [Sender] that delivers the message: the relay of the app
+	// that registered a sender for it. Required.
+	Type string
+	// Key is the natural key: receivers deduplicate by it, and the messages of
+	// one key are delivered one at a time, in id order. Required.
+	Key string
+	// Payload is the message's body, one JSON document, stored as jsonb: the
+	// Sender gets it back normalised (spacing and key order may differ).
+	// Required; json.Marshal builds it.
+	Payload []byte
+}
+
+// errEnqueue prefixes the errors of Enqueue.
+const errEnqueue = "relay: enqueue: "
+
+// Enqueue writes m as a PENDING outbound row of table (optionally
+// schema-qualified, as [Config.Table]) through q and returns the new row's id.
+//
+// Pass the caller's pgx.Tx as q, so that the business write and the message
+// commit or roll back together: the relay sees the message only once the
+// transaction commits, and never if it rolls back. Through a pool, the row is
+// committed at once, on its own.
+//
+// Enqueue validates table and m before it writes anything: table must be a
+// name as [Config.Table] takes it, Type and Key must not be empty or blank,
+// and Payload must be one valid JSON document. The error names the field it
+// refuses ("Outgoing.Key must not be empty ...").
+func Enqueue(ctx context.Context, q Querier, table string, m Outgoing) (int64, error) {
+	id, err := parseTable(table)
+	if err != nil {
+		return 0, errors.New(errEnqueue + err.Error())
+	}
+	if err := m.validate(); err != nil {
+		return 0, err
+	}
+	if q == nil {
+		return 0, errors.New(errEnqueue + "nil Querier: pass the transaction (pgx.Tx) the message must commit with")
+	}
+	newID, err := enqueue(ctx, q, id, m)
+	if err != nil {
+		return 0, fmt.Errorf(errEnqueue+"insert a message of type %q, key %q into %s: %w", m.Type, m.Key, table, err)
+	}
+	return newID, nil
+}
+
+// validate names the first field of m that Enqueue refuses.
+func (m *Outgoing) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf(errEnqueue+"Outgoing."+field+" "+format, args...)
+	}
+	switch {
+	case strings.TrimSpace(m.Type) == "":
+		return bad("Type", "must not be empty: it chooses the Sender that delivers the message")
+	case strings.TrimSpace(m.Key) == "":
+		return bad("Key", "must not be empty: receivers deduplicate by the natural key")
+	case len(m.Payload) == 0:
+		return bad("Payload", "must not be empty: it must be a JSON document")
+	case !json.Valid(m.Payload):
+		return bad("Payload", "is not valid JSON: %.80q", m.Payload)
+	}
+	return nil
+}
