@@ -34,10 +34,14 @@
 //	if err != nil {
 //		return err
 //	}
-//	if err := r.Start(ctx); err != nil {
+//	// Start's ctx cancels the sends in flight: stop gracefully with Stop instead.
+//	if err := r.Start(context.WithoutCancel(ctx)); err != nil {
 //		return err
 //	}
-//	defer r.Stop(context.Background())
+//	<-ctx.Done() // SIGTERM
+//	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+//	defer cancel()
+//	return r.Stop(stopCtx) // the messages in flight finish, the election is released
 //
 // [Relay.Run] runs one direct pass (tests, "run now"); [Relay.RunIfElected]
 // runs the same pass under the election: it is the seam through which adopters

@@ -100,6 +100,9 @@ func spawn(name string, args []string, dir string, logFile *os.File, cred *sysca
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := command(ctx, name, args, dir, logFile, cred)
 	cmd.SysProcAttr.Pdeathsig = sig
+	// Its own process group: a Ctrl-C in the terminal goes to the program,
+	// which stops gracefully while the server is still there to answer.
+	cmd.SysProcAttr.Setpgid = true
 	cmd.Cancel = func() error { return cmd.Process.Signal(sig) }
 	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
