@@ -28,7 +28,7 @@ type Guard interface {
 // lock's session died (failover, pg_terminate_backend, idle_session_timeout, a
 // proxy dropping the connection) or the lock was not where the guard believed it
 // was (a transaction-pooling proxy). Another replica may hold the lock now.
-var ErrElectionLost = errors.New("relay: election lost: the advisory lock's session ended while the pass ran")
+var ErrElectionLost = errors.New("relay: election lost: the advisory lock is no longer held by this session")
 
 // Timings of PostgresGuard. The unlock and the heartbeat run under their own
 // short deadlines, never under a caller's context that may already be cancelled.
@@ -96,16 +96,9 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	// An unreachable database fails the election instead of hanging the caller.
 	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancelLock()
-	conn, err := g.pool.Acquire(lctx)
+	conn, locked, pid, err := g.tryLock(lctx, key)
 	if err != nil {
-		return false, fmt.Errorf("relay: acquire a connection for the lock %q: %w", key, err)
-	}
-	var locked *bool
-	var pid uint32
-	if err := conn.QueryRow(lctx, lockSQL, key).Scan(&locked, &pid); err != nil {
-		// The statement may have reached the server and taken the lock.
-		closeConn(conn)
-		return false, fmt.Errorf("relay: try the lock %q: %w", key, err)
+		return false, err
 	}
 	switch {
 	case locked == nil:
@@ -144,6 +137,33 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	}()
 	return true, fn(jobCtx)
 }
+
+// tryLock takes a connection from the pool and tries the lock on it. After a
+// failover or a restart the pool's idle connections are dead, and the first
+// statement on each fails: such a connection is closed (a dead session holds
+// no lock) and the try goes on with another, a bounded number of times.
+func (g *PostgresGuard) tryLock(ctx context.Context, key string) (conn *pgxpool.Conn, locked *bool, pid uint32, err error) {
+	for attempt := 1; ; attempt++ {
+		conn, err = g.pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("relay: acquire a connection for the lock %q: %w", key, err)
+		}
+		err = conn.QueryRow(ctx, lockSQL, key).Scan(&locked, &pid)
+		if err == nil {
+			return conn, locked, pid, nil
+		}
+		// The statement may have reached the server and taken the lock:
+		// closing the connection is what makes sure it is not held.
+		dead := conn.Conn().IsClosed()
+		closeConn(conn)
+		if !dead || ctx.Err() != nil || attempt == guardLockAttempts {
+			return nil, nil, 0, fmt.Errorf("relay: try the lock %q: %w", key, err)
+		}
+	}
+}
+
+// guardLockAttempts bounds how many dead pooled connections one try skips.
+const guardLockAttempts = 3
 
 // unlock releases the lock on the connection that took it, under its own
 // deadline: the caller's ctx may be cancelled already, and pgconn sends nothing

@@ -24,6 +24,8 @@ const (
 	// fetchTimeout bounds the select of a batch, connection included, so an
 	// unreachable database fails the pass instead of hanging the ticker.
 	fetchTimeout = 30 * time.Second
+	// failureLogEvery is the longest a failing streak goes without an Error line.
+	failureLogEvery = 5 * time.Minute
 	// lastErrorMax is how much of a sender's error last_error keeps.
 	lastErrorMax = 2000
 )
@@ -49,8 +51,9 @@ type Relay struct {
 	mu     sync.Mutex
 	ticker *ticker
 
-	streakMu sync.Mutex
-	streak   int // passes failed in a row, for the log's backoff
+	streakMu     sync.Mutex
+	streak       int       // passes failed in a row, for the log's backoff
+	streakLogged time.Time // when a failure of the streak was last logged at Error
 }
 
 // New returns a relay that drains cfg.Table through senders, one per type.
@@ -297,23 +300,25 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 	}
 	ctx := context.Background()
 	failed := res.err != nil && !errors.Is(res.err, context.Canceled)
+	// While the database is away every pass fails the same way: log the 1st,
+	// 2nd, 4th, 8th… failure of a streak, and at least one every
+	// failureLogEvery, the rest at Debug.
+	level := slog.LevelDebug
 	r.streakMu.Lock()
 	streak := r.streak
 	if failed {
 		r.streak++
 		streak = r.streak
+		if streak&(streak-1) == 0 || time.Since(r.streakLogged) >= failureLogEvery {
+			level = slog.LevelError
+			r.streakLogged = time.Now()
+		}
 	} else {
 		r.streak = 0
 	}
 	r.streakMu.Unlock()
 	switch {
 	case failed:
-		// While the database is away every pass fails the same way: log the
-		// 1st, 2nd, 4th, 8th… failure of a streak, the rest at Debug.
-		level := slog.LevelDebug
-		if streak&(streak-1) == 0 {
-			level = slog.LevelError
-		}
 		r.logger.LogAttrs(ctx, level, "relay: pass failed",
 			append(attrs, slog.Int("consecutive_failures", streak), slog.String("error", res.err.Error()))...)
 	case streak > 0:

@@ -108,6 +108,7 @@ func TestName(t *testing.T) {
 
 func TestPgBouncerSessionMode(t *testing.T) {
 	t.Parallel()
+	RequirePgBouncer(t)
 	b, err := StartPgBouncer(t.Context(), Shared(), "session")
 	require.NoError(t, err)
 	t.Cleanup(func() { b.Stop() })
@@ -136,6 +137,7 @@ func TestPgBouncerSessionMode(t *testing.T) {
 // recently used idle server connection first, which makes the steps below exact.
 func TestPgBouncerTransactionModeAdvisoryLocks(t *testing.T) {
 	t.Parallel()
+	RequirePgBouncer(t)
 	b, err := StartPgBouncer(t.Context(), Shared(), "transaction")
 	require.NoError(t, err)
 	t.Cleanup(func() { b.Stop() })
@@ -185,6 +187,7 @@ func TestPgBouncerTransactionModeAdvisoryLocks(t *testing.T) {
 // prepared statements); QueryExecModeExec and QueryExecModeSimpleProtocol do.
 func TestPgBouncerTransactionModeStatementCache(t *testing.T) {
 	t.Parallel()
+	RequirePgBouncer(t)
 	b, err := StartPgBouncer(t.Context(), Shared(), "transaction")
 	require.NoError(t, err)
 	t.Cleanup(func() { b.Stop() })

@@ -57,3 +57,18 @@ func Name(t testing.TB) string {
 	}
 	return base + suffix
 }
+
+// RequirePgBouncer skips t, saying what to install, when pgbouncer is not
+// installed: the library's own tests need only PostgreSQL on a fresh machine.
+// With RELAY_TEST_REQUIRE_PGBOUNCER set (CI sets it) a missing pgbouncer fails t.
+func RequirePgBouncer(t testing.TB) {
+	t.Helper()
+	if findPgBouncer() != "" {
+		return
+	}
+	const msg = "pgbouncer is not installed: the pooler tests need it (Debian: apt-get install -y pgbouncer)"
+	if os.Getenv("RELAY_TEST_REQUIRE_PGBOUNCER") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}

@@ -1,0 +1,416 @@
+package faultstest_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// server is this package's own PostgreSQL, which its tests halt and resume.
+var server *pgserver.Server
+
+// TestMain starts a server of this package's own: never the one named by an
+// environment variable, which the tests could not halt, and never one shared
+// with another package. After the tests it checks no goroutine was left behind.
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	var err error
+	server, err = pgserver.Start(ctx, "")
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "faultstest:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = server.Stop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "faultstest: goroutines left behind:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// requireLocal skips a test that halts the server when pgserver gave a
+// container (a Docker engine answered): only a local cluster can be halted.
+func requireLocal(t *testing.T) {
+	t.Helper()
+	if !server.Local() {
+		t.Skipf("halting the server needs a local PostgreSQL cluster; pgserver started a %q one "+
+			"(a Docker engine answered): run without Docker to exercise the outage", server.Kind)
+	}
+}
+
+// ignoreServer are the goroutines of the server's own process, which Halt
+// ends and Resume starts anew.
+var ignoreServer = []goleak.Option{
+	goleak.IgnoreAnyFunction("github.com/xadm/relay/internal/pgserver.spawn.func2"),
+	goleak.IgnoreAnyFunction("os/exec.(*Cmd).watchCtx"),
+}
+
+// world is one test's table and pools.
+type world struct {
+	name  string        // table, app and application_name of the relay's pool
+	pool  *pgxpool.Pool // the relay's
+	check *pgxpool.Pool // the test's own, to write and look
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	name := pgserver.Name(t)
+	w := &world{name: name, pool: newPool(t, name, 4), check: newPool(t, name+"_check", 2)}
+	require.NoError(t, relay.CreateTable(context.Background(), w.check, name))
+	t.Cleanup(func() {
+		_, _ = w.check.Exec(context.Background(), "DROP TABLE IF EXISTS "+w.table())
+	})
+	return w
+}
+
+func newPool(t *testing.T, app string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	pc, err := pgxpool.ParseConfig(server.URL)
+	require.NoError(t, err)
+	pc.MaxConns = maxConns
+	pc.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func (w *world) table() string { return pgx.Identifier{w.name}.Sanitize() }
+
+func (w *world) config(logger *slog.Logger) relay.Config {
+	cfg := relay.DefaultConfig()
+	cfg.AppName = w.name
+	cfg.Table = w.name
+	cfg.Interval = 20 * time.Millisecond
+	cfg.RetryBackoff = 0
+	cfg.SendTimeout = 5 * time.Second
+	cfg.Logger = logger
+	return cfg
+}
+
+// insert writes one row per key and returns their ids.
+func (w *world) insert(t *testing.T, keys ...string) []int64 {
+	t.Helper()
+	ids := make([]int64, len(keys))
+	for i, k := range keys {
+		require.NoError(t, w.check.QueryRow(context.Background(),
+			"INSERT INTO "+w.table()+" (type, natural_key, payload) VALUES ('t', $1, '{}') RETURNING id", k).Scan(&ids[i]))
+	}
+	return ids
+}
+
+type rowState struct {
+	Status   string
+	Attempts int
+}
+
+func (w *world) states(t *testing.T) map[int64]rowState {
+	t.Helper()
+	rows, err := w.check.Query(context.Background(), "SELECT id, status, attempts FROM "+w.table())
+	require.NoError(t, err)
+	out := map[int64]rowState{}
+	for rows.Next() {
+		var id int64
+		var s rowState
+		require.NoError(t, rows.Scan(&id, &s.Status, &s.Attempts))
+		out[id] = s
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func (w *world) countNot(t *testing.T, status string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, w.check.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+w.table()+" WHERE status <> $1", status).Scan(&n))
+	return n
+}
+
+// destination is a Sender that counts the deliveries it accepted per row.
+type destination struct {
+	delay  time.Duration
+	before func(ctx context.Context, m relay.Message) // runs before accepting, if set
+
+	mu       sync.Mutex
+	accepted map[int64]int
+}
+
+func newDestination(delay time.Duration) *destination {
+	return &destination{delay: delay, accepted: map[int64]int{}}
+}
+
+func (d *destination) Type() string { return "t" }
+
+func (d *destination) Send(ctx context.Context, m relay.Message) error {
+	select {
+	case <-time.After(d.delay):
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	if d.before != nil {
+		d.before(ctx, m)
+	}
+	d.mu.Lock()
+	d.accepted[m.ID]++
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *destination) counts() map[int64]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[int64]int, len(d.accepted))
+	for id, n := range d.accepted {
+		out[id] = n
+	}
+	return out
+}
+
+// logLines captures a relay's log as JSON lines.
+type logLines struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logLines) logger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// records returns the log's records, each a decoded JSON object.
+func (l *logLines) records(t *testing.T) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	data := bytes.Clone(l.buf.Bytes())
+	l.mu.Unlock()
+	var out []map[string]any
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &rec), sc.Text())
+		out = append(out, rec)
+	}
+	return out
+}
+
+// count counts the records with msg, at level ("" for any level).
+func (l *logLines) count(t *testing.T, msg, level string) int {
+	n := 0
+	for _, rec := range l.records(t) {
+		if rec["msg"] == msg && (level == "" || rec["level"] == level) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestOutage halts PostgreSQL for two seconds under a running ticker while a
+// producer writes and rows are pending: the passes fail and are logged at a
+// backoff (Error for the 1st, 2nd, 4th, 8th… failure of the streak, Debug for
+// the rest, Info once when they succeed again), nothing crashes or leaks, and
+// delivery resumes by itself, every row at least once.
+func TestOutage(t *testing.T) {
+	requireLocal(t)
+	ctx := context.Background()
+	leaks := append([]goleak.Option{goleak.IgnoreCurrent()}, ignoreServer...)
+	w := newWorld(t)
+	var logs logLines
+	dest := newDestination(2 * time.Millisecond)
+	r, err := relay.New(w.pool, w.config(logs.logger()), dest)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+
+	// A producer writing a row every 5ms; while the database is down its
+	// writes fail, as the service's own transactions would.
+	var stopWriting atomic.Bool
+	var writeFailures atomic.Int64
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for i := 0; !stopWriting.Load(); i++ {
+			wctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err := w.check.Exec(wctx, "INSERT INTO "+w.table()+" (type, natural_key, payload) VALUES ('t', $1, '{}')",
+				fmt.Sprintf("w%d", i%50))
+			cancel()
+			if err != nil {
+				writeFailures.Add(1)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	require.Eventually(t, func() bool { return len(dest.counts()) >= 20 }, 10*time.Second, 5*time.Millisecond,
+		"the relay delivers before the outage")
+
+	// A burst, so that rows are pending when the database goes.
+	_, err = w.check.Exec(ctx, "INSERT INTO "+w.table()+" (type, natural_key, payload) "+
+		"SELECT 't', 'burst' || g, '{}' FROM generate_series(1, 100) g")
+	require.NoError(t, err)
+	var pendingAtHalt int
+	require.NoError(t, w.check.QueryRow(ctx, "SELECT count(*) FROM "+w.table()+" WHERE status = 'PENDING'").Scan(&pendingAtHalt))
+	require.NoError(t, server.Halt())
+	time.Sleep(2 * time.Second)
+	failedDuringOutage := logs.count(t, "relay: pass failed", "")
+	require.NoError(t, server.Resume(ctx))
+	w.check.Reset() // the test's own sessions died with the server; the relay's pool must cope by itself
+
+	time.Sleep(200 * time.Millisecond)
+	stopWriting.Store(true)
+	<-writerDone
+	require.Eventually(t, func() bool { return w.countNot(t, "SENT") == 0 }, 15*time.Second, 10*time.Millisecond,
+		"delivery resumes by itself")
+	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, r.Stop(stopCtx))
+	require.NoError(t, r.Stats().LastPassErr)
+
+	// Every row written, before, during (none) and after the outage, delivered.
+	states, accepted := w.states(t), dest.counts()
+	dups := 0
+	for id, s := range states {
+		require.Equal(t, "SENT", s.Status, "row %d", id)
+		require.GreaterOrEqual(t, accepted[id], 1, "row %d", id)
+		dups += accepted[id] - 1
+	}
+	require.Len(t, accepted, len(states), "nothing delivered that is not in the table")
+	require.LessOrEqual(t, dups, 1, "at most the message in flight when the database went is delivered twice")
+	require.Positive(t, pendingAtHalt, "rows were pending at the halt")
+	require.Positive(t, writeFailures.Load(), "the producer saw the outage too")
+
+	// The log: one streak of failures, logged at a backoff, and one recovery.
+	failed := logs.count(t, "relay: pass failed", "")
+	errorLines := logs.count(t, "relay: pass failed", "ERROR")
+	require.GreaterOrEqual(t, failedDuringOutage, 20, "a 2s outage with Interval 20ms fails many passes")
+	require.Equal(t, 1, logs.count(t, "relay: passes succeed again", "INFO"), "one recovery line")
+	require.Equal(t, bits.Len(uint(failed)), errorLines,
+		"Error lines for the 1st, 2nd, 4th, 8th… failure only (%d failed passes)", failed)
+	var otherErrors []string
+	for _, rec := range logs.records(t) {
+		if rec["level"] == "ERROR" && rec["msg"] != "relay: pass failed" {
+			otherErrors = append(otherErrors, fmt.Sprint(rec["msg"]))
+		}
+	}
+	require.LessOrEqual(t, len(otherErrors), 1, "besides the streak, at most the lost outcome of the send in flight: %q", otherErrors)
+	for _, rec := range logs.records(t) {
+		switch {
+		case rec["msg"] == "relay: passes succeed again":
+			require.EqualValues(t, failed, rec["after_failures"])
+			t.Logf("recovery: %v", rec)
+		case rec["level"] == "ERROR":
+			t.Logf("error line: %v", rec)
+		}
+	}
+	t.Logf("outage: %d failed passes, %d Error lines (+%d other), %d producer writes failed, %d rows pending at the halt, %d rows, %d delivered twice",
+		failed, errorLines, len(otherErrors), writeFailures.Load(), pendingAtHalt, len(states), dups)
+
+	w.pool.Close()
+	w.check.Close()
+	goleak.VerifyNone(t, leaks...)
+}
+
+// TestOutcomeLostToAnOutage halts PostgreSQL right after the destination
+// accepted a message, so that its outcome cannot be recorded: a later pass
+// delivers it again and every row ends SENT, without the fault counting as an
+// attempt. A row's outcome was either recorded (then it is never delivered
+// again) or not (then it is delivered again): nothing is lost, nothing is
+// duplicated that need not be.
+func TestOutcomeLostToAnOutage(t *testing.T) {
+	requireLocal(t)
+	for _, tc := range []struct {
+		name          string
+		groupOutcomes int
+		concurrency   int
+	}{
+		{"OneOutcomePerTransaction", 0, 1},
+		{"GroupedOutcomes", 8, 1},
+		{"Concurrency4", 0, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			w := newWorld(t)
+			ids := w.insert(t, "a", "b", "c", "d", "e", "f")
+			dest := newDestination(time.Millisecond)
+			var halted atomic.Bool
+			var faulted atomic.Int64
+			dest.before = func(ctx context.Context, m relay.Message) {
+				if m.Key == "d" && halted.CompareAndSwap(false, true) {
+					faulted.Store(m.ID)
+					if err := server.Halt(); err != nil {
+						t.Errorf("halt: %v", err)
+					}
+				}
+			}
+			var logs logLines
+			cfg := w.config(logs.logger())
+			cfg.GroupOutcomes = tc.groupOutcomes
+			cfg.Concurrency = tc.concurrency
+			r, err := relay.New(w.pool, cfg, dest)
+			require.NoError(t, err)
+
+			ran, err := r.RunIfElected(ctx)
+			require.True(t, ran)
+			require.Error(t, err, "the pass reports the outcome it could not record")
+			firstPass := dest.counts()
+			require.NoError(t, server.Resume(ctx))
+			w.check.Reset() // the test's own sessions died with the server; the relay's pool must cope by itself
+
+			after := w.states(t)
+			require.Equal(t, "PENDING", after[faulted.Load()].Status, "the faulted row's outcome was lost")
+			for id, s := range after {
+				if s.Status != "SENT" {
+					require.Equal(t, "PENDING", s.Status, "row %d", id)
+					require.Zero(t, s.Attempts, "row %d: a lost outcome is not an attempt", id)
+				}
+			}
+
+			deadline := time.Now().Add(10 * time.Second)
+			for w.countNot(t, "SENT") > 0 {
+				require.True(t, time.Now().Before(deadline), "rows still undelivered")
+				if _, err := r.RunIfElected(ctx); err != nil {
+					t.Logf("a pass after the outage failed (retried): %v", err)
+				}
+			}
+			accepted := dest.counts()
+			for _, id := range ids {
+				want := 1
+				if firstPass[id] == 1 && after[id].Status != "SENT" {
+					want = 2 // accepted, outcome lost: delivered again
+				}
+				require.Equal(t, want, accepted[id], "row %d (first pass: accepted %d, then %s)", id, firstPass[id], after[id].Status)
+			}
+			require.Equal(t, 2, accepted[faulted.Load()])
+			for id, s := range w.states(t) {
+				require.Equal(t, rowState{Status: "SENT"}, s, "row %d", id)
+			}
+			require.Positive(t, logs.count(t, "relay: outcome not recorded; the message will be delivered again", "ERROR"),
+				"the log names the messages that will be delivered again")
+		})
+	}
+}
