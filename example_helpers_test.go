@@ -12,11 +12,11 @@ import (
 const exampleSchema = "relay_examples"
 
 // connect stands for the service's own pool in the examples: a pool on the
-// test server (server.URL, started by TestMain) whose search_path is a fresh,
+// test server (server().URL, started by TestMain) whose search_path is a fresh,
 // empty schema, so each example starts as a new service would, with no outbox
 // table, under the default table name.
 func connect(ctx context.Context) *pgxpool.Pool {
-	admin, err := pgx.Connect(ctx, server.URL)
+	admin, err := pgx.Connect(ctx, server().URL)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func connect(ctx context.Context) *pgxpool.Pool {
 		log.Fatal(err)
 	}
 
-	pc, err := pgxpool.ParseConfig(server.URL)
+	pc, err := pgxpool.ParseConfig(server().URL)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func connect(ctx context.Context) *pgxpool.Pool {
 
 // connectReplica stands for another replica's pool, on the same database and schema as connect's.
 func connectReplica(ctx context.Context) *pgxpool.Pool {
-	pc, err := pgxpool.ParseConfig(server.URL)
+	pc, err := pgxpool.ParseConfig(server().URL)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -101,7 +101,7 @@ func appNameOf(pool *pgxpool.Pool) string {
 func terminateApp(ctx context.Context, app string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, server.URL)
+	conn, err := pgx.Connect(ctx, server().URL)
 	if err != nil {
 		return 0, err
 	}
@@ -140,7 +140,7 @@ func electionHolders(t testing.TB, app string) []int32 {
 func holdersOf(ctx context.Context, app string) ([]int32, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, server.URL)
+	conn, err := pgx.Connect(ctx, server().URL)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +157,7 @@ func holdersOf(ctx context.Context, app string) ([]int32, error) {
 // application_name is app: a pool's sessions, wherever they are (in use or idle).
 func advisoryLocksOfApp(t testing.TB, app string) int {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), server.URL)
+	conn, err := pgx.Connect(context.Background(), server().URL)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
 	var n int
@@ -182,7 +182,7 @@ func distinctKeys(prefix string, n int) []string {
 // however slow the machine: the fault lands where the test aims it.
 func relayPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pc, err := pgxpool.ParseConfig(server.URL)
+	pc, err := pgxpool.ParseConfig(server().URL)
 	require.NoError(t, err)
 	pc.MaxConns = 8
 	pc.ConnConfig.RuntimeParams["application_name"] = pgserver.Name(t)
@@ -374,7 +374,7 @@ func TestElectionLostWithConcurrency(t *testing.T) {
 				killTime.Store(time.Now().UnixNano())
 				phase.Store(1)
 				bg := context.WithoutCancel(ctx)
-				conn, err := pgx.Connect(bg, server.URL)
+				conn, err := pgx.Connect(bg, server().URL)
 				if err != nil {
 					return err
 				}
@@ -559,7 +559,7 @@ func bouncerPool(t *testing.T, url string, maxConns int32, mode pgx.QueryExecMod
 func startBouncer(t *testing.T, mode string) *pgserver.PgBouncer {
 	t.Helper()
 	pgserver.RequirePgBouncer(t)
-	pb, err := pgserver.StartPgBouncer(context.Background(), server, mode)
+	pb, err := pgserver.StartPgBouncer(context.Background(), server(), mode)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pb.Stop() })
 	return pb
@@ -624,7 +624,7 @@ func TestPgBouncer(t *testing.T) {
 				return fmt.Errorf("election holders %v: %v", holders, err)
 			}
 			bg := context.WithoutCancel(ctx)
-			conn, err := pgx.Connect(bg, server.URL)
+			conn, err := pgx.Connect(bg, server().URL)
 			if err != nil {
 				return err
 			}
@@ -829,7 +829,7 @@ func TestIdleSessionTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	poolWithTimeout := func(t *testing.T, timeout string) *pgxpool.Pool {
-		pc, err := pgxpool.ParseConfig(server.URL)
+		pc, err := pgxpool.ParseConfig(server().URL)
 		require.NoError(t, err)
 		pc.MaxConns = 4
 		pc.ConnConfig.RuntimeParams["application_name"] = pgserver.Name(t)

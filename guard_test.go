@@ -47,7 +47,7 @@ func TestRunIfElected(t *testing.T) {
 		b.insert(t, "t", "a")
 		var jvmGot atomic.Bool
 		r := b.newRelay(t, b.cfg, relay.SenderFunc("t", func(context.Context, relay.Message) error {
-			conn, err := pgx.Connect(ctx, server.URL)
+			conn, err := pgx.Connect(ctx, server().URL)
 			if err != nil {
 				return err
 			}
@@ -163,7 +163,7 @@ func TestElectionLost(t *testing.T) {
 			// Kill the session that holds the election, as a failover or an
 			// operator's pg_terminate_backend would, and wait until it is gone.
 			bg := context.WithoutCancel(ctx) // the relay cancels ctx as soon as it notices
-			conn, err := pgx.Connect(bg, server.URL)
+			conn, err := pgx.Connect(bg, server().URL)
 			if err != nil {
 				return err
 			}

@@ -14,37 +14,18 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
-// server is the package's throwaway PostgreSQL; see pgserver.Start.
-var server *pgserver.Server
-
 // TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, a container, or the
 // local binaries) and fails, never skips, when none can be had. After the tests
 // it checks that no goroutine was left behind.
-func TestMain(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	var err error
-	server, err = pgserver.Start(ctx, "RELAY_TEST_DATABASE_URL")
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "relay tests:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = server.Stop()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "relay tests: goroutines left behind:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL")) }
+
+// server is the package's throwaway PostgreSQL.
+func server() *pgserver.Server { return pgserver.Shared() }
 
 // bundle is one test's world: its own pool, table and app name, so tests run
 // in parallel without seeing each other's rows or elections.
@@ -75,7 +56,7 @@ func setup(t *testing.T) *bundle {
 
 func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	pc, err := pgxpool.ParseConfig(server.URL)
+	pc, err := pgxpool.ParseConfig(server().URL)
 	require.NoError(t, err)
 	pc.MaxConns = maxConns
 	pc.ConnConfig.RuntimeParams["application_name"] = pgserver.Name(t)
@@ -153,7 +134,7 @@ func (b *bundle) statusOfKey(t testing.TB, key string) string {
 // relay does, and returns a func that releases it.
 func holdLikeJVM(t testing.TB, app string) (release func()) {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), server.URL)
+	conn, err := pgx.Connect(context.Background(), server().URL)
 	require.NoError(t, err)
 	var ok bool
 	require.NoError(t, conn.QueryRow(context.Background(),
@@ -176,7 +157,7 @@ func holdLikeJVM(t testing.TB, app string) (release func()) {
 // lockFree reports whether another session can take app's election right now.
 func lockFree(t testing.TB, app string) bool {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), server.URL)
+	conn, err := pgx.Connect(context.Background(), server().URL)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
 	var ok bool
@@ -197,7 +178,7 @@ func advisoryLocksHeldBy(t testing.TB, pool *pgxpool.Pool) int {
 		pids = append(pids, c.Conn().PgConn().PID())
 		c.Release()
 	}
-	conn, err := pgx.Connect(context.Background(), server.URL)
+	conn, err := pgx.Connect(context.Background(), server().URL)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
 	var n int

@@ -195,12 +195,12 @@ func exampleDatabase() (*pgxpool.Pool, func()) {
 			panic(err)
 		}
 	}
-	admin, err := pgx.Connect(ctx, server.URL)
+	admin, err := pgx.Connect(ctx, server().URL)
 	must(err)
 	defer admin.Close(ctx)
 	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
 	must(err)
-	cfg, err := pgxpool.ParseConfig(server.URL)
+	cfg, err := pgxpool.ParseConfig(server().URL)
 	must(err)
 	cfg.ConnConfig.Database = name
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -210,7 +210,7 @@ func exampleDatabase() (*pgxpool.Pool, func()) {
 	must(err)
 	return pool, func() {
 		pool.Close()
-		conn, err := pgx.Connect(ctx, server.URL)
+		conn, err := pgx.Connect(ctx, server().URL)
 		must(err)
 		defer conn.Close(ctx)
 		_, err = conn.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")

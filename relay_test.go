@@ -373,7 +373,7 @@ func TestRun(t *testing.T) {
 		b.insert(t, "t", "a", "b", "c")
 		var seen []string
 		r := b.newRelay(t, b.cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
-			conn, err := pgx.Connect(ctx, server.URL)
+			conn, err := pgx.Connect(ctx, server().URL)
 			if err != nil {
 				return err
 			}

@@ -23,39 +23,21 @@ import (
 	"github.com/xadm/relay/internal/pgserver"
 )
 
-// server is this package's own PostgreSQL, which its tests halt and resume.
-var server *pgserver.Server
-
 // TestMain starts a server of this package's own: never the one named by an
 // environment variable, which the tests could not halt, and never one shared
 // with another package. After the tests it checks no goroutine was left behind.
-func TestMain(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	var err error
-	server, err = pgserver.Start(ctx, "")
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "faultstest:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = server.Stop()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "faultstest: goroutines left behind:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "")) }
+
+// server is this package's own PostgreSQL, which its tests halt and resume.
+func server() *pgserver.Server { return pgserver.Shared() }
 
 // requireLocal skips a test that halts the server when pgserver gave a
 // container (a Docker engine answered): only a local cluster can be halted.
 func requireLocal(t *testing.T) {
 	t.Helper()
-	if !server.Local() {
+	if !server().Local() {
 		t.Skipf("halting the server needs a local PostgreSQL cluster; pgserver started a %q one "+
-			"(a Docker engine answered): run without Docker to exercise the outage", server.Kind)
+			"(a Docker engine answered): run without Docker to exercise the outage", server().Kind)
 	}
 }
 
@@ -86,7 +68,7 @@ func newWorld(t *testing.T) *world {
 
 func newPool(t *testing.T, app string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	pc, err := pgxpool.ParseConfig(server.URL)
+	pc, err := pgxpool.ParseConfig(server().URL)
 	require.NoError(t, err)
 	pc.MaxConns = maxConns
 	pc.ConnConfig.RuntimeParams["application_name"] = app
@@ -275,10 +257,10 @@ func TestOutage(t *testing.T) {
 	require.NoError(t, err)
 	var pendingAtHalt int
 	require.NoError(t, w.check.QueryRow(ctx, "SELECT count(*) FROM "+w.table()+" WHERE status = 'PENDING'").Scan(&pendingAtHalt))
-	require.NoError(t, server.Halt())
+	require.NoError(t, server().Halt())
 	time.Sleep(2 * time.Second)
 	failedDuringOutage := logs.count(t, "relay: pass failed", "")
-	require.NoError(t, server.Resume(ctx))
+	require.NoError(t, server().Resume(ctx))
 	w.check.Reset() // the test's own sessions died with the server; the relay's pool must cope by itself
 
 	time.Sleep(200 * time.Millisecond)
@@ -362,7 +344,7 @@ func TestOutcomeLostToAnOutage(t *testing.T) {
 			dest.before = func(ctx context.Context, m relay.Message) {
 				if m.Key == "d" && halted.CompareAndSwap(false, true) {
 					faulted.Store(m.ID)
-					if err := server.Halt(); err != nil {
+					if err := server().Halt(); err != nil {
 						t.Errorf("halt: %v", err)
 					}
 				}
@@ -378,7 +360,7 @@ func TestOutcomeLostToAnOutage(t *testing.T) {
 			require.True(t, ran)
 			require.Error(t, err, "the pass reports the outcome it could not record")
 			firstPass := dest.counts()
-			require.NoError(t, server.Resume(ctx))
+			require.NoError(t, server().Resume(ctx))
 			w.check.Reset() // the test's own sessions died with the server; the relay's pool must cope by itself
 
 			after := w.states(t)

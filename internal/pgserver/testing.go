@@ -9,29 +9,41 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // shared is the server Main started.
 var shared *Server
 
-// Main is for TestMain: it starts a server with Start(ctx, "RELAY_TEST_DATABASE_URL"),
-// exposes it through Shared, runs the tests, stops the server and exits with the
-// tests' exit code. If no server can be started it prints why to stderr and exits 1:
-// tests never skip because no database was found.
-func Main(m *testing.M) {
+// Main is for TestMain: os.Exit(Run(m, "RELAY_TEST_DATABASE_URL")).
+func Main(m *testing.M) { os.Exit(Run(m, "RELAY_TEST_DATABASE_URL")) }
+
+// Run is the body of a TestMain: it starts a server with Start(ctx, envVar),
+// exposes it through Shared, runs the tests, stops the server and then checks
+// that no goroutine was left behind. It returns the exit code. If no server can
+// be started it prints why to stderr and returns 1: tests never skip because no
+// database was found.
+func Run(m *testing.M, envVar string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	s, err := Start(ctx, "RELAY_TEST_DATABASE_URL")
+	s, err := Start(ctx, envVar)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
 	shared = s
 	code := m.Run()
 	if err := s.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "pgserver: stopping the shared server:", err)
 	}
-	os.Exit(code)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind by the tests:", err)
+			code = 1
+		}
+	}
+	return code
 }
 
 // Shared returns the server Main started. It panics if TestMain did not call Main.
