@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -60,8 +59,7 @@ const (
 // Within one process, a second TryRun for a key that is already held returns
 // false at once, so one session never takes the lock twice (session locks stack).
 type PostgresGuard struct {
-	pool   *pgxpool.Pool
-	logger *slog.Logger
+	pool *pgxpool.Pool
 
 	mu   sync.Mutex
 	held map[string]bool // keys this guard holds right now
@@ -71,7 +69,7 @@ var _ Guard = (*PostgresGuard)(nil)
 
 // NewPostgresGuard returns a guard that takes its locks on connections of pool.
 func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
-	return &PostgresGuard{pool: pool, logger: slog.Default(), held: make(map[string]bool)}
+	return &PostgresGuard{pool: pool, held: make(map[string]bool)}
 }
 
 // lockSQL takes the lock unless this very session already holds it, which would

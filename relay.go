@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -103,36 +104,24 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		logger:   logger,
 		repo:     repo,
 		senders:  byType,
-		types:    slices.Sorted(mapsKeys(byType)),
+		types:    slices.Sorted(maps.Keys(byType)),
 		guard:    cfg.Guard,
 		key:      cfg.lockKey(),
 		observer: cfg.Observer,
 		pass:     make(chan struct{}, 1),
 	}
 	if r.guard == nil {
-		if max := pool.Config().MaxConns; cfg.ClusterLock && max < 2 {
+		if n := pool.Config().MaxConns; cfg.ClusterLock && n < 2 {
 			return nil, fmt.Errorf("relay: the pool allows %d connection; the election holds one for the whole pass "+
-				"and the pass needs another: set pool_max_conns to at least 2", max)
+				"and the pass needs another: set pool_max_conns to at least 2", n)
 		}
-		g := NewPostgresGuard(pool)
-		g.logger = logger
-		r.guard = g
+		r.guard = NewPostgresGuard(pool)
 	}
 	if !cfg.ClusterLock {
 		logger.Warn("relay: ClusterLock is off: every replica of this app drains the same rows at the same time, " +
 			"and each message they share is delivered more than once (decision 0035's avoidable duplication)")
 	}
 	return r, nil
-}
-
-func mapsKeys(m map[string]Sender) func(yield func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // Run runs one direct pass, without election: it selects a batch of at most
