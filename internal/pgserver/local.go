@@ -19,6 +19,8 @@ type cluster struct {
 	port   int
 	cred   *syscall.Credential // the postgres OS user when running as root, else nil
 	pg     *child              // the running postmaster; nil while halted
+	// settings are the server settings, each passed as -c.
+	settings []string
 }
 
 // findBinDir returns the directory of the local PostgreSQL server binaries, looking at
@@ -56,6 +58,11 @@ func isFile(path string) bool {
 
 // startLocal initializes a cluster in a fresh temporary directory and starts it on a free port.
 func startLocal(ctx context.Context, binDir string) (*Server, error) {
+	return startLocalWith(ctx, binDir, Options{})
+}
+
+// startLocalWith is startLocal with opt's settings.
+func startLocalWith(ctx context.Context, binDir string, opt Options) (*Server, error) {
 	cred, err := runAs()
 	if err != nil {
 		return nil, err
@@ -64,7 +71,7 @@ func startLocal(ctx context.Context, binDir string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{binDir: binDir, dir: dir, cred: cred}
+	c := &cluster{binDir: binDir, dir: dir, cred: cred, settings: opt.settings()}
 	err = c.initdb(ctx)
 	if err == nil {
 		err = onFreePort(func(port int) error {
@@ -109,7 +116,7 @@ func (c *cluster) start(ctx context.Context) error {
 	defer logFile.Close()
 	args := []string{"-D", c.dataDir(), "-p", strconv.Itoa(c.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + c.dir}
-	for _, s := range settings {
+	for _, s := range c.settings {
 		args = append(args, "-c", s)
 	}
 	// SIGQUIT is PostgreSQL's immediate shutdown: the data is thrown away or only halted.

@@ -20,8 +20,29 @@ import (
 )
 
 // settings are the server settings of every server this package starts:
-// durability off for speed, room for many connections.
+// durability off for speed (unless Options.Durable), room for many connections.
 var settings = []string{"fsync=off", "full_page_writes=off", "max_connections=300", "shared_buffers=128MB"}
+
+// durableSettings are the settings of a server started with Options.Durable:
+// fsync, full_page_writes and synchronous_commit keep PostgreSQL's defaults, so
+// a commit costs what it costs in production.
+var durableSettings = []string{"max_connections=300", "shared_buffers=128MB"}
+
+// Options tune the server StartWith starts. The zero value is what Start starts.
+type Options struct {
+	// Durable keeps PostgreSQL's durability defaults (fsync on, full_page_writes
+	// on, synchronous_commit on) instead of turning them off for speed: for
+	// benchmarks, where a commit must cost a WAL flush. It does not apply to a
+	// server given by the environment variable.
+	Durable bool
+}
+
+func (o Options) settings() []string {
+	if o.Durable {
+		return durableSettings
+	}
+	return settings
+}
 
 // Server is a running PostgreSQL that the caller owns.
 type Server struct {
@@ -44,6 +65,12 @@ type Server struct {
 //
 // If none can be had, the error says what to install.
 func Start(ctx context.Context, envVar string) (*Server, error) {
+	return StartWith(ctx, envVar, Options{})
+}
+
+// StartWith is [Start] with options: a server it starts itself (a container or a
+// local cluster) runs with opt's settings.
+func StartWith(ctx context.Context, envVar string, opt Options) (*Server, error) {
 	if envVar != "" {
 		if u := os.Getenv(envVar); u != "" {
 			return &Server{URL: u, Kind: "env"}, nil
@@ -51,14 +78,14 @@ func Start(ctx context.Context, envVar string) (*Server, error) {
 	}
 	var containerErr error
 	if dockerAnswers(ctx) {
-		s, err := startContainer(ctx)
+		s, err := startContainer(ctx, opt)
 		if err == nil {
 			return s, nil
 		}
 		containerErr = err
 	}
 	if binDir := findBinDir(ctx); binDir != "" {
-		return startLocal(ctx, binDir)
+		return startLocalWith(ctx, binDir, opt)
 	}
 	hint := "start a Docker engine, or install the PostgreSQL server (Debian: apt-get install -y postgresql)"
 	if envVar != "" {
@@ -85,9 +112,9 @@ func dockerAnswers(ctx context.Context) bool {
 }
 
 // startContainer runs PostgreSQL in a container with the same settings as a local cluster.
-func startContainer(ctx context.Context) (*Server, error) {
+func startContainer(ctx context.Context, opt Options) (*Server, error) {
 	cmd := []string{"postgres"}
-	for _, s := range settings {
+	for _, s := range opt.settings() {
 		cmd = append(cmd, "-c", s)
 	}
 	ctr, err := postgres.Run(ctx, "postgres:16-alpine",

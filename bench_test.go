@@ -1,0 +1,269 @@
+package relay_test
+
+// Benchmarks of the pass. They run only with -bench, on the package's test
+// server (see TestMain), which runs with fsync=off: they measure what the relay
+// costs on its side (round trips, CPU, allocations), not what a durable commit
+// costs. For figures beside pgbench on a durable server, see cmd/relaybench and
+// docs/performance.md.
+//
+//	go test -run xxx -bench . -benchtime 100x ./
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// benchWorld is one benchmark's table, pool and app; testing.B's counterpart of setup.
+type benchWorld struct {
+	pool  *pgxpool.Pool
+	table string
+	trips *benchTrips
+	cfg   relay.Config
+}
+
+func benchSetup(b *testing.B, maxConns int32) *benchWorld {
+	b.Helper()
+	name := pgserver.Name(b)
+	w := &benchWorld{table: name, trips: &benchTrips{}}
+	pc, err := pgxpool.ParseConfig(server().URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pc.MaxConns = maxConns
+	pc.ConnConfig.RuntimeParams["application_name"] = name
+	pc.ConnConfig.Tracer = w.trips
+	w.pool, err = pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(w.pool.Close)
+	if err := relay.CreateTable(context.Background(), w.pool, name); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_, _ = w.pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
+	})
+	w.cfg = relay.DefaultConfig()
+	w.cfg.AppName = name
+	w.cfg.Table = name
+	w.cfg.Logger = slog.New(slog.DiscardHandler)
+	return w
+}
+
+func (w *benchWorld) relay(b *testing.B, cfg relay.Config) *relay.Relay {
+	b.Helper()
+	r, err := relay.New(w.pool, cfg, benchNoop{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+// load writes n PENDING rows of distinct keys in one statement.
+func (w *benchWorld) load(b *testing.B, n int) {
+	b.Helper()
+	_, err := w.pool.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{w.table}.Sanitize()+`
+		(type, natural_key, payload) SELECT 'bench', 'key-' || i || '-' || clock_timestamp(), jsonb_build_object('n', i)
+		FROM generate_series(1, $1) i`, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchNoop is a sender that does nothing.
+type benchNoop struct{}
+
+func (benchNoop) Type() string                              { return "bench" }
+func (benchNoop) Send(context.Context, relay.Message) error { return nil }
+
+// benchTrips counts the statements the pool sends: each query and each batch is
+// one round trip (a cached prepared statement is one Bind/Execute/Sync).
+type benchTrips struct{ n atomic.Int64 }
+
+func (t *benchTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	t.n.Add(1)
+	return ctx
+}
+func (t *benchTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (t *benchTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	t.n.Add(1)
+	return ctx
+}
+func (t *benchTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (t *benchTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// benchBatches runs pass over a fresh batch of n rows b.N times, loading each
+// batch outside the timer, and reports messages per second and ns per message.
+func benchBatches(b *testing.B, w *benchWorld, n int, pass func() (int, error)) {
+	b.Helper()
+	w.load(b, n) // warm up: connections open, statements prepared
+	if got, err := pass(); err != nil || got != n {
+		b.Fatalf("warm-up pass: %d rows, %v; want %d", got, err, n)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var busy time.Duration
+	var trips int64
+	for range b.N {
+		b.StopTimer()
+		w.load(b, n)
+		before := w.trips.n.Load()
+		b.StartTimer()
+		start := time.Now()
+		got, err := pass()
+		busy += time.Since(start)
+		trips += w.trips.n.Load() - before
+		if err != nil || got != n {
+			b.Fatalf("pass: %d rows, %v; want %d", got, err, n)
+		}
+	}
+	b.StopTimer()
+	msgs := float64(b.N * n)
+	b.ReportMetric(msgs/busy.Seconds(), "msgs/s")
+	b.ReportMetric(float64(busy.Nanoseconds())/msgs, "ns/msg")
+	b.ReportMetric(float64(trips)/msgs, "roundtrips/msg")
+}
+
+// BenchmarkPass is one direct pass (Run) of a batch of 100 rows with the
+// defaults: Concurrency 1, one transaction per outcome.
+func BenchmarkPass(b *testing.B) {
+	w := benchSetup(b, 4)
+	r := w.relay(b, w.cfg)
+	benchBatches(b, w, 100, func() (int, error) { return r.Run(context.Background()) })
+}
+
+// BenchmarkGroupOutcomes is the pass of BenchmarkPass with the outcomes of the
+// batch recorded in one statement (GroupOutcomes = BatchSize), beside the
+// default of one transaction per outcome, with and without AsyncCommit.
+func BenchmarkGroupOutcomes(b *testing.B) {
+	for _, c := range []struct {
+		name         string
+		batch, group int
+		async        bool
+	}{
+		{"batch=100/per-outcome", 100, 0, false},
+		{"batch=100/per-outcome/async", 100, 0, true},
+		{"batch=100/grouped", 100, 100, false},
+		{"batch=100/grouped/async", 100, 100, true},
+		{"batch=1000/grouped", 1000, 1000, false},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			w := benchSetup(b, 4)
+			cfg := w.cfg
+			cfg.BatchSize, cfg.GroupOutcomes, cfg.AsyncCommit = c.batch, c.group, c.async
+			r := w.relay(b, cfg)
+			benchBatches(b, w, c.batch, func() (int, error) { return r.Run(context.Background()) })
+		})
+	}
+}
+
+// BenchmarkLockLossCost is the price of the election and of watching for its
+// loss, per message: an elected pass (RunIfElected) of 100 messages beside a
+// direct pass (Run) of the same 100 messages. Compare their ns/msg.
+func BenchmarkLockLossCost(b *testing.B) {
+	const n = 100
+	b.Run("direct", func(b *testing.B) {
+		w := benchSetup(b, 4)
+		r := w.relay(b, w.cfg)
+		benchBatches(b, w, n, func() (int, error) { return r.Run(context.Background()) })
+	})
+	b.Run("elected", func(b *testing.B) {
+		w := benchSetup(b, 4)
+		var sent atomic.Int64
+		cfg := w.cfg
+		cfg.Observer = benchCount{&sent}
+		r := w.relay(b, cfg)
+		benchBatches(b, w, n, func() (int, error) {
+			before := sent.Load()
+			ran, err := r.RunIfElected(context.Background())
+			if err == nil && !ran {
+				b.Fatal("the elected pass coalesced")
+			}
+			return int(sent.Load() - before), err
+		})
+	})
+}
+
+// benchCount counts the messages recorded SENT.
+type benchCount struct{ sent *atomic.Int64 }
+
+func (benchCount) PassDone(relay.PassReport) {}
+func (c benchCount) MessageDone(m relay.MessageReport) {
+	if m.Outcome == relay.OutcomeSent {
+		c.sent.Add(1)
+	}
+}
+
+// benchEmpty times one empty pass and reports its round trips.
+func benchEmpty(b *testing.B, w *benchWorld, pass func() error) {
+	b.Helper()
+	for range 5 { // warm up: connections open, statements prepared
+		if err := pass(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	before := w.trips.n.Load()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if err := pass(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(w.trips.n.Load()-before)/float64(b.N), "roundtrips/op")
+}
+
+// BenchmarkDirectEmptyPass is Run on a table with nothing to deliver: the fetch alone.
+func BenchmarkDirectEmptyPass(b *testing.B) {
+	w := benchSetup(b, 4)
+	r := w.relay(b, w.cfg)
+	benchEmpty(b, w, func() error { _, err := r.Run(context.Background()); return err })
+}
+
+// BenchmarkElectedEmptyPass is RunIfElected winning the election on a table
+// with nothing to deliver: lock, fetch, unlock.
+func BenchmarkElectedEmptyPass(b *testing.B) {
+	w := benchSetup(b, 4)
+	r := w.relay(b, w.cfg)
+	benchEmpty(b, w, func() error {
+		ran, err := r.RunIfElected(context.Background())
+		if err == nil && !ran {
+			b.Fatal("the elected pass coalesced")
+		}
+		return err
+	})
+}
+
+// BenchmarkCoalescedPass is RunIfElected while another session (a JVM relay,
+// another replica) holds the election: the try of the lock alone.
+func BenchmarkCoalescedPass(b *testing.B) {
+	w := benchSetup(b, 4)
+	r := w.relay(b, w.cfg)
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, server().URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = holder.Close(context.Background()) })
+	var locked bool
+	if err := holder.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtext($1))", w.cfg.AppName+relay.LockKeySuffix).Scan(&locked); err != nil || !locked {
+		b.Fatalf("hold the election: %v, %v", locked, err)
+	}
+	benchEmpty(b, w, func() error {
+		ran, err := r.RunIfElected(ctx)
+		if err == nil && ran {
+			b.Fatal("the pass ran while another session held the election")
+		}
+		return err
+	})
+}

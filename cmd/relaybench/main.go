@@ -1,0 +1,1120 @@
+// Command relaybench measures the relay's throughput beside pgbench's, on the
+// same durable PostgreSQL server, in one run:
+//
+//	go run ./cmd/relaybench                       # every scenario, about 3-4 minutes
+//	go run ./cmd/relaybench -scenarios default,g100,guard
+//	go run ./cmd/relaybench -scenarios history    # cost of an empty pass in a large history
+//
+// It uses the server in DATABASE_URL if that is set, and otherwise starts a
+// throwaway local cluster with PostgreSQL's durability defaults (fsync on,
+// synchronous_commit on, full_page_writes on; pgserver.Options.Durable), so a
+// commit costs a WAL flush, as in production.
+//
+// The reference is pgbench on that server: -M prepared, a script doing one
+// single-row UPDATE by primary key, random id, on a table of -rows rows, with 1
+// client and with 8 clients (-j 2). Each relay scenario loads -rows PENDING rows
+// into a fresh outbox table (INSERT … SELECT generate_series), and drains them
+// through the periodic tick (Start … Stop: the path production uses, batches
+// drained under one election) with a sender that does nothing. Its rate is rows
+// over the time from the relay's first statement to the last recorded outcome.
+// Every measurement is repeated -repeat times; the table shows medians.
+//
+// Scenarios (-scenarios, comma-separated; "all" is the default):
+//
+//	ceiling-c1     no relay: the relay's own SENT UPDATE (fenced, by id) sent by plain
+//	               pgx in a loop, one statement per row, on 1 connection: the most a
+//	               drain with one transaction per outcome can reach on this server
+//	ceiling-c8     the same on 8 connections
+//	default        Concurrency 1, one transaction per outcome      target ≥ 0.9 × pgbench c1
+//	default-async  the same with AsyncCommit
+//	c8             Concurrency 8                                   target ≥ 0.8 × pgbench c8
+//	c8-async       Concurrency 8 with AsyncCommit
+//	g100           GroupOutcomes 100, BatchSize 100                target ≥ 6 × pgbench c1
+//	g100-c4        the same with Concurrency 4
+//	g100-async     GroupOutcomes 100 with AsyncCommit
+//	g1000          GroupOutcomes 1000, BatchSize 1000
+//	g1000-c4       the same with Concurrency 4
+//	g1000-async    GroupOutcomes 1000 with AsyncCommit
+//	slow20-c16     a destination answering in 20 ms, Concurrency 16, -slow-rows rows
+//	                                                               target ≥ 90% of 800 msg/s
+//	slow20-c16-b160  the same with BatchSize 160, a multiple of Concurrency
+//	guard          round trips and time of an empty pass: direct, elected, coalesced
+//	history        an empty pass with 10,000 vs -history-rows SENT rows (target ≤ 1.5×)
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// scenario is one way of draining the outbox.
+type scenario struct {
+	name        string
+	concurrency int
+	batch       int
+	group       int
+	async       bool
+	sendDelay   time.Duration // the destination's answer time; 0 = no-op
+	raw         bool          // no relay: the relay's SENT UPDATE from plain pgx, on concurrency connections
+	slow        bool          // uses -slow-rows instead of -rows
+
+	// target, if set, returns the target's text and whether it is met.
+	target func(rate float64, ref refs) (string, bool)
+}
+
+// refs are the pgbench figures that targets are ratios of.
+type refs struct{ c1, c8 float64 }
+
+func atLeastC1(k float64) func(float64, refs) (string, bool) {
+	return func(rate float64, ref refs) (string, bool) {
+		return fmt.Sprintf("≥ %.1f× c1", k), ref.c1 > 0 && rate >= k*ref.c1
+	}
+}
+
+var drainScenarios = []scenario{
+	{name: "ceiling-c1", concurrency: 1, raw: true},
+	{name: "ceiling-c8", concurrency: 8, raw: true},
+	{name: "default", concurrency: 1, batch: 100, target: atLeastC1(0.9)},
+	{name: "default-async", concurrency: 1, batch: 100, async: true},
+	{name: "c8", concurrency: 8, batch: 100, target: func(rate float64, ref refs) (string, bool) {
+		return "≥ 0.8× c8", ref.c8 > 0 && rate >= 0.8*ref.c8
+	}},
+	{name: "c8-async", concurrency: 8, batch: 100, async: true},
+	{name: "g100", concurrency: 1, batch: 100, group: 100, target: atLeastC1(6)},
+	{name: "g100-c4", concurrency: 4, batch: 100, group: 100},
+	{name: "g100-async", concurrency: 1, batch: 100, group: 100, async: true},
+	{name: "g1000", concurrency: 1, batch: 1000, group: 1000},
+	{name: "g1000-c4", concurrency: 4, batch: 1000, group: 1000},
+	{name: "g1000-async", concurrency: 1, batch: 1000, group: 1000, async: true},
+	{name: "slow20-c16", concurrency: 16, batch: 100, sendDelay: 20 * time.Millisecond, slow: true,
+		target: func(rate float64, _ refs) (string, bool) { return "≥ 720 msg/s", rate >= 720 }},
+	{name: "slow20-c16-b160", concurrency: 16, batch: 160, sendDelay: 20 * time.Millisecond, slow: true},
+}
+
+var (
+	rowsFlag     = flag.Int("rows", 20000, "rows per drain scenario, and the size of pgbench's table")
+	slowRows     = flag.Int("slow-rows", 4000, "rows of the slow-destination scenario")
+	historyRows  = flag.Int("history-rows", 2_000_000, "SENT rows of the large table of the history scenario")
+	repeat       = flag.Int("repeat", 3, "runs of each measurement; the table shows the median")
+	pgbenchTime  = flag.Duration("pgbench-time", 5*time.Second, "duration of each pgbench run")
+	guardPasses  = flag.Int("guard-passes", 500, "passes of each kind timed by the guard and history scenarios")
+	scenarioFlag = flag.String("scenarios", "all", "comma-separated scenarios to run (see the package doc), or all")
+	cpuProfile   = flag.String("cpuprofile", "", "write a CPU profile of the drain scenarios (the relay's side) to this file")
+)
+
+func main() {
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "relaybench:", err)
+		os.Exit(1)
+	}
+}
+
+// want reports whether scenario name was asked for.
+func want(name string) bool {
+	for s := range strings.SplitSeq(*scenarioFlag, ",") {
+		if s = strings.TrimSpace(s); s == "all" || s == name {
+			return true
+		}
+	}
+	return false
+}
+
+func run(ctx context.Context) error {
+	for s := range strings.SplitSeq(*scenarioFlag, ",") {
+		s = strings.TrimSpace(s)
+		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" ||
+			slices.ContainsFunc(drainScenarios, func(d scenario) bool { return d.name == s })
+		if !known {
+			return fmt.Errorf("unknown scenario %q", s)
+		}
+	}
+	begin := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	srv, err := pgserver.StartWith(sctx, "DATABASE_URL", pgserver.Options{Durable: true})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+
+	admin, err := newPool(ctx, srv.URL, 4, nil)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	printMachine(ctx, admin, srv)
+
+	var lines []line
+	var drains []scenario
+	for _, s := range drainScenarios {
+		if want(s.name) {
+			drains = append(drains, s)
+		}
+	}
+	if len(drains) > 0 || want("pgbench") {
+		if *cpuProfile != "" {
+			f, err := os.Create(*cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return err
+			}
+			defer pprof.StopCPUProfile()
+		}
+		if lines, err = runRounds(ctx, srv, admin, drains); err != nil {
+			return err
+		}
+		printTable(lines)
+		printAsyncGains(lines)
+	}
+	if want("guard") {
+		if err := runGuard(ctx, srv.URL, admin); err != nil {
+			return fmt.Errorf("scenario guard: %w", err)
+		}
+	}
+	if want("history") {
+		if err := runHistory(ctx, srv.URL, admin); err != nil {
+			return fmt.Errorf("scenario history: %w", err)
+		}
+	}
+	fmt.Printf("\ntotal %.0fs\n", time.Since(begin).Seconds())
+	return ctx.Err()
+}
+
+// line is one row of the results table.
+type line struct {
+	name           string
+	rows           int
+	rate           float64 // median msg/s (tps for pgbench)
+	runs           []float64
+	ratioC1        float64
+	ratioC8        float64 // 0 = not shown
+	target, status string
+	note           string
+}
+
+func printTable(lines []line) {
+	fmt.Println()
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "scenario\trows\tmsg/s (median)\truns\t× pgbench c1\t× pgbench c8\ttarget\tverdict\t")
+	for _, l := range lines {
+		c1, c8 := "", ""
+		if l.ratioC1 > 0 {
+			c1 = fmt.Sprintf("%.2f", l.ratioC1)
+		}
+		if l.ratioC8 > 0 {
+			c8 = fmt.Sprintf("%.2f", l.ratioC8)
+		}
+		runs := make([]string, len(l.runs))
+		for i, r := range l.runs {
+			runs[i] = strconv.Itoa(int(r + 0.5))
+		}
+		rows := ""
+		if l.rows > 0 {
+			rows = strconv.Itoa(l.rows)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", l.name, rows, l.rate, strings.Join(runs, " "), c1, c8, l.target, l.status)
+	}
+	w.Flush()
+}
+
+// printAsyncGains prints what AsyncCommit buys in each pair of scenarios run with and without it.
+func printAsyncGains(lines []line) {
+	rate := make(map[string]float64, len(lines))
+	for _, l := range lines {
+		rate[l.name] = l.rate
+	}
+	var gains []string
+	for _, base := range []string{"default", "c8", "g100", "g1000"} {
+		if r, ra := rate[base], rate[base+"-async"]; r > 0 && ra > 0 {
+			gains = append(gains, fmt.Sprintf("%s ×%.2f", base, ra/r))
+		}
+	}
+	if len(gains) > 0 {
+		fmt.Printf("AsyncCommit (async/sync, medians): %s\n", strings.Join(gains, ", "))
+	}
+}
+
+// printMachine prints what the figures depend on.
+func printMachine(ctx context.Context, db *pgxpool.Pool, srv *pgserver.Server) {
+	var version, fsync, syncCommit, fpw, walSync, sharedBuffers string
+	_ = db.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'),
+		current_setting('synchronous_commit'), current_setting('full_page_writes'),
+		current_setting('wal_sync_method'), current_setting('shared_buffers')`).
+		Scan(&version, &fsync, &syncCommit, &fpw, &walSync, &sharedBuffers)
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for l := range strings.Lines(string(b)) {
+			if strings.HasPrefix(l, "MemTotal:") {
+				f := strings.Fields(l)
+				if kb, err := strconv.Atoi(f[1]); err == nil {
+					mem = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+				}
+			}
+		}
+	}
+	cpu := ""
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	fmt.Printf("machine: %d CPUs (%s), %s RAM, %s/%s, %s\n", runtime.NumCPU(), cpu, mem, runtime.GOOS, runtime.GOARCH, runtime.Version())
+	fmt.Printf("server:  PostgreSQL %s (%s), fsync=%s synchronous_commit=%s full_page_writes=%s wal_sync_method=%s shared_buffers=%s\n",
+		version, srv.Kind, fsync, syncCommit, fpw, walSync, sharedBuffers)
+	if fsync != "on" || syncCommit != "on" {
+		fmt.Println("WARNING: this server does not flush commits (fsync or synchronous_commit off): " +
+			"a commit costs less than in production, and AsyncCommit's figures mean nothing")
+	}
+}
+
+// ---- pgbench ----
+
+const pgbenchTable = "relaybench_pgbench"
+
+var tpsRE = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+// pgbench runs pgbench's single-row UPDATE script on the server.
+type pgbench struct {
+	bin, url, script, dir string
+	db                    *pgxpool.Pool
+}
+
+func newPgbench(ctx context.Context, srv *pgserver.Server, db *pgxpool.Pool) (*pgbench, error) {
+	bin, err := pgbenchPath(srv)
+	if err != nil {
+		return nil, err
+	}
+	n := *rowsFlag
+	for _, q := range []string{
+		`DROP TABLE IF EXISTS ` + pgbenchTable,
+		`CREATE TABLE ` + pgbenchTable + ` (id int PRIMARY KEY, abalance int NOT NULL DEFAULT 0, filler text NOT NULL)`,
+		`INSERT INTO ` + pgbenchTable + ` (id, filler) SELECT i, repeat('x', 84) FROM generate_series(1, ` + strconv.Itoa(n) + `) i`,
+		`VACUUM ANALYZE ` + pgbenchTable,
+	} {
+		if _, err := db.Exec(ctx, q); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp("", "relaybench-")
+	if err != nil {
+		return nil, err
+	}
+	script := filepath.Join(dir, "update.sql")
+	body := fmt.Sprintf("\\set id random(1, %d)\nUPDATE %s SET abalance = abalance + 1 WHERE id = :id;\n", n, pgbenchTable)
+	if err := os.WriteFile(script, []byte(body), 0o644); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &pgbench{bin: bin, url: srv.URL, script: script, dir: dir, db: db}, nil
+}
+
+func (p *pgbench) close() {
+	os.RemoveAll(p.dir)
+	_, _ = p.db.Exec(context.Background(), `DROP TABLE IF EXISTS `+pgbenchTable)
+}
+
+// run runs pgbench for -pgbench-time with clients and threads, after a checkpoint, and returns its tps.
+func (p *pgbench) run(ctx context.Context, clients, threads int) (float64, error) {
+	if _, err := p.db.Exec(ctx, "CHECKPOINT"); err != nil {
+		return 0, err
+	}
+	secs := strconv.Itoa(max(int(pgbenchTime.Seconds()+0.5), 1))
+	cmd := exec.CommandContext(ctx, p.bin, "-n", "-M", "prepared", "-f", p.script,
+		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads), "-T", secs, p.url)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("pgbench: %w\n%s", err, out)
+	}
+	m := tpsRE.FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("pgbench: no tps in its output:\n%s", out)
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+// runRounds runs -repeat rounds, each of pgbench with 1 and 8 clients and then
+// every drain scenario once, so that the noise of a shared machine falls on
+// all of them alike. The table shows the medians.
+func runRounds(ctx context.Context, srv *pgserver.Server, admin *pgxpool.Pool, drains []scenario) ([]line, error) {
+	pb, err := newPgbench(ctx, srv, admin)
+	if err != nil {
+		return nil, err
+	}
+	defer pb.close()
+	var c1, c8 []float64
+	rates := make([][]float64, len(drains))
+	for round := 1; round <= *repeat; round++ {
+		t1, err := pb.run(ctx, 1, 1)
+		if err != nil {
+			return nil, err
+		}
+		t8, err := pb.run(ctx, 8, 2)
+		if err != nil {
+			return nil, err
+		}
+		c1, c8 = append(c1, t1), append(c8, t8)
+		progress := []string{fmt.Sprintf("pgbench c1 %.0f tps", t1), fmt.Sprintf("c8 %.0f tps", t8)}
+		for i, s := range drains {
+			n := *rowsFlag
+			if s.slow {
+				n = *slowRows
+			}
+			rate, err := drainOnce(ctx, srv.URL, admin, s, n)
+			if err != nil {
+				return nil, fmt.Errorf("scenario %s: %w", s.name, err)
+			}
+			rates[i] = append(rates[i], rate)
+			progress = append(progress, fmt.Sprintf("%s %.0f", s.name, rate))
+		}
+		fmt.Printf("round %d/%d: %s\n", round, *repeat, strings.Join(progress, ", "))
+	}
+	ref := refs{c1: median(c1), c8: median(c8)}
+	lines := []line{
+		{name: "pgbench -c 1 -j 1", rows: *rowsFlag, rate: ref.c1, runs: c1, ratioC1: 1, target: "reference"},
+		{name: "pgbench -c 8 -j 2", rows: *rowsFlag, rate: ref.c8, runs: c8, ratioC1: ref.c8 / ref.c1, ratioC8: 1, target: "reference"},
+	}
+	for i, s := range drains {
+		lines = append(lines, drainLine(s, rates[i], ref))
+	}
+	return lines, nil
+}
+
+// pgbenchPath finds pgbench: next to the local server, in $PG_BIN, in the
+// Debian layout (highest version first) or on PATH.
+func pgbenchPath(srv *pgserver.Server) (string, error) {
+	dirs := []string{srv.BinDir(), os.Getenv("PG_BIN")}
+	debian, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Sort(sort.Reverse(sort.StringSlice(debian)))
+	dirs = append(dirs, debian...)
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		if p := filepath.Join(d, "pgbench"); isExecutable(p) {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("pgbench"); err == nil {
+		return p, nil
+	}
+	return "", errors.New("pgbench not found: install the PostgreSQL client (Debian: apt-get install -y postgresql) or set PG_BIN")
+}
+
+func isExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
+// ---- drain scenarios ----
+
+const (
+	benchTable = "relaybench_outbox"
+	benchApp   = "relaybench"
+	benchType  = "bench"
+)
+
+// sender does nothing, or waits delay as a destination answering in delay would.
+type sender struct{ delay time.Duration }
+
+func (s sender) Type() string { return benchType }
+
+func (s sender) Send(ctx context.Context, _ relay.Message) error {
+	if s.delay == 0 {
+		return nil
+	}
+	t := time.NewTimer(s.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// drainObserver notes when the target number of messages has been recorded SENT.
+type drainObserver struct {
+	target int64
+	sent   atomic.Int64
+	failed atomic.Int64
+	last   atomic.Int64 // unix nanos of the target-th outcome
+	done   chan struct{}
+
+	mu      sync.Mutex
+	passErr error
+}
+
+func (o *drainObserver) PassDone(p relay.PassReport) {
+	if p.Err != nil {
+		o.mu.Lock()
+		o.passErr = p.Err
+		o.mu.Unlock()
+	}
+}
+
+func (o *drainObserver) MessageDone(m relay.MessageReport) {
+	if m.Outcome != relay.OutcomeSent {
+		o.failed.Add(1)
+		return
+	}
+	if o.sent.Add(1) == o.target {
+		o.last.Store(time.Now().UnixNano())
+		close(o.done)
+	}
+}
+
+// firstQuery is a pgx tracer that notes when the relay sent its first statement.
+type firstQuery struct{ at atomic.Int64 }
+
+func (f *firstQuery) mark() { f.at.CompareAndSwap(0, time.Now().UnixNano()) }
+
+func (f *firstQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	f.mark()
+	return ctx
+}
+func (f *firstQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (f *firstQuery) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	f.mark()
+	return ctx
+}
+func (f *firstQuery) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (f *firstQuery) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func newPool(ctx context.Context, url string, maxConns int32, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = maxConns
+	pc.ConnConfig.RuntimeParams["application_name"] = "relaybench"
+	if tracer != nil {
+		pc.ConnConfig.Tracer = tracer
+	}
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+// freshTable drops and recreates an outbox table and loads n rows into it with status.
+func freshTable(ctx context.Context, db *pgxpool.Pool, table string, n int, status string) error {
+	t := pgx.Identifier{table}.Sanitize()
+	if _, err := db.Exec(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
+		return err
+	}
+	if err := relay.CreateTable(ctx, db, table); err != nil {
+		return err
+	}
+	_, err := db.Exec(ctx, `INSERT INTO `+t+` (type, natural_key, payload, status, sent_at)
+		SELECT $2, 'key-' || i, jsonb_build_object('n', i, 'text', repeat('x', 64)), $3,
+		       CASE WHEN $3 = 'SENT' THEN now() END
+		FROM generate_series(1, $1) i`, n, benchType, status)
+	return err
+}
+
+func drainLine(s scenario, rates []float64, ref refs) line {
+	n := *rowsFlag
+	if s.slow {
+		n = *slowRows
+	}
+	l := line{name: s.name, rows: n, rate: median(rates), runs: rates, target: "report"}
+	if s.raw {
+		l.target = "reference"
+	}
+	if ref.c1 > 0 {
+		l.ratioC1 = l.rate / ref.c1
+	}
+	if s.concurrency > 1 && ref.c8 > 0 && s.sendDelay == 0 {
+		l.ratioC8 = l.rate / ref.c8
+	}
+	if s.target != nil {
+		var ok bool
+		l.target, ok = s.target(l.rate, ref)
+		l.status = "FAIL"
+		if ok {
+			l.status = "PASS"
+		}
+	}
+	return l
+}
+
+func drainOnce(ctx context.Context, url string, admin *pgxpool.Pool, s scenario, n int) (float64, error) {
+	if err := freshTable(ctx, admin, benchTable, n, "PENDING"); err != nil {
+		return 0, err
+	}
+	if _, err := admin.Exec(ctx, "ANALYZE "+benchTable); err != nil {
+		return 0, err
+	}
+	if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
+		return 0, err
+	}
+	if s.raw {
+		return rawUpdates(ctx, url, s.concurrency, n)
+	}
+	first := &firstQuery{}
+	pool, err := newPool(ctx, url, int32(s.concurrency+2), first)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	// Open the connections the drain will use before the clock starts.
+	var conns []*pgxpool.Conn
+	for range s.concurrency + 1 {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return 0, err
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	first.at.Store(0)
+
+	obs := &drainObserver{target: int64(n), done: make(chan struct{})}
+	cfg := relay.DefaultConfig()
+	cfg.AppName = benchApp
+	cfg.Table = benchTable
+	cfg.Concurrency = s.concurrency
+	cfg.BatchSize = s.batch
+	cfg.GroupOutcomes = s.group
+	cfg.AsyncCommit = s.async
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.Observer = obs
+	r, err := relay.New(pool, cfg, sender{delay: s.sendDelay})
+	if err != nil {
+		return 0, err
+	}
+	if err := r.Start(ctx); err != nil {
+		return 0, err
+	}
+	timeout := time.Duration(n)*time.Second/50 + 30*time.Second // a floor of 50 msg/s
+	var waitErr error
+	select {
+	case <-obs.done:
+	case <-time.After(timeout):
+		waitErr = fmt.Errorf("only %d of %d messages sent after %s (last pass error: %v)", obs.sent.Load(), n, timeout, obs.err())
+	case <-ctx.Done():
+		waitErr = ctx.Err()
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.Stop(stopCtx); err != nil && waitErr == nil {
+		waitErr = err
+	}
+	if waitErr != nil {
+		return 0, waitErr
+	}
+	var sent int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+benchTable+` WHERE status = 'SENT'`).Scan(&sent); err != nil {
+		return 0, err
+	}
+	if sent != n || obs.failed.Load() != 0 {
+		return 0, fmt.Errorf("%d rows SENT and %d failures, want %d and 0", sent, obs.failed.Load(), n)
+	}
+	elapsed := time.Duration(obs.last.Load() - first.at.Load())
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+// sentSQL is the statement the relay records a SENT outcome with, by default:
+// one row by primary key, fenced on the status and attempts the pass read.
+const sentSQL = `UPDATE ` + benchTable + ` SET status = 'SENT', sent_at = now(), updated_at = now()
+WHERE id = $1 AND status = $2 AND attempts = $3`
+
+// rawUpdates marks rows 1..n SENT with the relay's own statement, one
+// autocommit statement per row, from conns goroutines of plain pgx: the
+// ceiling of a drain that records each outcome in its own transaction.
+func rawUpdates(ctx context.Context, url string, conns, n int) (float64, error) {
+	pool, err := newPool(ctx, url, int32(conns), nil)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	var minID int64
+	if err := pool.QueryRow(ctx, `SELECT min(id) FROM `+benchTable).Scan(&minID); err != nil {
+		return 0, err
+	}
+	for range 3 { // open the connections, prepare the statement
+		if _, err := pool.Exec(ctx, sentSQL, 0, "PENDING", 0); err != nil {
+			return 0, err
+		}
+	}
+	var next atomic.Int64
+	errs := make(chan error, conns)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				tag, err := pool.Exec(ctx, sentSQL, minID+i, "PENDING", 0)
+				if err == nil && tag.RowsAffected() != 1 {
+					err = fmt.Errorf("row %d: %d rows updated", minID+i, tag.RowsAffected())
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+func (o *drainObserver) err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.passErr
+}
+
+// ---- guard: round trips and time of an empty pass ----
+
+// tripCounter counts what the pool's connections send: statements (pgx's
+// tracer: queries, batches, prepares) and, independently, the client's writes
+// to the socket, each of which is one round trip's request (pgx writes a
+// statement's messages, or a whole batch, in one write and then waits for the answer).
+type tripCounter struct {
+	queries, batches, prepares, writes atomic.Int64
+}
+
+func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.queries.Add(1)
+	return ctx
+}
+func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.batches.Add(1)
+	return ctx
+}
+func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *tripCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	c.prepares.Add(1)
+	return ctx
+}
+func (c *tripCounter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+type counts struct{ queries, batches, prepares, writes int64 }
+
+func (c *tripCounter) snapshot() counts {
+	return counts{c.queries.Load(), c.batches.Load(), c.prepares.Load(), c.writes.Load()}
+}
+
+func (a counts) minus(b counts) counts {
+	return counts{a.queries - b.queries, a.batches - b.batches, a.prepares - b.prepares, a.writes - b.writes}
+}
+
+// countingConn counts the writes of one connection.
+type countingConn struct {
+	net.Conn
+	c *tripCounter
+}
+
+func (cc countingConn) Write(p []byte) (int, error) {
+	cc.c.writes.Add(1)
+	return cc.Conn.Write(p)
+}
+
+func runGuard(ctx context.Context, url string, admin *pgxpool.Pool) error {
+	const table = "relaybench_guard"
+	if err := freshTable(ctx, admin, table, 0, "PENDING"); err != nil {
+		return err
+	}
+	tc := &tripCounter{}
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return err
+	}
+	pc.MaxConns = 4
+	pc.ConnConfig.Tracer = tc
+	dialer := &net.Dialer{KeepAlive: 5 * time.Minute}
+	pc.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return countingConn{Conn: conn, c: tc}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cfg := relay.DefaultConfig()
+	cfg.AppName = benchApp + "_guard"
+	cfg.Table = table
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	r, err := relay.New(pool, cfg, sender{})
+	if err != nil {
+		return err
+	}
+
+	direct := func() error { _, err := r.Run(ctx); return err }
+	elected := func() error {
+		ran, err := r.RunIfElected(ctx)
+		if err == nil && !ran {
+			err = errors.New("the elected pass coalesced")
+		}
+		return err
+	}
+	coalesced := func() error {
+		ran, err := r.RunIfElected(ctx)
+		if err == nil && ran {
+			err = errors.New("the pass ran while another session held the lock")
+		}
+		return err
+	}
+	type result struct {
+		name  string
+		per   counts
+		times []time.Duration
+	}
+	measure := func(name string, pass func() error) (result, error) {
+		for range 20 { // warm up: connections open, statements prepared
+			if err := pass(); err != nil {
+				return result{}, err
+			}
+		}
+		res := result{name: name, times: make([]time.Duration, 0, *guardPasses)}
+		before := tc.snapshot()
+		for range *guardPasses {
+			start := time.Now()
+			if err := pass(); err != nil {
+				return result{}, err
+			}
+			res.times = append(res.times, time.Since(start))
+		}
+		d := tc.snapshot().minus(before)
+		n := int64(*guardPasses)
+		res.per = counts{d.queries / n, d.batches / n, d.prepares / n, d.writes / n}
+		if d.queries%n != 0 || d.writes%n != 0 || d.batches%n != 0 || d.prepares%n != 0 {
+			fmt.Printf("note: %s: counts not a multiple of the passes: %+v over %d passes\n", name, d, n)
+		}
+		return res, nil
+	}
+	var results []result
+	for _, m := range []struct {
+		name string
+		pass func() error
+	}{{"direct empty pass (Run)", direct}, {"elected empty pass (RunIfElected)", elected}} {
+		res, err := measure(m.name, m.pass)
+		if err != nil {
+			return fmt.Errorf("%s: %w", m.name, err)
+		}
+		results = append(results, res)
+	}
+	// Another session holds the election, as another replica (or a JVM relay) would.
+	holder, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer holder.Close(context.Background())
+	var locked bool
+	if err := holder.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1))`, cfg.AppName+relay.LockKeySuffix).Scan(&locked); err != nil || !locked {
+		return fmt.Errorf("hold the election from another session: locked=%v err=%v", locked, err)
+	}
+	res, err := measure("coalesced pass (RunIfElected, lock held elsewhere)", coalesced)
+	if err != nil {
+		return err
+	}
+	results = append(results, res)
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1))`, cfg.AppName+relay.LockKeySuffix); err != nil {
+		return err
+	}
+
+	fmt.Printf("\nguard: round trips and time of an empty pass (%d passes each, after 20 of warm-up)\n", *guardPasses)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "pass\tround trips (socket writes)\tstatements\tbatches\tprepares\tmedian\tp90\t")
+	for _, r := range results {
+		med, p90 := quantile(r.times, 0.5), quantile(r.times, 0.9)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", r.name, r.per.writes, r.per.queries, r.per.batches, r.per.prepares,
+			med.Round(time.Microsecond), p90.Round(time.Microsecond))
+	}
+	w.Flush()
+	d, e, c := results[0], results[1], results[2]
+	extra := e.per.writes - d.per.writes
+	verdict := func(ok bool) string {
+		if ok {
+			return "PASS"
+		}
+		return "FAIL"
+	}
+	fmt.Printf("guard: elected − direct = %d round trips, %s (target ≤ 2: %s); coalesced = %d round trip(s), %s (target 1: %s)\n",
+		extra, (quantile(e.times, 0.5) - quantile(d.times, 0.5)).Round(time.Microsecond), verdict(extra <= 2),
+		c.per.writes, quantile(c.times, 0.5).Round(time.Microsecond), verdict(c.per.writes == 1))
+	_, err = admin.Exec(ctx, `DROP TABLE IF EXISTS `+table)
+	return err
+}
+
+// ---- history: an empty pass at 10,000 vs millions of SENT rows ----
+
+// fetchCapture keeps the last statement that starts with SELECT and its arguments: the pass's fetch.
+type fetchCapture struct {
+	mu   sync.Mutex
+	sql  string
+	args []any
+}
+
+func (f *fetchCapture) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(strings.TrimSpace(d.SQL), "SELECT") {
+		f.mu.Lock()
+		f.sql, f.args = d.SQL, slices.Clone(d.Args)
+		f.mu.Unlock()
+	}
+	return ctx
+}
+func (f *fetchCapture) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func runHistory(ctx context.Context, url string, admin *pgxpool.Pool) error {
+	small, large := 10_000, *historyRows
+	tables := []struct {
+		name string
+		rows int
+	}{{"relaybench_history_small", small}, {"relaybench_history_large", large}}
+	fmt.Printf("\nhistory: loading %d and %d SENT rows…\n", small, large)
+	for _, t := range tables {
+		start := time.Now()
+		if err := freshTable(ctx, admin, t.name, t.rows, "SENT"); err != nil {
+			return err
+		}
+		if _, err := admin.Exec(ctx, "VACUUM ANALYZE "+t.name); err != nil {
+			return err
+		}
+		var size string
+		_ = admin.QueryRow(ctx, `SELECT pg_size_pretty(pg_total_relation_size($1::regclass))`, t.name).Scan(&size)
+		fmt.Printf("history: %s: %d rows, %s with indexes, loaded and vacuumed in %.1fs\n", t.name, t.rows, size, time.Since(start).Seconds())
+	}
+	capture := &fetchCapture{}
+	type target struct {
+		relay *relay.Relay
+		times []time.Duration
+	}
+	var targets []*target
+	for _, t := range tables {
+		pool, err := newPool(ctx, url, 4, capture)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		cfg := relay.DefaultConfig()
+		cfg.AppName = benchApp + "_history"
+		cfg.Table = t.name
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		r, err := relay.New(pool, cfg, sender{})
+		if err != nil {
+			return err
+		}
+		targets = append(targets, &target{relay: r})
+	}
+	// Interleaved, so that the machine's noise falls on both alike.
+	for i := range *guardPasses + 20 {
+		for _, t := range targets {
+			start := time.Now()
+			n, err := t.relay.Run(ctx)
+			if err != nil {
+				return err
+			}
+			if n != 0 {
+				return fmt.Errorf("an empty pass processed %d rows", n)
+			}
+			if i >= 20 {
+				t.times = append(t.times, time.Since(start))
+			}
+		}
+	}
+	ms, ml := quantile(targets[0].times, 0.5), quantile(targets[1].times, 0.5)
+	ratio := float64(ml) / float64(ms)
+	verdict := "FAIL"
+	if ratio <= 1.5 {
+		verdict = "PASS"
+	}
+	fmt.Printf("history: empty pass (Run, default config), median of %d: %s at %d SENT rows, %s at %d SENT rows: ratio %.2f (target ≤ 1.5: %s)\n",
+		*guardPasses, ms.Round(time.Microsecond), small, ml.Round(time.Microsecond), large, ratio, verdict)
+
+	// The plan of the very statement the pass sent, with its arguments: the
+	// custom plan the first executions use, and the generic plan a prepared
+	// statement may switch to.
+	capture.mu.Lock()
+	sql, args := capture.sql, capture.args
+	capture.mu.Unlock()
+	largeSQL := sql // the last pass read the large table
+	conn, err := admin.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	explain := func(label, q string, args ...any) error {
+		rows, err := conn.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		fmt.Printf("history: plan of the fetch at %d SENT rows (%s):\n", large, label)
+		for _, l := range plan {
+			fmt.Println("    " + l)
+		}
+		return nil
+	}
+	if err := explain("custom plan, EXPLAIN ANALYZE with the pass's arguments",
+		"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+largeSQL, args...); err != nil {
+		return err
+	}
+	placeholders := make([]string, len(args))
+	for i := range args {
+		placeholders[i] = fmt.Sprintf("$%d", i+1)
+	}
+	if _, err := conn.Exec(ctx, "PREPARE relaybench_fetch AS "+largeSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return err
+	}
+	defer conn.Exec(context.Background(), "DEALLOCATE relaybench_fetch")
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+		return err
+	}
+	defer conn.Exec(context.Background(), "RESET plan_cache_mode")
+	if err := explain("generic plan, EXPLAIN ANALYZE EXECUTE with plan_cache_mode = force_generic_plan",
+		"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE relaybench_fetch("+strings.Join(placeholders, ", ")+")",
+		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...); err != nil {
+		return err
+	}
+	if err := backlogFetch(ctx, admin, largeSQL, args, tables[0].name, tables[1].name); err != nil {
+		return err
+	}
+	for _, t := range tables {
+		if _, err := admin.Exec(ctx, "DROP TABLE IF EXISTS "+t.name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// backlogFetchRows is the backlog backlogFetch adds to both history tables.
+const backlogFetchRows = 20_000
+
+// backlogFetch times the pass's fetch of a full batch once a backlog of
+// PENDING rows sits on top of each history (informative, no target): the
+// fetch should cost the same over both histories, whatever the backlog costs.
+func backlogFetch(ctx context.Context, db *pgxpool.Pool, largeSQL string, args []any, small, large string) error {
+	sqlOf := map[string]string{large: largeSQL, small: strings.ReplaceAll(largeSQL, large, small)}
+	for _, t := range []string{small, large} {
+		if _, err := db.Exec(ctx, `INSERT INTO `+t+` (type, natural_key, payload)
+			SELECT $2, 'live-' || i, jsonb_build_object('n', i, 'text', repeat('x', 64)) FROM generate_series(1, $1) i`,
+			backlogFetchRows, benchType); err != nil {
+			return err
+		}
+		if _, err := db.Exec(ctx, "ANALYZE "+t); err != nil {
+			return err
+		}
+	}
+	times := map[string][]time.Duration{}
+	for i := range 70 {
+		for _, t := range []string{small, large} {
+			start := time.Now()
+			rows, err := db.Query(ctx, sqlOf[t], args...)
+			if err != nil {
+				return err
+			}
+			n := 0
+			for rows.Next() {
+				n++
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if want := args[2]; fmt.Sprint(n) != fmt.Sprint(want) {
+				return fmt.Errorf("the fetch returned %d rows, want %v", n, want)
+			}
+			if i >= 20 {
+				times[t] = append(times[t], time.Since(start))
+			}
+		}
+	}
+	ms, ml := quantile(times[small], 0.5), quantile(times[large], 0.5)
+	fmt.Printf("history: fetch of a full batch with %d PENDING rows on top (informative), median of 50: %s over the small history, %s over the large one: ratio %.2f\n",
+		backlogFetchRows, ms.Round(time.Microsecond), ml.Round(time.Microsecond), float64(ml)/float64(ms))
+	rows, err := db.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+largeSQL, args...)
+	if err != nil {
+		return err
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	fmt.Println("history: its plan over the large history (scans, joins, time):")
+	for _, l := range plan {
+		if t := strings.TrimSpace(l); strings.Contains(t, "Scan") || strings.Contains(t, "Join") || strings.HasPrefix(t, "Execution") {
+			fmt.Println("    " + l)
+		}
+	}
+	return nil
+}
+
+// ---- statistics ----
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(int(q*float64(len(s))), len(s)-1)]
+}
