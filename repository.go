@@ -47,7 +47,7 @@ func SchemaSQL(table string) (string, error) {
 	return strings.NewReplacer(
 		"{{table}}", id.Sanitize(),
 		"{{outbox_index}}", indexName(name, "_outbox"),
-		"{{key_index}}", indexName(name, "_outbox_key"),
+		"{{retry_index}}", indexName(name, "_outbox_retry"),
 	).Replace(schemaTemplate), nil
 }
 

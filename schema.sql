@@ -14,6 +14,7 @@ CREATE TABLE IF NOT EXISTS {{table}} (
 -- the pass reads only the small live part of the table, however large the SENT history grows
 CREATE INDEX IF NOT EXISTS {{outbox_index}} ON {{table}} (id)
     WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');
--- per-key order under RetryBackoff: a row waits while an earlier row of its key waits out its backoff
-CREATE INDEX IF NOT EXISTS {{key_index}} ON {{table}} (natural_key, id)
-    WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');
+-- per-key order under RetryBackoff: a row waits while an earlier ERROR row of its key waits out its
+-- backoff; only ERROR rows can wait, so only they are indexed (a PENDING backlog stays out of it)
+CREATE INDEX IF NOT EXISTS {{retry_index}} ON {{table}} (natural_key, id)
+    WHERE direction = 'OUT' AND status = 'ERROR';
