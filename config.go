@@ -17,7 +17,7 @@ const (
 	IntervalDefault     = time.Second
 	BatchSizeDefault    = 100
 	MaxAttemptsDefault  = 10
-	RetryBackoffDefault = time.Second
+	RetryBackoffDefault = 0
 	SendTimeoutDefault  = 30 * time.Second
 	ConcurrencyDefault  = 1
 
@@ -72,7 +72,10 @@ type Config struct {
 
 	// RetryBackoff is the base of the wait before an ERROR row is retried:
 	// RetryBackoff * 2^(attempts-1) after its last attempt (updated_at), capped
-	// at [RetryBackoffMax]. 0 retries it on the next pass. Defaults to 1s.
+	// at [RetryBackoffMax]. 0 retries it on the next pass, as the JVM relay
+	// does and as the pass of decision 0035 reads. Defaults to 0: set it (1s,
+	// say) so that a destination's outage longer than MaxAttempts passes does
+	// not leave its messages dead.
 	RetryBackoff time.Duration
 
 	// SendTimeout bounds one [Sender.Send]. A send that has not returned by then

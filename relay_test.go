@@ -89,7 +89,10 @@ func TestDefaultConfig(t *testing.T) {
 	require.Positive(t, cfg.BatchSize)
 	require.Positive(t, cfg.MaxAttempts)
 	require.Positive(t, cfg.SendTimeout)
+	require.Zero(t, cfg.RetryBackoff, "an ERROR row is retried on the next pass, as the JVM relay does")
 	require.Equal(t, 1, cfg.Concurrency)
+	require.Zero(t, cfg.GroupOutcomes, "one transaction per outcome unless asked")
+	require.False(t, cfg.AsyncCommit)
 }
 
 func TestConfigFromEnv(t *testing.T) {
@@ -100,7 +103,7 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("RELAY_INTERVAL", "250ms")
 	t.Setenv("RELAY_BATCH_SIZE", "50")
 	t.Setenv("RELAY_MAX_ATTEMPTS", "3")
-	t.Setenv("RELAY_RETRY_BACKOFF", "0s")
+	t.Setenv("RELAY_RETRY_BACKOFF", "1500ms")
 	t.Setenv("RELAY_SEND_TIMEOUT", "2s")
 	t.Setenv("RELAY_CONCURRENCY", "4")
 	cfg, err := relay.ConfigFromEnv()
@@ -112,7 +115,7 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, 250*time.Millisecond, cfg.Interval)
 	require.Equal(t, 50, cfg.BatchSize)
 	require.Equal(t, 3, cfg.MaxAttempts)
-	require.Zero(t, cfg.RetryBackoff)
+	require.Equal(t, 1500*time.Millisecond, cfg.RetryBackoff)
 	require.Equal(t, 2*time.Second, cfg.SendTimeout)
 	require.Equal(t, 4, cfg.Concurrency)
 
