@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -59,7 +60,8 @@ const (
 // Within one process, a second TryRun for a key that is already held returns
 // false at once, so one session never takes the lock twice (session locks stack).
 type PostgresGuard struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	logger *slog.Logger
 
 	mu   sync.Mutex
 	held map[string]bool // keys this guard holds right now
@@ -69,12 +71,12 @@ var _ Guard = (*PostgresGuard)(nil)
 
 // NewPostgresGuard returns a guard that takes its locks on connections of pool.
 func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
-	return &PostgresGuard{pool: pool, held: make(map[string]bool)}
+	return &PostgresGuard{pool: pool, logger: slog.Default(), held: make(map[string]bool)}
 }
 
 // lockSQL takes the lock unless this very session already holds it, which would
-// stack: a connection handed back to the pool by someone else still holding it.
-// NULL means "already held by this session".
+// stack: a connection handed back to the pool by another holder still holding
+// it. NULL means "already held by this session", and the guard coalesces.
 const lockSQL = `SELECT CASE WHEN EXISTS (
     SELECT 1 FROM pg_locks
     WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 AND granted
@@ -100,9 +102,17 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	}
 	switch {
 	case locked == nil:
-		closeConn(conn) // closing the session frees every stacked hold
-		return false, fmt.Errorf("relay: lock %q: the pooled session %d already held it (a connection went back to the pool "+
-			"holding the lock); the connection was closed to free it", key, pid)
+		// Someone else holds it on this very session: code that took the key on
+		// the shared pool and gave the connection back, or a transaction-pooling
+		// proxy that lent us the server connection another client locked on.
+		// Taking it again would stack and "win"; closing the session would steal
+		// their lock. Coalesce, and say so.
+		conn.Release()
+		g.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election's key is already held by the pooled session the guard was given; coalescing",
+			slog.String("key", key), slog.Uint64("pid", uint64(pid)),
+			slog.String("hint", "another holder took the key on the shared pool and released the connection, "+
+				"or a transaction-pooling proxy sits between the relay and PostgreSQL"))
+		return false, nil
 	case !*locked:
 		conn.Release()
 		return false, nil

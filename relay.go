@@ -115,7 +115,9 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 			return nil, fmt.Errorf("relay: the pool allows %d connection; the election holds one for the whole pass "+
 				"and the pass needs another: set pool_max_conns to at least 2", n)
 		}
-		r.guard = NewPostgresGuard(pool)
+		g := NewPostgresGuard(pool)
+		g.logger = logger
+		r.guard = g
 	}
 	if !cfg.ClusterLock {
 		logger.Warn("relay: ClusterLock is off: every replica of this app drains the same rows at the same time, " +
