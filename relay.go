@@ -374,6 +374,10 @@ func (r *Relay) fetch(ctx context.Context) ([]row, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	rows, err := r.repo.fetch(fctx, r.pool, r.cfg.MaxAttempts, r.types, r.cfg.BatchSize)
+	if err != nil && fctx.Err() == nil {
+		// Once more: a connection that died in a failover fails its first statement.
+		rows, err = r.repo.fetch(fctx, r.pool, r.cfg.MaxAttempts, r.types, r.cfg.BatchSize)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			err = context.Cause(ctx)
