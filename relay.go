@@ -111,13 +111,17 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		pass:     make(chan struct{}, 1),
 	}
 	if r.guard == nil {
-		if n := pool.Config().MaxConns; cfg.ClusterLock && n < 2 {
-			return nil, fmt.Errorf("relay: the pool allows %d connection; the election holds one for the whole pass "+
-				"and the pass needs another: set pool_max_conns to at least 2", n)
-		}
 		g := NewPostgresGuard(pool)
 		g.logger = logger
 		r.guard = g
+	}
+	// The election would hold the pool's only connection while the pass waits
+	// for another: fail now rather than at every pass.
+	if g, ok := r.guard.(*PostgresGuard); ok && g.pool == pool && cfg.ClusterLock {
+		if n := pool.Config().MaxConns; n < 2 {
+			return nil, fmt.Errorf("relay: the pool allows %d connection; the election holds one for the whole pass "+
+				"and the pass needs another: set pool_max_conns to at least 2", n)
+		}
 	}
 	if !cfg.ClusterLock {
 		logger.Warn("relay: ClusterLock is off: every replica of this app drains the same rows at the same time, " +

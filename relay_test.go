@@ -61,6 +61,10 @@ func TestNew(t *testing.T) {
 		one := newPool(t, 1)
 		_, err := relay.New(one, relay.DefaultConfig(), ok)
 		require.ErrorContains(t, err, "pool_max_conns")
+		withGuard := relay.DefaultConfig()
+		withGuard.Guard = relay.NewPostgresGuard(one)
+		_, err = relay.New(one, withGuard, ok)
+		require.ErrorContains(t, err, "pool_max_conns", "the same guard, passed explicitly")
 		cfg := relay.DefaultConfig()
 		cfg.ClusterLock = false
 		_, err = relay.New(one, cfg, ok)
