@@ -48,6 +48,16 @@
 // prove, in their own integration tests, that the relay does not dispatch while
 // another replica holds the election.
 //
+// # Producing, testing, operating
+//
+// [Enqueue] writes a message in the caller's own transaction. Package relaytest
+// gives an adopter's integration test a throwaway database and holds the
+// election from another session exactly as a JVM replica would, to prove with
+// [Relay.RunIfElected] that nothing is sent meanwhile. [Relay.Stats] and an
+// [Observer] show what the relay does; [Admin] counts, lists and re-queues dead
+// rows and purges the SENT history. docs/operations.md in the repository lists
+// the failure modes and their log lines.
+//
 // Any other job that must run on one replica of N can use the same [Guard]:
 //
 //	ran, err := relay.NewPostgresGuard(pool).TryRun(ctx, "billing_nightly_report", report)
