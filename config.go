@@ -20,6 +20,7 @@ const (
 	RetryBackoffDefault = 0
 	SendTimeoutDefault  = 30 * time.Second
 	ConcurrencyDefault  = 1
+	AsyncCommitDefault  = true
 
 	// RetryBackoffMax caps the wait before an ERROR row is retried, however
 	// many attempts it has.
@@ -99,9 +100,15 @@ type Config struct {
 	GroupOutcomes int
 
 	// AsyncCommit commits the outcome transactions with synchronous_commit =
-	// off: they do not wait for their WAL flush. A crash of the database (not
-	// of the relay) then forgets the last fraction of a second of outcomes and
-	// their messages are delivered again: still at-least-once. Defaults to false.
+	// off: each outcome still commits in its own short transaction, but does
+	// not wait for its WAL flush. Only outcomes are affected, never the
+	// messages (their producers' transactions keep the server's setting). A
+	// crash of the database (not of the relay) then forgets at most the last
+	// 3 × wal_writer_delay of outcomes (600ms by default) and their messages
+	// are delivered again: the same duplication as a relay crash between the
+	// destination's answer and the commit, still at-least-once, nothing lost.
+	// It delivers about 1.6 times as fast with one transaction per outcome
+	// (docs/performance.md). Defaults to true; false waits for every flush.
 	AsyncCommit bool
 
 	// Logger receives the relay's logs. Defaults to [slog.Default].
@@ -132,6 +139,7 @@ func DefaultConfig() Config {
 		RetryBackoff: RetryBackoffDefault,
 		SendTimeout:  SendTimeoutDefault,
 		Concurrency:  ConcurrencyDefault,
+		AsyncCommit:  AsyncCommitDefault,
 		built:        true,
 	}
 }

@@ -96,7 +96,7 @@ func TestDefaultConfig(t *testing.T) {
 	require.Zero(t, cfg.RetryBackoff, "an ERROR row is retried on the next pass, as the JVM relay does")
 	require.Equal(t, 1, cfg.Concurrency)
 	require.Zero(t, cfg.GroupOutcomes, "one transaction per outcome unless asked")
-	require.False(t, cfg.AsyncCommit)
+	require.True(t, cfg.AsyncCommit, "outcomes commit without waiting for their WAL flush")
 }
 
 func TestConfigFromEnv(t *testing.T) {
@@ -110,6 +110,8 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("RELAY_RETRY_BACKOFF", "1500ms")
 	t.Setenv("RELAY_SEND_TIMEOUT", "2s")
 	t.Setenv("RELAY_CONCURRENCY", "4")
+	t.Setenv("RELAY_GROUP_OUTCOMES", "50")
+	t.Setenv("RELAY_ASYNC_COMMIT", "false")
 	cfg, err := relay.ConfigFromEnv()
 	require.NoError(t, err)
 	require.Equal(t, "billing", cfg.AppName)
@@ -122,6 +124,8 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, 1500*time.Millisecond, cfg.RetryBackoff)
 	require.Equal(t, 2*time.Second, cfg.SendTimeout)
 	require.Equal(t, 4, cfg.Concurrency)
+	require.Equal(t, 50, cfg.GroupOutcomes)
+	require.False(t, cfg.AsyncCommit)
 
 	pool := newPool(t, 2)
 	_, err = relay.New(pool, cfg, relay.SenderFunc("t", func(context.Context, relay.Message) error { return nil }))

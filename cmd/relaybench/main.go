@@ -25,16 +25,17 @@
 //	               pgx in a loop, one statement per row, on 1 connection: the most a
 //	               drain with one transaction per outcome can reach on this server
 //	ceiling-c8     the same on 8 connections
-//	default        Concurrency 1, one transaction per outcome      target ≥ 0.9 × pgbench c1
-//	default-async  the same with AsyncCommit
+//	default        DefaultConfig(): Concurrency 1, one transaction per outcome,
+//	               AsyncCommit on                                  target ≥ 0.9 × pgbench c1
+//	default-sync   the same with AsyncCommit off: every outcome waits for its WAL flush
 //	c8             Concurrency 8                                   target ≥ 0.8 × pgbench c8
-//	c8-async       Concurrency 8 with AsyncCommit
+//	c8-sync        Concurrency 8 with AsyncCommit off
 //	g100           GroupOutcomes 100, BatchSize 100                target ≥ 6 × pgbench c1
 //	g100-c4        the same with Concurrency 4
-//	g100-async     GroupOutcomes 100 with AsyncCommit
+//	g100-sync      GroupOutcomes 100 with AsyncCommit off
 //	g1000          GroupOutcomes 1000, BatchSize 1000
 //	g1000-c4       the same with Concurrency 4
-//	g1000-async    GroupOutcomes 1000 with AsyncCommit
+//	g1000-sync     GroupOutcomes 1000 with AsyncCommit off
 //	slow20-c16     a destination answering in 20 ms, Concurrency 16, -slow-rows rows
 //	                                                               target ≥ 90% of 800 msg/s
 //	slow20-c16-b160  the same with BatchSize 160, a multiple of Concurrency
@@ -80,7 +81,7 @@ type scenario struct {
 	concurrency int
 	batch       int
 	group       int
-	async       bool
+	sync        bool // AsyncCommit off (DefaultConfig has it on)
 	sendDelay   time.Duration // the destination's answer time; 0 = no-op
 	raw         bool          // no relay: the relay's SENT UPDATE from plain pgx, on concurrency connections
 	slow        bool          // uses -slow-rows instead of -rows
@@ -102,17 +103,17 @@ var drainScenarios = []scenario{
 	{name: "ceiling-c1", concurrency: 1, raw: true},
 	{name: "ceiling-c8", concurrency: 8, raw: true},
 	{name: "default", concurrency: 1, batch: 100, target: atLeastC1(0.9)},
-	{name: "default-async", concurrency: 1, batch: 100, async: true},
+	{name: "default-sync", concurrency: 1, batch: 100, sync: true},
 	{name: "c8", concurrency: 8, batch: 100, target: func(rate float64, ref refs) (string, bool) {
 		return "≥ 0.8× c8", ref.c8 > 0 && rate >= 0.8*ref.c8
 	}},
-	{name: "c8-async", concurrency: 8, batch: 100, async: true},
+	{name: "c8-sync", concurrency: 8, batch: 100, sync: true},
 	{name: "g100", concurrency: 1, batch: 100, group: 100, target: atLeastC1(6)},
 	{name: "g100-c4", concurrency: 4, batch: 100, group: 100},
-	{name: "g100-async", concurrency: 1, batch: 100, group: 100, async: true},
+	{name: "g100-sync", concurrency: 1, batch: 100, group: 100, sync: true},
 	{name: "g1000", concurrency: 1, batch: 1000, group: 1000},
 	{name: "g1000-c4", concurrency: 4, batch: 1000, group: 1000},
-	{name: "g1000-async", concurrency: 1, batch: 1000, group: 1000, async: true},
+	{name: "g1000-sync", concurrency: 1, batch: 1000, group: 1000, sync: true},
 	{name: "slow20-c16", concurrency: 16, batch: 100, sendDelay: 20 * time.Millisecond, slow: true,
 		target: func(rate float64, _ refs) (string, bool) { return "≥ 720 msg/s", rate >= 720 }},
 	{name: "slow20-c16-b160", concurrency: 16, batch: 160, sendDelay: 20 * time.Millisecond, slow: true},
@@ -258,7 +259,7 @@ func printAsyncGains(lines []line) {
 	}
 	var gains []string
 	for _, base := range []string{"default", "c8", "g100", "g1000"} {
-		if r, ra := rate[base], rate[base+"-async"]; r > 0 && ra > 0 {
+		if ra, r := rate[base], rate[base+"-sync"]; r > 0 && ra > 0 {
 			gains = append(gains, fmt.Sprintf("%s ×%.2f", base, ra/r))
 		}
 	}
@@ -613,7 +614,7 @@ func drainOnce(ctx context.Context, url string, admin *pgxpool.Pool, s scenario,
 	cfg.Concurrency = s.concurrency
 	cfg.BatchSize = s.batch
 	cfg.GroupOutcomes = s.group
-	cfg.AsyncCommit = s.async
+	cfg.AsyncCommit = !s.sync
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Observer = obs
 	r, err := relay.New(pool, cfg, sender{delay: s.sendDelay})
