@@ -882,11 +882,11 @@ func TestIdleSessionTimeout(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		id := b.insert(t, "t", "a")[0]
-		r, err := relay.New(poolWithTimeout(t, "2500ms"), b.cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
+		r, err := relay.New(poolWithTimeout(t, "4s"), b.cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
 			select { // longer than the timeout: only the heartbeat keeps the lock's session alive
 			case <-ctx.Done():
 				return context.Cause(ctx)
-			case <-time.After(3 * time.Second):
+			case <-time.After(5 * time.Second):
 				return nil
 			}
 		}))
