@@ -81,7 +81,7 @@ type scenario struct {
 	concurrency int
 	batch       int
 	group       int
-	sync        bool // AsyncCommit off (DefaultConfig has it on)
+	sync        bool          // AsyncCommit off (DefaultConfig has it on)
 	sendDelay   time.Duration // the destination's answer time; 0 = no-op
 	raw         bool          // no relay: the relay's SENT UPDATE from plain pgx, on concurrency connections
 	slow        bool          // uses -slow-rows instead of -rows
