@@ -118,14 +118,14 @@ func (rc *recorder) write(ds []delivery) error {
 	r := rc.r
 	ctx, cancel := context.WithTimeout(rc.ctx, outcomeTimeout)
 	defer cancel()
-	stale, err := r.repo.record(ctx, r.pool, ds, r.cfg.MaxAttempts, r.cfg.AsyncCommit)
+	stale, err := r.repo.record(ctx, r.pool, ds, r.cfg.MaxAttempts)
 	if err != nil && ctx.Err() == nil {
 		// Once more, on another connection: after a failover the pool's idle
 		// connections are dead and the first statement on each fails. The
 		// outcome is fenced on the state the pass read, so writing it twice is
 		// harmless: if the first write did commit, the second finds the row
 		// moved on and changes nothing.
-		stale, err = r.repo.record(ctx, r.pool, ds, r.cfg.MaxAttempts, r.cfg.AsyncCommit)
+		stale, err = r.repo.record(ctx, r.pool, ds, r.cfg.MaxAttempts)
 	}
 	if err != nil {
 		for _, d := range ds {

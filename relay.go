@@ -89,7 +89,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		}
 		byType[t] = s
 	}
-	repo, err := newRepository(cfg.Table, cfg.RetryBackoff)
+	repo, err := newRepository(cfg.Table, cfg.RetryBackoff, cfg.AsyncCommit)
 	if err != nil {
 		return nil, &FieldError{Field: "Table", msg: err.Error()}
 	}

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -121,7 +120,7 @@ type repository struct {
 	backoffMax float64
 }
 
-func newRepository(table string, backoff time.Duration) (*repository, error) {
+func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repository, error) {
 	id, err := parseTable(table)
 	if err != nil {
 		return nil, err
@@ -155,11 +154,21 @@ ORDER BY m.id LIMIT $3`
 	}
 	// Every outcome is fenced on the state the pass read (status, attempts):
 	// a late writer never overwrites a newer outcome.
-	r.sentSQL = `UPDATE ` + t + ` SET status = 'SENT', sent_at = now(), updated_at = now()
+	//
+	// With Config.AsyncCommit, each statement also sets synchronous_commit =
+	// off for its own implicit transaction (is_local), in a FROM item: one
+	// statement, one round trip, and the commit that ends it does not wait for
+	// its WAL flush. Nothing else on the session is touched.
+	async, asyncItem := "", ""
+	if asyncCommit {
+		async = "\nFROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+		asyncItem = ",\n  (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+	}
+	r.sentSQL = `UPDATE ` + t + ` SET status = 'SENT', sent_at = now(), updated_at = now()` + async + `
 WHERE id = $1 AND status = $2 AND attempts = $3`
-	r.failedSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = attempts + 1, last_error = $4, updated_at = now()
+	r.failedSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = attempts + 1, last_error = $4, updated_at = now()` + async + `
 WHERE id = $1 AND status = $2 AND attempts = $3`
-	r.deadSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = greatest(attempts + 1, $5), last_error = $4, updated_at = now()
+	r.deadSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = greatest(attempts + 1, $5), last_error = $4, updated_at = now()` + async + `
 WHERE id = $1 AND status = $2 AND attempts = $3`
 	// Grouped outcomes (Config.GroupOutcomes): one statement, each row still
 	// fenced on its own read state; a failure still marks only its own row.
@@ -168,7 +177,7 @@ WHERE id = $1 AND status = $2 AND attempts = $3`
   sent_at = CASE WHEN o.new_status = 'SENT' THEN now() ELSE m.sent_at END,
   updated_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::int[], $6::text[])
-  AS o(id, status, attempts, new_status, new_attempts, err)
+  AS o(id, status, attempts, new_status, new_attempts, err)` + asyncItem + `
 WHERE m.id = o.id AND m.status = o.status AND m.attempts = o.attempts
 RETURNING m.id`
 	return r, nil
@@ -196,22 +205,10 @@ func (r *repository) fetch(ctx context.Context, db querier, maxAttempts int, typ
 	return batch, rows.Err()
 }
 
-// asyncCommitSQL makes the outcome's own transaction commit without waiting
-// for its WAL flush (Config.AsyncCommit). It is sent in one batch with the
-// outcome's statement: pgx sends a batch with one Sync, so both run in one
-// implicit transaction and is_local applies to its commit.
-const asyncCommitSQL = `SELECT set_config('synchronous_commit', 'off', true)`
-
-// batcher is what outcomes are recorded through: *pgxpool.Pool in production.
-type batcher interface {
-	querier
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // record writes the outcomes ds: one in its own short transaction, several in
 // one statement. Each row is fenced on the state the pass read; it returns the
 // ids of the rows that had moved on and were left alone.
-func (r *repository) record(ctx context.Context, db batcher, ds []delivery, maxAttempts int, async bool) (stale map[int64]bool, err error) {
+func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxAttempts int) (stale map[int64]bool, err error) {
 	if len(ds) == 1 {
 		d := &ds[0]
 		sql, args := r.sentSQL, []any{d.m.ID, d.m.status, d.m.Attempts}
@@ -221,19 +218,7 @@ func (r *repository) record(ctx context.Context, db batcher, ds []delivery, maxA
 		case outcomeDead:
 			sql, args = r.deadSQL, append(args, errorText(d.sendErr), maxAttempts)
 		}
-		var tag pgconn.CommandTag
-		if async {
-			b := &pgx.Batch{}
-			b.Queue(asyncCommitSQL)
-			b.Queue(sql, args...)
-			br := db.SendBatch(ctx, b)
-			if _, err = br.Exec(); err == nil {
-				tag, err = br.Exec()
-			}
-			err = errors.Join(err, br.Close())
-		} else {
-			tag, err = db.Exec(ctx, sql, args...)
-		}
+		tag, err := db.Exec(ctx, sql, args...)
 		if err != nil {
 			return nil, err
 		}
@@ -256,37 +241,20 @@ func (r *repository) record(ctx context.Context, db batcher, ds []delivery, maxA
 			errs[i] = &text
 		}
 	}
-	args := []any{ids, statuses, attempts, newStatuses, newAttempts, errs}
-	var rows pgx.Rows
-	var br pgx.BatchResults
-	if async {
-		b := &pgx.Batch{}
-		b.Queue(asyncCommitSQL)
-		b.Queue(r.groupSQL, args...)
-		br = db.SendBatch(ctx, b)
-		if _, err = br.Exec(); err != nil {
-			return nil, errors.Join(err, br.Close())
-		}
-		rows, err = br.Query()
-	} else {
-		rows, err = db.Query(ctx, r.groupSQL, args...)
-	}
-	if err == nil {
-		var recorded []int64
-		recorded, err = pgx.CollectRows(rows, pgx.RowTo[int64])
-		stale = make(map[int64]bool, n)
-		for _, id := range ids {
-			stale[id] = true
-		}
-		for _, id := range recorded {
-			delete(stale, id)
-		}
-	}
-	if br != nil {
-		err = errors.Join(err, br.Close())
-	}
+	rows, err := db.Query(ctx, r.groupSQL, ids, statuses, attempts, newStatuses, newAttempts, errs)
 	if err != nil {
 		return nil, err
+	}
+	recorded, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	stale = make(map[int64]bool, n)
+	for _, id := range ids {
+		stale[id] = true
+	}
+	for _, id := range recorded {
+		delete(stale, id)
 	}
 	return stale, nil
 }

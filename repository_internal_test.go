@@ -1,0 +1,56 @@
+package relay
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// TestAsyncCommitIsLocalToTheOutcome shows that AsyncCommit's statements turn
+// synchronous_commit off for their own transaction, whose commit then does not
+// wait for its WAL flush, and leave the pooled session as they found it.
+func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgserver.Shared().URL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table := pgserver.Name(t)
+	require.NoError(t, CreateTable(ctx, pool, table))
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+
+	for _, async := range []bool{false, true} {
+		repo, err := newRepository(table, 0, async)
+		require.NoError(t, err)
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+table+" (type, natural_key, payload) VALUES ('t', 'k', '{}') RETURNING id").Scan(&id))
+		m := &row{Message: Message{ID: id}, status: statusPending}
+		for _, ds := range [][]delivery{
+			{{m: m, out: outcomeSent}}, // one outcome
+			{{m: m, out: outcomeSent}, {m: &row{Message: Message{ID: -1}, status: statusPending}, out: outcomeSent}}, // a group
+		} {
+			var inside string
+			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if _, err := repo.record(ctx, tx, ds, 10); err != nil {
+					return err
+				}
+				return tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&inside)
+			}))
+			want := "on"
+			if async {
+				want = "off"
+			}
+			require.Equal(t, want, inside, "async %v, %d outcome(s)", async, len(ds))
+			_, err = pool.Exec(ctx, "UPDATE "+table+" SET status = 'PENDING' WHERE id = $1", id)
+			require.NoError(t, err)
+		}
+		var after string
+		require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after))
+		require.Equal(t, "on", after, "the session keeps its own setting")
+	}
+}
