@@ -63,16 +63,8 @@ func TestDrain(t *testing.T) {
 
 	t.Run("AFailureIsNotRetriedWithinTheDrain", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		var keys []string
-		for i := range 100 {
-			keys = append(keys, fmt.Sprint("k", i))
-		}
-		ids := b.insert(t, "t", keys...)
-		cfg := b.cfg
-		cfg.Interval = time.Hour
-		cfg.BatchSize = 10
-		cfg.Concurrency = 4
+		b, cfg := drainSetup(t)
+		ids := b.insert(t, "t", distinctKeys("k", 100)...)
 		var mu sync.Mutex
 		calls := 0
 		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
@@ -95,16 +87,8 @@ func TestDrain(t *testing.T) {
 
 	t.Run("AHungSendDoesNotHoldTheOtherWorkers", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		var keys []string
-		for i := range 60 {
-			keys = append(keys, fmt.Sprint("k", i))
-		}
-		ids := b.insert(t, "t", keys...)
-		cfg := b.cfg
-		cfg.Interval = time.Hour
-		cfg.BatchSize = 10
-		cfg.Concurrency = 4
+		b, cfg := drainSetup(t)
+		ids := b.insert(t, "t", distinctKeys("k", 60)...)
 		release := make(chan struct{})
 		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
 			if m.ID == ids[0] {
@@ -124,4 +108,15 @@ func TestDrain(t *testing.T) {
 		require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 60 }, 10*time.Second, 10*time.Millisecond)
 		require.NoError(t, r.Stop(ctx))
 	})
+}
+
+// drainSetup is a bundle and a config whose one tick drains a backlog in
+// batches of 10 with 4 workers.
+func drainSetup(t *testing.T) (*bundle, relay.Config) {
+	b := setup(t)
+	cfg := b.cfg
+	cfg.Interval = time.Hour
+	cfg.BatchSize = 10
+	cfg.Concurrency = 4
+	return b, cfg
 }
