@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // cluster is a throwaway PostgreSQL cluster run from the local binaries. Its temporary
@@ -67,6 +68,7 @@ func startLocalWith(ctx context.Context, binDir string, opt Options) (*Server, e
 	if err != nil {
 		return nil, err
 	}
+	removeStale()
 	dir, err := tempDir("pgserver-", cred)
 	if err != nil {
 		return nil, err
@@ -144,4 +146,29 @@ func (c *cluster) halt() {
 func (c *cluster) remove() error {
 	c.halt()
 	return os.RemoveAll(c.dir)
+}
+
+// staleAfter is how old a cluster directory must be before removeStale may
+// take it: far older than any test run, so one being set up is never touched.
+const staleAfter = 6 * time.Hour
+
+// removeStale removes the directories of local clusters whose test binary was
+// killed before it could clean up (SIGKILL, a go test timeout): older than
+// staleAfter, and with no postmaster alive in them. The server itself already
+// died with its binary (Pdeathsig); only its files were left.
+func removeStale() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "pgserver-*"))
+	for _, dir := range dirs {
+		fi, err := os.Stat(dir)
+		if err != nil || !fi.IsDir() || time.Since(fi.ModTime()) < staleAfter {
+			continue
+		}
+		if pidFile, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid")); err == nil {
+			first, _, _ := strings.Cut(string(pidFile), "\n")
+			if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && syscall.Kill(pid, 0) == nil {
+				continue // a server still runs there
+			}
+		}
+		_ = os.RemoveAll(dir)
+	}
 }

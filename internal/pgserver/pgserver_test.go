@@ -2,6 +2,8 @@ package pgserver
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -205,4 +207,26 @@ func TestPgBouncerTransactionModeStatementCache(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr, "a second client's cached statement")
 	require.Equal(t, "42P05", pgErr.Code, "duplicate_prepared_statement")
+}
+
+func TestRemoveStale(t *testing.T) {
+	old := time.Now().Add(-2 * staleAfter)
+	mk := func(pid string) string {
+		dir, err := os.MkdirTemp("", "pgserver-")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if pid != "" {
+			require.NoError(t, os.MkdirAll(filepath.Join(dir, "data"), 0o700))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "data", "postmaster.pid"), []byte(pid+"\n/x\n"), 0o600))
+		}
+		return dir
+	}
+	deadOld, aliveOld, deadYoung := mk("999999999"), mk(fmt.Sprint(os.Getpid())), mk("999999999")
+	for _, d := range []string{deadOld, aliveOld} {
+		require.NoError(t, os.Chtimes(d, old, old))
+	}
+	removeStale()
+	require.NoDirExists(t, deadOld, "an old directory whose server is gone is removed")
+	require.DirExists(t, aliveOld, "a directory whose postmaster still runs is kept")
+	require.DirExists(t, deadYoung, "a young directory may be a cluster being set up: kept")
 }
