@@ -61,7 +61,9 @@ type Config struct {
 	// relay logs a warning). Defaults to true.
 	ClusterLock bool
 
-	// Interval is the delay between periodic passes. Defaults to 1s.
+	// Interval is the delay from the end of one periodic pass to the start of
+	// the next; a pass that finds a backlog keeps taking batches under its
+	// election instead of waiting. Defaults to 1s.
 	Interval time.Duration
 
 	// BatchSize is the most rows one batch selects. Defaults to 100.
@@ -85,7 +87,9 @@ type Config struct {
 
 	// Concurrency is how many messages of a batch may be in flight at once,
 	// all under the one election. Messages with the same natural key are never
-	// in flight together and go in id order. Defaults to 1.
+	// in flight together and go in id order; after one fails, the later ones of
+	// its key wait for a later pass. Give the pool Concurrency + 2 connections.
+	// Defaults to 1.
 	Concurrency int
 
 	// GroupOutcomes, when above 1, records the outcomes of up to that many
