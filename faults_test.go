@@ -882,7 +882,9 @@ func TestIdleSessionTimeout(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		id := b.insert(t, "t", "a")[0]
-		r, err := relay.New(poolWithTimeout(t, "4s"), b.cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
+		cfg := b.cfg
+		cfg.SendTimeout = 15 * time.Second // the send outlasts the idle timeout, not its own deadline
+		r, err := relay.New(poolWithTimeout(t, "4s"), cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
 			select { // longer than the timeout: only the heartbeat keeps the lock's session alive
 			case <-ctx.Done():
 				return context.Cause(ctx)
