@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strings"
 	"time"
@@ -50,10 +51,16 @@ func SchemaSQL(table string) (string, error) {
 	).Replace(schemaTemplate), nil
 }
 
-// indexName is table+suffix, cut to PostgreSQL's 63 bytes so that two indexes never truncate to one name.
+// indexName is table+suffix. Past PostgreSQL's 63 bytes, the table's part is
+// cut and a hash of the whole name keeps it apart from another long table with
+// the same beginning: two tables never share an index name (with IF NOT
+// EXISTS, the second would silently get no index).
 func indexName(table, suffix string) string {
 	if len(table)+len(suffix) > 63 {
-		table = table[:63-len(suffix)]
+		h := fnv.New32a()
+		h.Write([]byte(table))
+		tag := fmt.Sprintf("_%08x", h.Sum32())
+		table = table[:63-len(suffix)-len(tag)] + tag
 	}
 	return pgx.Identifier{table + suffix}.Sanitize()
 }

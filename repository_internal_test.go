@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -53,4 +54,14 @@ func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after))
 		require.Equal(t, "on", after, "the session keeps its own setting")
 	}
+}
+
+func TestIndexNamesOfLongTablesStayApart(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, `"mensagem_m2m_outbox"`, indexName("mensagem_m2m", "_outbox"), "the brief's name, unchanged")
+	long := strings.Repeat("a", 55)
+	a, b := indexName(long+"_one", "_outbox_retry"), indexName(long+"_two", "_outbox_retry")
+	require.NotEqual(t, a, b, "two long tables with one beginning")
+	require.LessOrEqual(t, len(a)-2, 63, "quotes aside, within PostgreSQL's identifier length")
+	require.LessOrEqual(t, len(b)-2, 63)
 }
