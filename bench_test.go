@@ -34,18 +34,7 @@ func benchSetup(b *testing.B, maxConns int32) *benchWorld {
 	b.Helper()
 	name := pgserver.Name(b)
 	w := &benchWorld{table: name, trips: &benchTrips{}}
-	pc, err := pgxpool.ParseConfig(server().URL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pc.MaxConns = maxConns
-	pc.ConnConfig.RuntimeParams["application_name"] = name
-	pc.ConnConfig.Tracer = w.trips
-	w.pool, err = pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(w.pool.Close)
+	w.pool = pgserver.Pool(b, server().URL, name, maxConns, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = w.trips })
 	if err := relay.CreateTable(context.Background(), w.pool, name); err != nil {
 		b.Fatal(err)
 	}

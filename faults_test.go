@@ -182,15 +182,9 @@ func distinctKeys(prefix string, n int) []string {
 // however slow the machine: the fault lands where the test aims it.
 func relayPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pc, err := pgxpool.ParseConfig(server().URL)
-	require.NoError(t, err)
-	pc.MaxConns = 8
-	pc.ConnConfig.RuntimeParams["application_name"] = pgserver.Name(t)
-	pc.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgserver.Pool(t, server().URL, pgserver.Name(t), 8, func(pc *pgxpool.Config) {
+		pc.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	})
 }
 
 // drainElected runs elected passes until no row is PENDING or ERROR, for at
@@ -548,14 +542,7 @@ func TestRollingDeploy(t *testing.T) {
 // transaction pooling before PgBouncer 1.21).
 func bouncerPool(t *testing.T, url string, maxConns int32, mode pgx.QueryExecMode) *pgxpool.Pool {
 	t.Helper()
-	pc, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	pc.MaxConns = maxConns
-	pc.ConnConfig.DefaultQueryExecMode = mode
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgserver.Pool(t, url, "", maxConns, func(pc *pgxpool.Config) { pc.ConnConfig.DefaultQueryExecMode = mode })
 }
 
 func startBouncer(t *testing.T, mode string) *pgserver.PgBouncer {
@@ -836,15 +823,9 @@ func TestIdleSessionTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	poolWithTimeout := func(t *testing.T, timeout string) *pgxpool.Pool {
-		pc, err := pgxpool.ParseConfig(server().URL)
-		require.NoError(t, err)
-		pc.MaxConns = 4
-		pc.ConnConfig.RuntimeParams["application_name"] = pgserver.Name(t)
-		pc.ConnConfig.RuntimeParams["idle_session_timeout"] = timeout
-		pool, err := pgxpool.NewWithConfig(ctx, pc)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		return pool
+		return pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) {
+			pc.ConnConfig.RuntimeParams["idle_session_timeout"] = timeout
+		})
 	}
 
 	t.Run("ShorterThanTheHeartbeatLosesTheElection", func(t *testing.T) {

@@ -56,14 +56,7 @@ func setup(t *testing.T) *bundle {
 
 func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	pc, err := pgxpool.ParseConfig(server().URL)
-	require.NoError(t, err)
-	pc.MaxConns = maxConns
-	pc.ConnConfig.RuntimeParams["application_name"] = pgserver.Name(t)
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgserver.Pool(t, server().URL, pgserver.Name(t), maxConns)
 }
 
 func (b *bundle) newRelay(t *testing.T, cfg relay.Config, senders ...relay.Sender) *relay.Relay {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,9 +46,9 @@ func (o *observer) reports() ([]relay.PassReport, []relay.MessageReport) {
 func failByKey(_ context.Context, m relay.Message) error {
 	time.Sleep(time.Millisecond) // a destination that takes a moment
 	switch {
-	case len(m.Key) >= 4 && m.Key[:4] == "fail":
+	case strings.HasPrefix(m.Key, "fail"):
 		return errors.New("503 unavailable")
-	case len(m.Key) >= 4 && m.Key[:4] == "perm":
+	case strings.HasPrefix(m.Key, "perm"):
 		return relay.Permanent(errors.New("422 unprocessable"))
 	}
 	return nil

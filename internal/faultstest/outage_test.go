@@ -68,14 +68,7 @@ func newWorld(t *testing.T) *world {
 
 func newPool(t *testing.T, app string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	pc, err := pgxpool.ParseConfig(server().URL)
-	require.NoError(t, err)
-	pc.MaxConns = maxConns
-	pc.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgserver.Pool(t, server().URL, app, maxConns)
 }
 
 func (w *world) table() string { return pgx.Identifier{w.name}.Sanitize() }

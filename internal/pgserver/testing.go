@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
 
@@ -83,4 +84,28 @@ func RequirePgBouncer(t testing.TB) {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)
+}
+
+// Pool opens a pool of maxConns connections on url for t, closed when t ends.
+// A non-empty app becomes the sessions' application_name, so that a test can
+// find them in pg_stat_activity and pg_locks; configure changes anything else.
+func Pool(t testing.TB, url, app string, maxConns int32, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns = maxConns
+	if app != "" {
+		pc.ConnConfig.RuntimeParams["application_name"] = app
+	}
+	for _, c := range configure {
+		c(pc)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
