@@ -6,17 +6,18 @@ import (
 	"time"
 )
 
-// drain is the periodic pass's way through a backlog when Concurrency > 1: one
-// election, Concurrency workers, and the next batch selected as soon as the
-// current one is all dispatched, while its last messages are still in flight.
-// Batch by batch, every batch's slowest messages would leave workers idle.
+// drain is the periodic pass's way through a backlog: one election,
+// Concurrency workers, and the next batch selected as soon as the current one
+// is all dispatched, while its last messages are still in flight. Batch by
+// batch, every batch's slowest messages would leave workers idle.
 //
 // A key in flight is never dispatched again: its later messages, selected
 // again, are skipped until a later batch finds the key idle. Outcomes are
 // flushed before each select, so a message sent in this pass is never
-// selected as still pending. Draining stops, as in [Relay.passes], when a
-// batch comes back short, after a failure, after drainMax, on halt, or when a
-// recording fails. Memory is bounded by BatchSize rows plus those in flight.
+// selected as still pending. Draining stops when a batch comes back short,
+// after drainMax (the next tick then elects again at once), on halt, when a
+// recording fails, or after a failure: the destination may be struggling, and
+// a failed row waits for the next tick, not the next batch. Memory is bounded by BatchSize rows plus those in flight.
 func (r *Relay) drain(ctx context.Context, o *passOpts) passResult {
 	var res passResult
 	rec := r.newRecorder(ctx, &res)

@@ -136,17 +136,24 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 // It waits for a pass of this relay already in flight. It returns how many rows
 // it processed (recorded sent or failed).
 func (r *Relay) Run(ctx context.Context) (int, error) {
+	res := r.direct(ctx, nil)
+	return res.processed(), res.err
+}
+
+// direct runs a pass without election, after waiting for a pass of this relay
+// already in flight.
+func (r *Relay) direct(ctx context.Context, o *passOpts) passResult {
 	select {
 	case r.pass <- struct{}{}:
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return passResult{err: ctx.Err()}
 	}
 	defer func() { <-r.pass }()
 	start := time.Now()
-	res := r.batch(ctx, nil)
+	res := r.passes(ctx, o)
 	res.ran = true
 	r.passDone(res, start)
-	return res.processed(), res.err
+	return res
 }
 
 // RunIfElected runs the same pass as [Relay.Run] under the election for
@@ -171,24 +178,15 @@ type passOpts struct {
 // runIfElected is RunIfElected, with the periodic tick's options.
 func (r *Relay) runIfElected(ctx context.Context, o *passOpts) (passResult, bool) {
 	if !r.cfg.ClusterLock {
-		select {
-		case r.pass <- struct{}{}:
-		case <-ctx.Done():
-			return passResult{err: ctx.Err()}, false
-		}
-		defer func() { <-r.pass }()
-		start := time.Now()
-		res := r.passes(ctx, o)
-		res.ran = true
-		r.passDone(res, start)
-		return res, true
+		res := r.direct(ctx, o)
+		return res, res.ran
 	}
 	select {
 	case r.pass <- struct{}{}:
 	default:
 		// A pass of this relay is in flight: it holds the election, so this
 		// one coalesces like any other loser.
-		r.passDone(passResult{coalesced: true}, time.Now())
+		r.passDone(passResult{}, time.Now())
 		return passResult{}, false
 	}
 	defer func() { <-r.pass }()
@@ -200,32 +198,17 @@ func (r *Relay) runIfElected(ctx context.Context, o *passOpts) (passResult, bool
 	})
 	res.err = err
 	res.ran = ran
-	res.coalesced = !ran && err == nil
 	r.passDone(res, start)
 	return res, ran
 }
 
-// passes runs one batch, or, when draining, batches while they come back
-// full, for at most drainMax, under whatever election the caller holds.
-// Draining stops after a batch with a failure: the destination may be
-// struggling, and the failed rows wait for the next tick, not the next batch.
+// passes runs one batch, or, when the periodic pass drains, batches for as
+// long as [Relay.drain] says, under whatever election the caller holds.
 func (r *Relay) passes(ctx context.Context, o *passOpts) passResult {
-	if o != nil && o.drain && r.cfg.Concurrency > 1 {
+	if o != nil && o.drain {
 		return r.drain(ctx, o)
 	}
-	var total passResult
-	start := time.Now()
-	for first := true; ; first = false {
-		res := r.batch(ctx, o)
-		total.add(res, first)
-		if res.err != nil || o == nil || !o.drain || !res.full || res.failed+res.dead > 0 || halted(ctx, o) {
-			return total
-		}
-		if time.Since(start) > drainMax {
-			total.backlog = true
-			return total
-		}
-	}
+	return r.batch(ctx, o)
 }
 
 // drainMax bounds how long one election keeps draining a backlog before it
@@ -251,30 +234,20 @@ func halted(ctx context.Context, o *passOpts) bool {
 type passResult struct {
 	sent, failed, dead int
 	lag                time.Duration
-	full               bool // the batch came back with BatchSize rows
 	backlog            bool // draining stopped at drainMax with rows left
 	ran                bool // the pass ran: elected, or direct
-	coalesced          bool // another session held the election
 	err                error
 }
 
 func (p *passResult) processed() int { return p.sent + p.failed + p.dead }
 
-func (p *passResult) add(b passResult, first bool) {
-	p.sent += b.sent
-	p.failed += b.failed
-	p.dead += b.dead
-	if first {
-		p.lag = b.lag
-	}
-	p.full = b.full
-	p.err = b.err
-}
+// coalesced says another session held the election: the pass neither ran nor failed.
+func (p *passResult) coalesced() bool { return !p.ran && p.err == nil }
 
 func (r *Relay) passDone(res passResult, start time.Time) {
 	rep := PassReport{
 		Ran:       res.ran,
-		Coalesced: res.coalesced,
+		Coalesced: res.coalesced(),
 		Sent:      res.sent,
 		Failed:    res.failed,
 		Dead:      res.dead,
@@ -339,7 +312,7 @@ func (r *Relay) batch(ctx context.Context, o *passOpts) passResult {
 	if err != nil {
 		return passResult{err: err}
 	}
-	res := passResult{full: len(rows) == r.cfg.BatchSize}
+	var res passResult
 	if len(rows) == 0 {
 		return res
 	}
