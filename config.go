@@ -228,59 +228,20 @@ func ConfigFromEnv() (Config, error) {
 
 func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	cfg := DefaultConfig()
-	var errs []error
-	get := func(name string) (string, bool) {
-		v, ok := lookup(name)
-		v = strings.TrimSpace(v)
-		return v, ok && v != ""
-	}
-	str := func(name string, dst *string) {
-		if v, ok := get(name); ok {
-			*dst = v
-		}
-	}
-	boolean := func(name string, dst *bool) {
-		if v, ok := get(name); ok {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("relay: %s=%q is not a boolean (use true or false)", name, v))
-				return
-			}
-			*dst = b
-		}
-	}
-	integer := func(name string, dst *int) {
-		if v, ok := get(name); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("relay: %s=%q is not an integer", name, v))
-				return
-			}
-			*dst = n
-		}
-	}
-	duration := func(name string, dst *time.Duration) {
-		if v, ok := get(name); ok {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("relay: %s=%q is not a duration (use a unit, as in 500ms or 30s)", name, v))
-				return
-			}
-			*dst = d
-		}
-	}
-	str(EnvAppName, &cfg.AppName)
-	str(EnvTable, &cfg.Table)
-	boolean(EnvEnabled, &cfg.Enabled)
-	boolean(EnvClusterLock, &cfg.ClusterLock)
-	duration(EnvInterval, &cfg.Interval)
-	integer(EnvBatchSize, &cfg.BatchSize)
-	integer(EnvMaxAttempts, &cfg.MaxAttempts)
-	duration(EnvRetryBackoff, &cfg.RetryBackoff)
-	duration(EnvSendTimeout, &cfg.SendTimeout)
-	integer(EnvConcurrency, &cfg.Concurrency)
-	integer(EnvGroupOutcomes, &cfg.GroupOutcomes)
-	boolean(EnvAsyncCommit, &cfg.AsyncCommit)
+	e := envReader{lookup: lookup}
+	envVar(&e, EnvAppName, &cfg.AppName, parseString, "")
+	envVar(&e, EnvTable, &cfg.Table, parseString, "")
+	envVar(&e, EnvEnabled, &cfg.Enabled, strconv.ParseBool, "a boolean (use true or false)")
+	envVar(&e, EnvClusterLock, &cfg.ClusterLock, strconv.ParseBool, "a boolean (use true or false)")
+	envVar(&e, EnvInterval, &cfg.Interval, time.ParseDuration, durationWant)
+	envVar(&e, EnvBatchSize, &cfg.BatchSize, strconv.Atoi, "an integer")
+	envVar(&e, EnvMaxAttempts, &cfg.MaxAttempts, strconv.Atoi, "an integer")
+	envVar(&e, EnvRetryBackoff, &cfg.RetryBackoff, time.ParseDuration, durationWant)
+	envVar(&e, EnvSendTimeout, &cfg.SendTimeout, time.ParseDuration, durationWant)
+	envVar(&e, EnvConcurrency, &cfg.Concurrency, strconv.Atoi, "an integer")
+	envVar(&e, EnvGroupOutcomes, &cfg.GroupOutcomes, strconv.Atoi, "an integer")
+	envVar(&e, EnvAsyncCommit, &cfg.AsyncCommit, strconv.ParseBool, "a boolean (use true or false)")
+	errs := e.errs
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
 	}
@@ -288,6 +249,31 @@ func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 		return Config{}, fmt.Errorf("%w (from the environment: %s)", err, envNames(err))
 	}
 	return cfg, nil
+}
+
+// envReader reads RELAY_* variables and collects what it cannot parse.
+type envReader struct {
+	lookup func(string) (string, bool)
+	errs   []error
+}
+
+const durationWant = "a duration (use a unit, as in 500ms or 30s)"
+
+func parseString(v string) (string, error) { return v, nil }
+
+// envVar sets *dst from the variable name when it is set and not blank; a
+// value parse refuses is an error naming the variable and what it wants.
+func envVar[T any](e *envReader, name string, dst *T, parse func(string) (T, error), want string) {
+	v, ok := e.lookup(name)
+	if v = strings.TrimSpace(v); !ok || v == "" {
+		return
+	}
+	x, err := parse(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("relay: %s=%q is not %s", name, v, want))
+		return
+	}
+	*dst = x
 }
 
 // envNames names the variables behind the fields that err refuses.
