@@ -67,13 +67,7 @@ func (r *Relay) newRecorder(ctx context.Context, res *passResult) *recorder {
 // recording has failed, and the batch must then start no new message.
 func (rc *recorder) add(d delivery) error {
 	if rc.r.cfg.GroupOutcomes <= 1 {
-		err := rc.write([]delivery{d})
-		rc.mu.Lock()
-		defer rc.mu.Unlock()
-		if err != nil && rc.err == nil {
-			rc.err = err
-		}
-		return rc.err
+		return rc.keep(rc.write([]delivery{d}))
 	}
 	rc.mu.Lock()
 	rc.pending = append(rc.pending, d)
@@ -105,6 +99,11 @@ func (rc *recorder) flush() error {
 	if len(group) > 0 {
 		err = rc.write(group)
 	}
+	return rc.keep(err)
+}
+
+// keep remembers the first recording failure and returns it, nil while none.
+func (rc *recorder) keep(err error) error {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if err != nil && rc.err == nil {
@@ -178,8 +177,4 @@ func (rc *recorder) report(d delivery) {
 }
 
 // errorOf is the pass error once recording failed, nil otherwise.
-func (rc *recorder) errorOf() error {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return rc.err
-}
+func (rc *recorder) errorOf() error { return rc.keep(nil) }
