@@ -118,15 +118,8 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 		return false, nil
 	}
 
-	w := startWatch(conn.Conn().PgConn(), pid)
 	jobCtx, cancel := context.WithCancelCause(ctx)
-	go func() {
-		select {
-		case <-w.lost:
-			cancel(w.err)
-		case <-jobCtx.Done():
-		}
-	}()
+	w := startWatch(conn.Conn().PgConn(), pid, cancel)
 
 	// Unlock even if fn panics; the panic goes on after the lock is released.
 	defer func() {
@@ -230,8 +223,8 @@ func closeConn(conn *pgxpool.Conn) {
 type watch struct {
 	conn *pgconn.PgConn
 	pid  uint32
-	lost chan struct{} // closed when the session is lost; err says why
-	err  error
+	lost func(error) // called once, with why, when the session is lost
+	err  error       // why the session was lost; read after done
 	done chan struct{}
 
 	mu      sync.Mutex
@@ -239,8 +232,8 @@ type watch struct {
 	reading bool // blocked in WaitForNotification, so stop may interrupt it
 }
 
-func startWatch(conn *pgconn.PgConn, pid uint32) *watch {
-	w := &watch{conn: conn, pid: pid, lost: make(chan struct{}), done: make(chan struct{})}
+func startWatch(conn *pgconn.PgConn, pid uint32, lost func(error)) *watch {
+	w := &watch{conn: conn, pid: pid, lost: lost, done: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -304,7 +297,7 @@ func (w *watch) heartbeat() error {
 
 func (w *watch) fail(err error) {
 	w.err = err
-	close(w.lost)
+	w.lost(err)
 }
 
 // stop ends the watch and reports whether the session was lost meanwhile.
@@ -315,11 +308,6 @@ func (w *watch) stop() error {
 		_ = w.conn.Conn().SetReadDeadline(time.Now())
 	}
 	w.mu.Unlock()
-	<-w.done
-	select {
-	case <-w.lost:
-		return w.err
-	default:
-		return nil
-	}
+	<-w.done // run has returned: err is final
+	return w.err
 }
