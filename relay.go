@@ -46,6 +46,10 @@ type Relay struct {
 	observer Observer
 	stats    counters
 
+	// sendTimedOut is the cause of a send's context when SendTimeout elapses,
+	// built once rather than for every message.
+	sendTimedOut error
+
 	// pass is a one-slot semaphore: one pass of this relay at a time.
 	pass chan struct{}
 
@@ -109,6 +113,8 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		key:      cfg.lockKey(),
 		observer: cfg.Observer,
 		pass:     make(chan struct{}, 1),
+
+		sendTimedOut: fmt.Errorf("send timed out after %s", cfg.SendTimeout),
 	}
 	if r.guard == nil {
 		g := NewPostgresGuard(pool)
@@ -406,9 +412,6 @@ func byKey(rows []row) [][]*row {
 	return groups
 }
 
-// errSendTimeout is the cause of a send's context when SendTimeout elapses.
-var errSendTimeout = errors.New("send timed out")
-
 // deliver sends one message and says what became of it; recording it is the
 // recorder's job.
 func (r *Relay) deliver(ctx context.Context, m *row) delivery {
@@ -436,7 +439,7 @@ func (r *Relay) deliver(ctx context.Context, m *row) delivery {
 // becomes an error and a sender that ignores its context cannot hold the pass
 // past SendTimeout: such a sender is abandoned, and the log says so.
 func (r *Relay) send(ctx context.Context, s Sender, m Message) error {
-	sctx, cancel := context.WithTimeoutCause(ctx, r.cfg.SendTimeout, fmt.Errorf("%w after %s", errSendTimeout, r.cfg.SendTimeout))
+	sctx, cancel := context.WithTimeoutCause(ctx, r.cfg.SendTimeout, r.sendTimedOut)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
