@@ -13,7 +13,7 @@ import (
 	"github.com/xadm/relay"
 )
 
-// TestDrain covers the periodic pass through a backlog with Concurrency > 1,
+// TestDrain covers the periodic pass through a backlog, with several workers,
 // where the next batch is selected while the last one's messages are in flight.
 func TestDrain(t *testing.T) {
 	t.Parallel()
