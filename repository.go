@@ -118,6 +118,7 @@ const (
 // repository holds the statements of one table, built once by newRepository.
 type repository struct {
 	table      string // quoted
+	source     string // as Message.IdempotencyKey names it
 	fetchSQL   string
 	sentSQL    string
 	failedSQL  string
@@ -133,7 +134,7 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 		return nil, err
 	}
 	t := id.Sanitize()
-	r := &repository{table: t, backoff: backoff.Seconds(), backoffMax: RetryBackoffMax.Seconds()}
+	r := &repository{table: t, source: table, backoff: backoff.Seconds(), backoffMax: RetryBackoffMax.Seconds()}
 
 	// The predicate repeats the partial index's (direction, status) word for
 	// word, so the planner walks the index in id order and stops at LIMIT.
@@ -207,6 +208,7 @@ func (r *repository) fetch(ctx context.Context, db querier, maxAttempts int, typ
 			rows.Close()
 			return nil, err
 		}
+		m.source = r.source
 		batch = append(batch, m)
 	}
 	return batch, rows.Err()

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -32,10 +33,49 @@ type Sender interface {
 type Message struct {
 	ID        int64     // the row's id; ids grow with insertion order
 	Type      string    // the type that chose the Sender
-	Key       string    // the natural key: receivers deduplicate by it
+	Key       string    // the natural key: the receiver's unit of state and order
 	Payload   []byte    // the JSON payload, as stored
 	Attempts  int       // failed attempts before this one
 	CreatedAt time.Time // when the row was written
+
+	// source names the table the row came from, schema-qualified
+	// ("public.mensagem_m2m"); set by the relay, empty in a Message built by hand.
+	source string
+}
+
+// IdempotencyKey names this one message, for a receiver or a broker that
+// deduplicates deliveries: the same on every retry of the message, different
+// for every other message, including messages of the same natural key and rows
+// of other tables in the same database. It is the schema-qualified table and
+// the row's id, "public.mensagem_m2m/42"; a Message built by hand, which has no
+// table, gives its id alone ("42").
+//
+// It is not the natural key: a receiver that replays its stored answer for a
+// repeated idempotency key would drop every later message of a key that used
+// its key as idempotency key.
+func (m Message) IdempotencyKey() string {
+	id := strconv.FormatInt(m.ID, 10)
+	if m.source == "" {
+		return id
+	}
+	return m.source + "/" + id
+}
+
+// BatchSender is a [Sender] that can also deliver several messages in one call,
+// as a broker's producer does: one round trip for many records instead of one
+// each. The relay uses SendBatch when a Sender implements it and Send
+// otherwise; the semantics of each message are those of Send.
+//
+// The relay hands SendBatch messages of this sender's type, in id order, with
+// at most one message per natural key: a key's next message is handed over only
+// after its previous one succeeded, so a failure never lets a later message of
+// its key overtake it. SendBatch returns one error per message, in the same
+// order (nil: the destination accepted it; [Permanent]: retrying cannot help).
+// A result of the wrong length, or a panic, fails every message of the call.
+type BatchSender interface {
+	Sender
+	// SendBatch delivers ms and returns their outcomes, errs[i] for ms[i].
+	SendBatch(ctx context.Context, ms []Message) (errs []error)
 }
 
 // SenderFunc adapts a function to a [Sender] of type typ.
