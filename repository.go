@@ -47,6 +47,8 @@ func SchemaSQL(table string) (string, error) {
 	return strings.NewReplacer(
 		"{{table}}", id.Sanitize(),
 		"{{outbox_index}}", indexName(name, "_outbox"),
+		"{{pending_index}}", indexName(name, "_outbox_pending"),
+		"{{error_index}}", indexName(name, "_outbox_error"),
 		"{{retry_index}}", indexName(name, "_outbox_retry"),
 	).Replace(schemaTemplate), nil
 }

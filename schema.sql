@@ -14,6 +14,14 @@ CREATE TABLE IF NOT EXISTS {{table}} (
 -- the pass reads only the small live part of the table, however large the SENT history grows
 CREATE INDEX IF NOT EXISTS {{outbox_index}} ON {{table}} (id)
     WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');
+-- a pass reads its own types' waiting rows only: another app's backlog sharing the table is never
+-- walked (a NULL status, as a table without the column's default leaves it, is read as PENDING)
+CREATE INDEX IF NOT EXISTS {{pending_index}} ON {{table}} (type, id)
+    WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL);
+-- failed rows by type and attempts: the range attempts < MaxAttempts stops before the dead rows,
+-- however many accumulate
+CREATE INDEX IF NOT EXISTS {{error_index}} ON {{table}} (type, attempts, id)
+    WHERE direction = 'OUT' AND status = 'ERROR';
 -- per-key order under RetryBackoff: a row waits while an earlier ERROR row of its key waits out its
 -- backoff; only ERROR rows can wait, so only they are indexed (a PENDING backlog stays out of it)
 CREATE INDEX IF NOT EXISTS {{retry_index}} ON {{table}} (natural_key, id)
