@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Defaults of [Config], as [DefaultConfig] fills them in.
@@ -17,10 +20,11 @@ const (
 	IntervalDefault     = time.Second
 	BatchSizeDefault    = 100
 	MaxAttemptsDefault  = 10
-	RetryBackoffDefault = 0
+	RetryBackoffDefault = 2 * time.Second
 	SendTimeoutDefault  = 30 * time.Second
 	ConcurrencyDefault  = 1
 	AsyncCommitDefault  = true
+	BatchBytesDefault   = 64 << 20
 
 	// RetryBackoffMax caps the wait before an ERROR row is retried, however
 	// many attempts it has.
@@ -31,10 +35,17 @@ const (
 	LockKeySuffix = "_relay_m2m"
 )
 
-// Upper bounds that catch a misplaced digit before it reaches production.
+// Upper bounds that catch a misplaced digit before it reaches production, or
+// that the table's columns impose.
 const (
 	batchSizeMax   = 10_000
 	concurrencyMax = 1_000
+	// maxAttemptsMax is the most attempts the integer column can count.
+	maxAttemptsMax = math.MaxInt32
+	// batchBytesMin keeps the byte bound from refusing ordinary messages.
+	batchBytesMin = 64 << 10
+	// batchBytesMax is PostgreSQL's own limit on one value.
+	batchBytesMax = 1 << 30
 )
 
 // Config configures a [Relay]. Build it with [DefaultConfig] or [ConfigFromEnv]
@@ -69,16 +80,26 @@ type Config struct {
 	// BatchSize is the most rows one batch selects. Defaults to 100.
 	BatchSize int
 
+	// BatchBytes bounds the payload bytes one batch holds in memory, whatever
+	// BatchSize says: a batch of large rows is cut short, and the rows left
+	// wait for the next batch. A row whose payload alone is larger is never
+	// sent: it is marked dead, with a last_error saying its size. Between 64
+	// KiB and 1 GiB. Defaults to 64 MiB.
+	BatchBytes int
+
 	// MaxAttempts is the ceiling: a row whose attempts reached it is dead and
-	// never selected again until an operator re-queues it. Defaults to 10.
+	// never selected again until an operator re-queues it. At most
+	// 2147483647, what the integer column counts. Defaults to 10.
 	MaxAttempts int
 
 	// RetryBackoff is the base of the wait before an ERROR row is retried:
 	// RetryBackoff * 2^(attempts-1) after its last attempt (updated_at), capped
-	// at [RetryBackoffMax]. 0 retries it on the next pass, as the JVM relay
-	// does and as the pass of decision 0035 reads. Defaults to 0: set it (1s,
-	// say) so that a destination's outage longer than MaxAttempts passes does
-	// not leave its messages dead.
+	// at [RetryBackoffMax]. With the defaults (2s, MaxAttempts 10) a message
+	// is tried at 0, 2, 6, 14, 30, 62, 126, 254 and 510 seconds and dies only
+	// at 1022 s: a destination that is down for 15 minutes loses nothing. 0
+	// retries on the next pass, as the JVM relay does (its "next pass"): with
+	// MaxAttempts 10 and Interval 1s, an outage of ten seconds then leaves its
+	// messages dead. Defaults to 2s.
 	RetryBackoff time.Duration
 
 	// SendTimeout bounds one [Sender.Send]. A send that has not returned by then
@@ -140,6 +161,7 @@ func DefaultConfig() Config {
 		Interval:     IntervalDefault,
 		BatchSize:    BatchSizeDefault,
 		MaxAttempts:  MaxAttemptsDefault,
+		BatchBytes:   BatchBytesDefault,
 		RetryBackoff: RetryBackoffDefault,
 		SendTimeout:  SendTimeoutDefault,
 		Concurrency:  ConcurrencyDefault,
@@ -160,8 +182,8 @@ func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, &FieldError{Field: field, msg: fmt.Sprintf(format, args...)})
 	}
-	if strings.TrimSpace(c.AppName) == "" {
-		bad("AppName", "must not be empty: it names the election key")
+	if msg := checkAppName(c.AppName); msg != "" {
+		bad("AppName", "%s", msg)
 	}
 	if _, err := parseTable(c.Table); err != nil {
 		bad("Table", "%v", err)
@@ -172,8 +194,11 @@ func (c *Config) validate() error {
 	if c.BatchSize < 1 || c.BatchSize > batchSizeMax {
 		bad("BatchSize", "must be between 1 and %d, got %d", batchSizeMax, c.BatchSize)
 	}
-	if c.MaxAttempts < 1 {
-		bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
+	if c.MaxAttempts < 1 || c.MaxAttempts > maxAttemptsMax {
+		bad("MaxAttempts", "must be between 1 and %d (what the attempts column counts), got %d", maxAttemptsMax, c.MaxAttempts)
+	}
+	if c.BatchBytes < batchBytesMin || c.BatchBytes > batchBytesMax {
+		bad("BatchBytes", "must be between %d and %d bytes, got %d", batchBytesMin, batchBytesMax, c.BatchBytes)
 	}
 	if c.RetryBackoff < 0 {
 		bad("RetryBackoff", "must not be negative, got %s", c.RetryBackoff)
@@ -188,6 +213,25 @@ func (c *Config) validate() error {
 		bad("GroupOutcomes", "must be between 0 and %d, got %d", batchSizeMax, c.GroupOutcomes)
 	}
 	return errors.Join(errs...)
+}
+
+// checkAppName says what is wrong with an AppName, "" if nothing. The name is
+// the election: "billing" and "billing " would be two elections, and replicas
+// that differ by a space would deliver the same rows at the same time. So a
+// name with surrounding white space, control characters or invalid UTF-8 is
+// refused rather than quietly trimmed.
+func checkAppName(name string) string {
+	switch {
+	case strings.TrimSpace(name) == "":
+		return "must not be empty: it names the election key"
+	case !utf8.ValidString(name):
+		return fmt.Sprintf("%q is not valid UTF-8: PostgreSQL cannot hash it into the election key", name)
+	case strings.TrimSpace(name) != name:
+		return fmt.Sprintf("%q has leading or trailing white space: %q and %q would be two elections", name, name, strings.TrimSpace(name))
+	case strings.ContainsFunc(name, unicode.IsControl):
+		return fmt.Sprintf("%q has control characters (NUL, newline, ...)", name)
+	}
+	return ""
 }
 
 // FieldError is a [Config] field with a value [New] refuses.
@@ -209,6 +253,7 @@ const (
 	EnvClusterLock   = "RELAY_CLUSTER_LOCK"
 	EnvInterval      = "RELAY_INTERVAL"
 	EnvBatchSize     = "RELAY_BATCH_SIZE"
+	EnvBatchBytes    = "RELAY_BATCH_BYTES"
 	EnvMaxAttempts   = "RELAY_MAX_ATTEMPTS"
 	EnvRetryBackoff  = "RELAY_RETRY_BACKOFF"
 	EnvSendTimeout   = "RELAY_SEND_TIMEOUT"
@@ -235,6 +280,7 @@ func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	envVar(&e, EnvClusterLock, &cfg.ClusterLock, strconv.ParseBool, "a boolean (use true or false)")
 	envVar(&e, EnvInterval, &cfg.Interval, time.ParseDuration, durationWant)
 	envVar(&e, EnvBatchSize, &cfg.BatchSize, strconv.Atoi, "an integer")
+	envVar(&e, EnvBatchBytes, &cfg.BatchBytes, strconv.Atoi, "an integer (bytes)")
 	envVar(&e, EnvMaxAttempts, &cfg.MaxAttempts, strconv.Atoi, "an integer")
 	envVar(&e, EnvRetryBackoff, &cfg.RetryBackoff, time.ParseDuration, durationWant)
 	envVar(&e, EnvSendTimeout, &cfg.SendTimeout, time.ParseDuration, durationWant)
@@ -279,7 +325,7 @@ func envVar[T any](e *envReader, name string, dst *T, parse func(string) (T, err
 // envNames names the variables behind the fields that err refuses.
 func envNames(err error) string {
 	vars := map[string]string{
-		"AppName": EnvAppName, "Table": EnvTable, "Interval": EnvInterval, "BatchSize": EnvBatchSize,
+		"AppName": EnvAppName, "Table": EnvTable, "Interval": EnvInterval, "BatchSize": EnvBatchSize, "BatchBytes": EnvBatchBytes,
 		"MaxAttempts": EnvMaxAttempts, "RetryBackoff": EnvRetryBackoff, "SendTimeout": EnvSendTimeout,
 		"Concurrency": EnvConcurrency, "GroupOutcomes": EnvGroupOutcomes,
 	}

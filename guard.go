@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -44,6 +44,28 @@ const (
 // job, and released on that same connection. The key is hashed by the server,
 // exactly as the JVM relay does, so the two exclude each other.
 //
+// The election is a lease the server enforces: while it holds the lock, the
+// session runs with idle_session_timeout = 10s (PostgreSQL 14 and later) and
+// the guard's heartbeat touches it every 2 s. A holder that stops answering —
+// its host cut off without a FIN, its process frozen (SIGSTOP, a VM pause), a
+// proxy in between that keeps the socket open — is ended by the server 10 s
+// after its last heartbeat, which frees the lock for another replica. The
+// holder itself starts no new work once 7 s have passed since its last
+// heartbeat answered, so it has stopped before the server frees the lock
+// (see the lease in lease.go). PostgreSQL 13 has no idle_session_timeout: the
+// guard then sets TCP keepalives on the session (4 s, every 2 s, 3 probes) and
+// tcp_user_timeout (10 s), which end a partitioned holder on a direct
+// connection within about 10 s, but not a frozen process or a holder behind a
+// proxy: there the lock is held until the freeze ends or the proxy gives up.
+//
+// Every statement the guard runs on the lock's session carries the comment
+// "/* relay election */", and the heartbeat's also says since when it holds
+// the election ("/* relay election since 2026-11-30T10:00:00Z */"), so
+// pg_stat_activity.query tells a Go relay's election, and its age, from any
+// other holder (a JVM relay, an operator). A server that is read-only (in recovery, or with
+// default_transaction_read_only) is never elected on: a lock on a standby
+// excludes nobody on the primary. TryRun returns an error wrapping [ErrReadOnly].
+//
 // The lock's connection is taken from the pool for the whole job and given back
 // only after pg_advisory_unlock returned true on it; a connection that may still
 // hold the lock (the unlock failed, returned false or could not be sent) is
@@ -74,17 +96,46 @@ func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
 	return &PostgresGuard{pool: pool, logger: slog.Default(), held: make(map[string]bool)}
 }
 
-// lockSQL takes the lock unless this very session already holds it, which would
-// stack: a connection handed back to the pool by another holder still holding
-// it. NULL means "already held by this session", and the guard coalesces.
-const lockSQL = `SELECT CASE WHEN EXISTS (
-    SELECT 1 FROM pg_locks
-    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 AND granted
-      AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
-      AND objid = (hashtext($1)::bigint & 4294967295)::oid)
-  THEN NULL ELSE pg_try_advisory_lock(hashtext($1)) END, pg_backend_pid()`
+// electionMark starts every statement the guard runs on the lock's session.
+const electionMark = "/* relay election */ "
 
-const unlockSQL = `SELECT pg_advisory_unlock(hashtext($1)), pg_backend_pid()`
+// lockSQL tries the lock in one round trip, and, when it wins, sets the
+// session's lease. Its columns: locked (NULL: the lock is already held by this
+// very session, which would stack: a connection handed back to the pool by
+// another holder still holding it — the guard coalesces), the backend's pid,
+// whether the server is read-only (then it tries nothing), and the session's
+// idle_session_timeout as it was, for the unlock to restore. The subqueries
+// fence the order: the lock is tried before the lease is set, and only on a
+// writable server.
+//
+// $1 key, $2 idle_session_timeout (ms), $3 tcp keepalive idle (s), $4
+// interval (s), $5 count, $6 tcp_user_timeout (ms).
+const lockSQL = electionMark + `SELECT s.locked, s.pid, s.read_only, s.idle,
+  CASE WHEN s.locked AND s.version >= 140000 THEN set_config('idle_session_timeout', $2, false) END,
+  CASE WHEN s.locked AND s.version < 140000 THEN set_config('tcp_keepalives_idle', $3, false) || set_config('tcp_keepalives_interval', $4, false)
+    || set_config('tcp_keepalives_count', $5, false) || set_config('tcp_user_timeout', $6, false) END
+FROM (SELECT CASE WHEN r.read_only THEN false
+      WHEN EXISTS (SELECT 1 FROM pg_locks
+        WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 AND granted
+          AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
+          AND objid = (hashtext($1)::bigint & 4294967295)::oid) THEN NULL
+      ELSE pg_try_advisory_lock(hashtext($1)) END AS locked,
+    pg_backend_pid() AS pid, r.read_only, current_setting('idle_session_timeout', true) AS idle,
+    current_setting('server_version_num')::int AS version
+  FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
+  OFFSET 0) s`
+
+// unlockSQL releases the lock and gives the session back its own
+// idle_session_timeout ($2: NULL on PostgreSQL 13).
+const unlockSQL = electionMark + `SELECT pg_advisory_unlock(hashtext($1)), pg_backend_pid(),
+  CASE WHEN $2::text IS NOT NULL THEN set_config('idle_session_timeout', $2::text, false) END`
+
+// session is what the lock statement learned of the lock's session.
+type session struct {
+	pid      uint32
+	readOnly bool
+	idle     *string // its idle_session_timeout before the lease; nil before PostgreSQL 14
+}
 
 // TryRun implements [Guard].
 func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx context.Context) error) (ran bool, err error) {
@@ -96,11 +147,16 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	// An unreachable database fails the election instead of hanging the caller.
 	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancelLock()
-	conn, locked, pid, err := g.tryLock(lctx, key)
+	won := time.Now()
+	conn, locked, sess, err := g.tryLock(lctx, key)
 	if err != nil {
 		return false, err
 	}
 	switch {
+	case sess.readOnly:
+		conn.Release()
+		return false, fmt.Errorf("%w: not electing %q on backend %d: a lock taken on a standby excludes nobody on the primary",
+			ErrReadOnly, key, sess.pid)
 	case locked == nil:
 		// Someone else holds it on this very session: code that took the key on
 		// the shared pool and gave the connection back, or a transaction-pooling
@@ -109,7 +165,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 		// their lock. Coalesce, and say so.
 		conn.Release()
 		g.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election's key is already held by the pooled session the guard was given; coalescing",
-			slog.String("key", key), slog.Uint64("pid", uint64(pid)),
+			slog.String("key", key), slog.Uint64("pid", uint64(sess.pid)),
 			slog.String("hint", "another holder took the key on the shared pool and released the connection, "+
 				"or a transaction-pooling proxy sits between the relay and PostgreSQL"))
 		return false, nil
@@ -119,7 +175,8 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	}
 
 	jobCtx, cancel := context.WithCancelCause(ctx)
-	w := startWatch(conn.Conn().PgConn(), pid, cancel)
+	w := startWatch(conn.Conn().PgConn(), sess.pid, won, cancel)
+	jobCtx = context.WithValue(jobCtx, leaseKey{}, w.lease)
 
 	// Unlock even if fn panics; the panic goes on after the lock is released.
 	defer func() {
@@ -132,7 +189,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 			}
 			return
 		}
-		if uerr := g.unlock(ctx, conn, key, pid); uerr != nil {
+		if uerr := g.unlock(ctx, conn, key, sess); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 	}()
@@ -143,22 +200,27 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 // failover or a restart the pool's idle connections are dead, and the first
 // statement on each fails: such a connection is closed (a dead session holds
 // no lock) and the try goes on with another, a bounded number of times.
-func (g *PostgresGuard) tryLock(ctx context.Context, key string) (conn *pgxpool.Conn, locked *bool, pid uint32, err error) {
+func (g *PostgresGuard) tryLock(ctx context.Context, key string) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
 	for attempt := 1; ; attempt++ {
-		conn, err = g.pool.Acquire(ctx)
+		conn, err = acquire(ctx, g.pool, "take the election "+strconv.Quote(key))
 		if err != nil {
-			return nil, nil, 0, fmt.Errorf("relay: acquire a connection for the lock %q: %w", key, err)
+			return nil, nil, session{}, err
 		}
-		err = conn.QueryRow(ctx, lockSQL, key).Scan(&locked, &pid)
+		var ignored [2]*string
+		err = conn.QueryRow(ctx, lockSQL, key,
+			strconv.Itoa(int(guardLease/time.Millisecond)),
+			strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
+			strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)),
+		).Scan(&locked, &sess.pid, &sess.readOnly, &sess.idle, &ignored[0], &ignored[1])
 		if err == nil {
-			return conn, locked, pid, nil
+			return conn, locked, sess, nil
 		}
 		// The statement may have reached the server and taken the lock:
 		// closing the connection is what makes sure it is not held.
 		dead := conn.Conn().IsClosed()
 		closeConn(conn)
 		if !dead || ctx.Err() != nil || attempt == guardLockAttempts {
-			return nil, nil, 0, fmt.Errorf("relay: try the lock %q: %w", key, err)
+			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, err)
 		}
 	}
 }
@@ -169,12 +231,14 @@ const guardLockAttempts = 3
 // unlock releases the lock on the connection that took it, under its own
 // deadline: the caller's ctx may be cancelled already, and pgconn sends nothing
 // under a cancelled context. A connection that may still hold the lock is closed.
-func (g *PostgresGuard) unlock(ctx context.Context, conn *pgxpool.Conn, key string, pid uint32) error {
+func (g *PostgresGuard) unlock(ctx context.Context, conn *pgxpool.Conn, key string, sess session) error {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
 	defer cancel()
 	var unlocked bool
 	var upid uint32
-	err := conn.QueryRow(uctx, unlockSQL, key).Scan(&unlocked, &upid)
+	var ignored *string
+	pid := sess.pid
+	err := conn.QueryRow(uctx, unlockSQL, key, sess.idle).Scan(&unlocked, &upid, &ignored)
 	switch {
 	case err != nil:
 		closeConn(conn)
@@ -214,100 +278,4 @@ func closeConn(conn *pgxpool.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = c.Close(ctx)
-}
-
-// watch owns the lock's connection while the job runs. It blocks reading it, so
-// the server's FATAL message when the session is terminated (or the socket's
-// end) arrives at once, and every guardHeartbeat it checks the session answers
-// as the same backend.
-type watch struct {
-	conn *pgconn.PgConn
-	pid  uint32
-	lost func(error) // called once, with why, when the session is lost
-	err  error       // why the session was lost; read after done
-	done chan struct{}
-
-	mu      sync.Mutex
-	stopped bool
-	reading bool // blocked in WaitForNotification, so stop may interrupt it
-}
-
-func startWatch(conn *pgconn.PgConn, pid uint32, lost func(error)) *watch {
-	w := &watch{conn: conn, pid: pid, lost: lost, done: make(chan struct{})}
-	go w.run()
-	return w
-}
-
-func (w *watch) run() {
-	defer close(w.done)
-	for {
-		// The read deadline is the heartbeat timer, and stop interrupts the read
-		// by moving it to now. Both happen under mu, and only while reading, so a
-		// heartbeat in flight is never cut short by stop.
-		w.mu.Lock()
-		if w.stopped {
-			w.mu.Unlock()
-			return
-		}
-		w.reading = true
-		_ = w.conn.Conn().SetReadDeadline(time.Now().Add(guardHeartbeat))
-		w.mu.Unlock()
-
-		err := w.conn.WaitForNotification(context.Background())
-
-		w.mu.Lock()
-		w.reading = false
-		_ = w.conn.Conn().SetReadDeadline(time.Time{})
-		stopped := w.stopped
-		w.mu.Unlock()
-
-		switch {
-		case err == nil:
-			// A notification; nobody listens on this session, but it is harmless.
-		case !pgconn.Timeout(err):
-			w.fail(fmt.Errorf("%w: %v", ErrElectionLost, err))
-			return
-		case stopped:
-			return
-		default:
-			if err := w.heartbeat(); err != nil {
-				w.fail(err)
-				return
-			}
-		}
-	}
-}
-
-func (w *watch) heartbeat() error {
-	ctx, cancel := context.WithTimeout(context.Background(), guardHeartbeatTimeout)
-	defer cancel()
-	rr := w.conn.ExecParams(ctx, "SELECT pg_backend_pid()", nil, nil, nil, nil).Read()
-	if rr.Err != nil {
-		return fmt.Errorf("%w: heartbeat: %v", ErrElectionLost, rr.Err)
-	}
-	if len(rr.Rows) != 1 || len(rr.Rows[0]) != 1 {
-		return fmt.Errorf("%w: heartbeat: unexpected answer", ErrElectionLost)
-	}
-	if got := string(rr.Rows[0][0]); got != fmt.Sprint(w.pid) {
-		return fmt.Errorf("%w: the lock was taken by backend %d but the session now answers as backend %s: "+
-			"a transaction-pooling proxy sits between the relay and PostgreSQL", ErrElectionLost, w.pid, got)
-	}
-	return nil
-}
-
-func (w *watch) fail(err error) {
-	w.err = err
-	w.lost(err)
-}
-
-// stop ends the watch and reports whether the session was lost meanwhile.
-func (w *watch) stop() error {
-	w.mu.Lock()
-	w.stopped = true
-	if w.reading {
-		_ = w.conn.Conn().SetReadDeadline(time.Now())
-	}
-	w.mu.Unlock()
-	<-w.done // run has returned: err is final
-	return w.err
 }

@@ -93,7 +93,7 @@ func TestDefaultConfig(t *testing.T) {
 	require.Positive(t, cfg.BatchSize)
 	require.Positive(t, cfg.MaxAttempts)
 	require.Positive(t, cfg.SendTimeout)
-	require.Zero(t, cfg.RetryBackoff, "an ERROR row is retried on the next pass, as the JVM relay does")
+	require.Equal(t, 2*time.Second, cfg.RetryBackoff, "an ERROR row waits 2s, 4s, 8s...: a 15-minute outage kills nothing")
 	require.Equal(t, 1, cfg.Concurrency)
 	require.Zero(t, cfg.GroupOutcomes, "one transaction per outcome unless asked")
 	require.True(t, cfg.AsyncCommit, "outcomes commit without waiting for their WAL flush")

@@ -3,14 +3,17 @@ package relay
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Every SQL statement of the package lives in this file (and schema.sql).
@@ -91,23 +94,30 @@ func CreateTable(ctx context.Context, db Beginner, table string) error {
 	})
 }
 
-// Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+// execer runs a statement: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx satisfy it.
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// querier is what the pass reads and writes through: *pgxpool.Pool in production.
+// querier is what the pass reads and writes through: a pooled connection the
+// pass holds, or the pool.
 type querier interface {
 	execer
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// row is one outbound row as the pass read it: the message and the state that
-// fences its outcome.
+// row is one outbound row as the pass read it: the message, the state that
+// fences its outcome, exactly as read (NULLs included), and, for a row that
+// cannot be delivered, why.
 type row struct {
 	Message
-	status string
+	status   *string // as read; nil: NULL (read as PENDING)
+	attempts *int64  // as read; nil: NULL (read as 0)
+	bad      string  // the column that makes the row undeliverable, and how; "" if none
+	size     int     // payload bytes; for a row fetched without its payload, what it will take
+	large    bool    // its payload is loaded apart, after the batch, within BatchBytes
 }
 
 // Row statuses.
@@ -117,18 +127,32 @@ const (
 	statusSent    = "SENT"
 )
 
+// inlinePayloadMax is the stored size (pg_column_size, perhaps compressed) up
+// to which a payload comes with its row; a larger one is loaded on its own,
+// after its size was checked, so a batch never holds more than BatchBytes.
+const inlinePayloadMax = 8 << 10
+
 // repository holds the statements of one table, built once by newRepository.
 type repository struct {
 	table      string // quoted
-	source     string // as Message.IdempotencyKey names it
+	name       string // as configured, for to_regclass
 	fetchSQL   string
+	payloadSQL string
 	sentSQL    string
-	failedSQL  string
-	deadSQL    string
+	errorSQL   string
 	groupSQL   string
+	stateSQL   string
+	probeSQL   string
 	backoff    float64 // seconds; 0 = no backoff
 	backoffMax float64
 }
+
+// preflightSQL is sent with the first select of a pass, in the same round
+// trip: a read-only server (a hot standby after a failover, a cutover's
+// default_transaction_read_only) can never record an outcome, so nothing is
+// sent from it; and the database's clock measures the lag against the
+// producers' own now().
+const preflightSQL = `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, clock_timestamp()`
 
 func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repository, error) {
 	id, err := parseTable(table)
@@ -136,34 +160,65 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 		return nil, err
 	}
 	t := id.Sanitize()
-	r := &repository{table: t, source: table, backoff: backoff.Seconds(), backoffMax: RetryBackoffMax.Seconds()}
+	r := &repository{table: t, name: t, backoff: backoff.Seconds(), backoffMax: RetryBackoffMax.Seconds()}
 
-	// The predicate repeats the partial index's (direction, status) word for
-	// word, so the planner walks the index in id order and stops at LIMIT.
 	// $1 ceiling, $2 types, $3 limit, $4 backoff base (s), $5 backoff cap (s).
-	live := func(a string) string {
-		return a + `direction = 'OUT' AND ` + a + `status IN ('PENDING', 'ERROR') AND ` +
-			a + `attempts < $1 AND ` + a + `type = ANY($2::text[])`
-	}
-	if r.backoff == 0 {
-		r.fetchSQL = `SELECT id, type, natural_key, payload, attempts, created_at, status FROM ` + t + `
-WHERE ` + live("") + `
-ORDER BY id LIMIT $3`
-	} else {
-		waiting := func(a string) string {
-			return a + `status = 'ERROR' AND ` + a + `updated_at > now() - make_interval(secs => least($4::float8 * power(2, greatest(` +
-				a + `attempts - 1, 0)), $5::float8))`
+	//
+	// Each part walks an index of its own types only (schema.sql): the waiting
+	// rows by (type, id), one type at a time, and the failed rows by (type,
+	// attempts, id), whose range attempts < ceiling stops before the dead rows.
+	// Another app's backlog and the dead rows, however many, are never read.
+	//
+	// The columns are cast and read as nullable, and a NULL status or attempts
+	// is read as PENDING or 0: a table made by another migration (nullable
+	// columns, varchar instead of text) never makes the select fail, and a row
+	// that cannot be delivered is marked dead by the pass, not skipped.
+	waiting := func(a string) string { return "false" }
+	if r.backoff != 0 {
+		// The exponent is clamped (2^40 s is far past the cap), so no number
+		// of attempts overflows; a NULL updated_at does not wait.
+		waiting = func(a string) string {
+			return `coalesce(` + a + `.updated_at > now() - make_interval(secs => least($4::float8 * power(2::float8, least(greatest(coalesce(` +
+				a + `.attempts, 0), 1) - 1, 40)), $5::float8)), false)`
 		}
-		// A row waits while it, or an earlier live row of its key, waits out a
-		// backoff, so a retry never lets a later message of the same key overtake it.
-		r.fetchSQL = `SELECT m.id, m.type, m.natural_key, m.payload, m.attempts, m.created_at, m.status FROM ` + t + ` m
-WHERE ` + live("m.") + ` AND NOT (` + waiting("m.") + `)
-  AND NOT EXISTS (SELECT 1 FROM ` + t + ` e
-    WHERE e.natural_key = m.natural_key AND e.id < m.id AND ` + live("e.") + ` AND ` + waiting("e.") + `)
-ORDER BY m.id LIMIT $3`
 	}
-	// Every outcome is fenced on the state the pass read (status, attempts):
-	// a late writer never overwrites a newer outcome.
+	// A row waits while an earlier failed row of its key waits out its
+	// backoff: a retry never lets a later message of its key overtake it.
+	heldBack := ""
+	if r.backoff != 0 {
+		heldBack = `
+      AND NOT EXISTS (SELECT 1 FROM ` + t + ` e
+        WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.direction = 'OUT' AND e.status = 'ERROR'
+          AND e.type = ANY($2::text[]) AND (e.attempts < $1 OR e.attempts IS NULL) AND ` + waiting("e") + `)`
+	}
+	r.fetchSQL = `SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
+  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= ` + fmt.Sprint(inlinePayloadMax) + ` THEN m.payload::text END
+FROM ` + t + ` m
+WHERE m.id = ANY(ARRAY(SELECT c.id FROM (
+  SELECT p.id FROM unnest($2::text[]) AS ty(type) CROSS JOIN LATERAL (
+    SELECT m.id FROM ` + t + ` m
+    WHERE m.type = ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
+      AND coalesce(m.attempts, 0) < $1` + heldBack + `
+    ORDER BY m.id LIMIT $3) p
+  UNION ALL
+  (SELECT m.id FROM ` + t + ` m
+    WHERE m.type = ANY($2::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR'
+      AND (m.attempts < $1 OR m.attempts IS NULL) AND NOT ` + waiting("m") + heldBack + `
+    ORDER BY m.id LIMIT $3)
+  ) c ORDER BY c.id LIMIT $3))
+ORDER BY m.id`
+	if r.backoff == 0 {
+		// Keep the parameters' numbering: $4 and $5 are not sent.
+		r.fetchSQL = strings.ReplaceAll(r.fetchSQL, "$4", "0")
+	}
+	// A large payload, measured before it is sent: above $2 bytes only its
+	// size comes back, and the row is marked dead instead.
+	r.payloadSQL = `SELECT s.n, CASE WHEN s.n <= $2 THEN s.p END
+FROM (SELECT payload::text AS p, octet_length(payload::text) AS n FROM ` + t + ` WHERE id = $1) s`
+
+	// Every outcome is fenced on the state the pass read (status, attempts,
+	// NULLs included): a late writer never overwrites a newer outcome. The
+	// new values are written explicitly, never computed from the row.
 	//
 	// With Config.AsyncCommit, each statement also sets synchronous_commit =
 	// off for its own implicit transaction (is_local), in a FROM item: one
@@ -174,60 +229,172 @@ ORDER BY m.id LIMIT $3`
 		async = "\nFROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
 		asyncItem = ",\n  (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
 	}
-	r.sentSQL = `UPDATE ` + t + ` SET status = 'SENT', sent_at = now(), updated_at = now()` + async + `
-WHERE id = $1 AND status = $2 AND attempts = $3`
-	r.failedSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = attempts + 1, last_error = $4, updated_at = now()` + async + `
-WHERE id = $1 AND status = $2 AND attempts = $3`
-	r.deadSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = greatest(attempts + 1, $5), last_error = $4, updated_at = now()` + async + `
-WHERE id = $1 AND status = $2 AND attempts = $3`
+	const fence = `
+WHERE id = $1 AND status IS NOT DISTINCT FROM $2 AND attempts IS NOT DISTINCT FROM $3`
+	r.sentSQL = `UPDATE ` + t + ` SET status = 'SENT', sent_at = now(), updated_at = now()` + async + fence
+	r.errorSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = $4, last_error = $5, updated_at = now()` + async + fence
 	// Grouped outcomes (Config.GroupOutcomes): one statement, each row still
 	// fenced on its own read state; a failure still marks only its own row.
 	r.groupSQL = `UPDATE ` + t + ` AS m SET status = o.new_status, attempts = o.new_attempts,
-  last_error = coalesce(o.err, m.last_error),
+  last_error = CASE WHEN o.new_status = 'SENT' THEN m.last_error ELSE o.err END,
   sent_at = CASE WHEN o.new_status = 'SENT' THEN now() ELSE m.sent_at END,
   updated_at = now()
-FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::int[], $6::text[])
+FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
   AS o(id, status, attempts, new_status, new_attempts, err)` + asyncItem + `
-WHERE m.id = o.id AND m.status = o.status AND m.attempts = o.attempts
+WHERE m.id = o.id AND m.status IS NOT DISTINCT FROM o.status AND m.attempts IS NOT DISTINCT FROM o.attempts
 RETURNING m.id`
+	// The state of rows whose fenced outcome touched nothing: was it this
+	// relay's own earlier write, whose answer was lost?
+	r.stateSQL = `SELECT id, status::text, attempts::bigint FROM ` + t + ` WHERE id = ANY($1::bigint[])`
+	// What the relay learns of the table before its first pass: its
+	// schema-qualified name, the columns it has, and the width of last_error
+	// when it is declared narrower than text (varchar(255)).
+	r.probeSQL = `SELECT n.nspname::text, c.relname::text,
+  coalesce((SELECT array_agg(a.attname::text) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+  coalesce((SELECT CASE WHEN a.atttypid IN ('varchar'::regtype, 'bpchar'::regtype) AND a.atttypmod > 4 THEN a.atttypmod - 4 END
+    FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'last_error' AND NOT a.attisdropped), 0)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass($1)`
 	return r, nil
 }
 
-// fetch selects one batch, outside any transaction.
-func (r *repository) fetch(ctx context.Context, db querier, maxAttempts int, types []string, limit int) ([]row, error) {
-	args := []any{maxAttempts, types, limit}
+// fetchArgs are what one select asks for.
+type fetchArgs struct {
+	maxAttempts int
+	types       []string
+	limit       int
+	maxBytes    int
+	preflight   bool   // the pass's first select: ask whether the server is writable
+	source      string // the schema-qualified table, for Message.IdempotencyKey
+}
+
+// fetched is one select's answer.
+type fetched struct {
+	rows     []row
+	full     bool      // the select filled its limit, or was cut short by the byte bound: more may wait
+	readOnly bool      // the server cannot record an outcome: send nothing (preflight only)
+	now      time.Time // the database's clock at the select (preflight only)
+}
+
+// fetch selects one batch, outside any transaction, and loads its large
+// payloads within maxBytes: the batch is cut short before the row that would
+// exceed it (the rest wait for the next batch), and a row whose payload alone
+// exceeds it comes back marked bad.
+func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetched, error) {
+	var f fetched
+	args := []any{a.maxAttempts, a.types, a.limit}
 	if r.backoff != 0 {
 		args = append(args, r.backoff, r.backoffMax)
 	}
-	rows, err := db.Query(ctx, r.fetchSQL, args...)
-	if err != nil {
-		return nil, err
+	b := &pgx.Batch{}
+	if a.preflight {
+		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.readOnly, &f.now) })
 	}
-	batch := make([]row, 0, limit)
-	for rows.Next() {
-		var m row
-		if err := rows.Scan(&m.ID, &m.Type, &m.Key, &m.Payload, &m.Attempts, &m.CreatedAt, &m.status); err != nil {
-			rows.Close()
-			return nil, err
+	b.Queue(r.fetchSQL, args...).Query(func(rows pgx.Rows) error {
+		f.rows = make([]row, 0, min(a.limit, 1024))
+		budget := a.maxBytes
+		for rows.Next() {
+			var (
+				m       row
+				typ     string
+				key     *string
+				created pgtype.Timestamptz
+				stored  *int32
+				payload []byte
+			)
+			if err := rows.Scan(&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload); err != nil {
+				return err
+			}
+			m.Type, m.source = typ, a.source
+			if key != nil {
+				m.Key = *key
+			}
+			if m.attempts != nil {
+				m.Attempts = int(*m.attempts)
+			}
+			if created.Valid && created.InfinityModifier == pgtype.Finite {
+				m.CreatedAt = created.Time
+			}
+			switch {
+			case key == nil:
+				m.bad = "natural_key is NULL: a message needs its natural key"
+			case stored == nil:
+				m.bad = "payload is NULL"
+			case payload == nil:
+				m.large, m.size = true, int(*stored) // loaded below, within the budget
+			default:
+				m.Payload, m.size = payload, len(payload)
+				if m.size > a.maxBytes {
+					m.bad, m.Payload = tooLarge(m.size, a.maxBytes), nil
+				}
+			}
+			if m.bad == "" && !m.large {
+				if budget -= m.size; budget < 0 && len(f.rows) > 0 {
+					// Read no further: this row and the rest wait for the next batch.
+					f.full = true
+					break
+				}
+			}
+			f.rows = append(f.rows, m)
 		}
-		m.source = r.source
-		batch = append(batch, m)
+		f.full = f.full || len(f.rows) >= a.limit
+		return rows.Err()
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return fetched{}, err
 	}
-	return batch, rows.Err()
+	return f, r.loadLarge(ctx, db, &f, a.maxBytes)
+}
+
+// loadLarge loads the payloads the select left out, in id order, while the
+// batch's payloads stay within maxBytes; it cuts the batch before the first
+// row that would exceed it.
+func (r *repository) loadLarge(ctx context.Context, db querier, f *fetched, maxBytes int) error {
+	held := 0
+	kept := f.rows[:0]
+	for i := range f.rows {
+		m := f.rows[i]
+		if m.large {
+			var n *int32
+			var payload []byte
+			err := db.QueryRow(ctx, r.payloadSQL, m.ID, maxBytes).Scan(&n, &payload)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				continue // deleted since the select: nothing to deliver
+			case err != nil:
+				return err
+			case n == nil:
+				m.bad = "payload is NULL"
+			case payload == nil:
+				m.bad = tooLarge(int(*n), maxBytes)
+			case held+len(payload) > maxBytes && len(kept) > 0:
+				f.rows, f.full = kept, true // this row and the rest wait for the next batch
+				return nil
+			default:
+				m.Payload, m.size = payload, len(payload)
+			}
+			m.large = false
+		}
+		held += len(m.Payload)
+		kept = append(kept, m)
+	}
+	f.rows = kept
+	return nil
+}
+
+func tooLarge(size, limit int) string {
+	return fmt.Sprintf("payload is %d bytes, above Config.BatchBytes (%d): the relay never holds it in memory", size, limit)
 }
 
 // record writes the outcomes ds: one in its own short transaction, several in
 // one statement. Each row is fenced on the state the pass read; it returns the
 // ids of the rows that had moved on and were left alone.
-func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxAttempts int) (stale map[int64]bool, err error) {
+func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxAttempts, errWidth int) (stale map[int64]bool, err error) {
 	if len(ds) == 1 {
 		d := &ds[0]
-		sql, args := r.sentSQL, []any{d.m.ID, d.m.status, d.m.Attempts}
-		switch d.out {
-		case outcomeFailed:
-			sql, args = r.failedSQL, append(args, errorText(d.sendErr))
-		case outcomeDead:
-			sql, args = r.deadSQL, append(args, errorText(d.sendErr), maxAttempts)
+		sql, args := r.sentSQL, []any{d.m.ID, d.m.status, d.m.attempts}
+		if d.out != outcomeSent {
+			sql, args = r.errorSQL, append(args, d.newAttempts(maxAttempts), d.errorText(errWidth))
 		}
 		tag, err := db.Exec(ctx, sql, args...)
 		if err != nil {
@@ -240,15 +407,15 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 	}
 
 	n := len(ds)
-	ids, statuses, attempts := make([]int64, n), make([]string, n), make([]int32, n)
-	newStatuses, newAttempts, errs := make([]string, n), make([]int32, n), make([]*string, n)
+	ids, statuses, attempts := make([]int64, n), make([]*string, n), make([]*int64, n)
+	newStatuses, newAttempts, errs := make([]string, n), make([]int64, n), make([]*string, n)
 	for i := range ds {
 		d := &ds[i]
-		ids[i], statuses[i], attempts[i] = d.m.ID, d.m.status, int32(d.m.Attempts)
-		newStatuses[i], newAttempts[i] = statusSent, int32(d.newAttempts(maxAttempts))
+		ids[i], statuses[i], attempts[i] = d.m.ID, d.m.status, d.m.attempts
+		newStatuses[i], newAttempts[i] = statusSent, d.newAttempts(maxAttempts)
 		if d.out != outcomeSent {
 			newStatuses[i] = statusError
-			text := errorText(d.sendErr)
+			text := d.errorText(errWidth)
 			errs[i] = &text
 		}
 	}
@@ -268,6 +435,64 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 		delete(stale, id)
 	}
 	return stale, nil
+}
+
+// rowState is a row's (status, attempts) as the table holds it now.
+type rowState struct {
+	status   *string
+	attempts *int64
+}
+
+// states reads the current state of rows by id; a missing row is absent.
+func (r *repository) states(ctx context.Context, db querier, ids []int64) (map[int64]rowState, error) {
+	rows, err := db.Query(ctx, r.stateSQL, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int64]rowState, len(ids))
+	var id int64
+	var st rowState
+	_, err = pgx.ForEachRow(rows, []any{&id, &st.status, &st.attempts}, func() error {
+		out[id] = st
+		return nil
+	})
+	return out, err
+}
+
+// tableInfo is what the relay learns of its table before the first pass.
+type tableInfo struct {
+	qualified string // "schema.table", as Message.IdempotencyKey names it
+	errWidth  int    // characters last_error holds; 0: as many as lastErrorMax
+}
+
+// requiredColumns are the columns the pass reads and writes.
+var requiredColumns = []string{"id", "direction", "type", "natural_key", "payload", "status", "attempts",
+	"last_error", "created_at", "updated_at", "sent_at"}
+
+// probe learns the table: that it exists with the columns the relay needs,
+// its schema-qualified name, and the width of last_error.
+func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
+	var schema, name string
+	var columns []string
+	var width int32
+	err := db.QueryRow(ctx, r.probeSQL, r.table).Scan(&schema, &name, &columns, &width)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return tableInfo{}, fmt.Errorf("table %s does not exist (as the search_path resolves it): create it with relay.CreateTable or relay.SchemaSQL", r.table)
+	}
+	if err != nil {
+		return tableInfo{}, err
+	}
+	var missing []string
+	for _, c := range requiredColumns {
+		if !slices.Contains(columns, c) {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		return tableInfo{}, fmt.Errorf("table %s.%s lacks the column(s) %s that the relay reads and writes (see relay.SchemaSQL)",
+			schema, name, strings.Join(missing, ", "))
+	}
+	return tableInfo{qualified: schema + "." + name, errWidth: int(width)}, nil
 }
 
 // ---- The producer (Enqueue) and the operator's statements (Admin) ----

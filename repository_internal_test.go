@@ -30,14 +30,15 @@ func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
 		require.NoError(t, err)
 		var id int64
 		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+table+" (type, natural_key, payload) VALUES ('t', 'k', '{}') RETURNING id").Scan(&id))
-		m := &row{Message: Message{ID: id}, status: statusPending}
+		pending, zero := statusPending, int64(0)
+		m := &row{Message: Message{ID: id}, status: &pending, attempts: &zero}
 		for _, ds := range [][]delivery{
 			{{m: m, out: outcomeSent}}, // one outcome
-			{{m: m, out: outcomeSent}, {m: &row{Message: Message{ID: -1}, status: statusPending}, out: outcomeSent}}, // a group
+			{{m: m, out: outcomeSent}, {m: &row{Message: Message{ID: -1}, status: &pending}, out: outcomeSent}}, // a group
 		} {
 			var inside string
 			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if _, err := repo.record(ctx, tx, ds, 10); err != nil {
+				if _, err := repo.record(ctx, tx, ds, 10, 0); err != nil {
 					return err
 				}
 				return tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&inside)

@@ -1,0 +1,428 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// This file is the one dispatch engine. Run, RunIfElected and the loop's
+// periodic pass all run it; they differ only in how many batches they take
+// (Run and RunIfElected one, the loop's pass as many as come back full, for up
+// to drainMax) and in whether a graceful stop can halt them.
+
+// passOpts tune a pass. The zero value is Run's and RunIfElected's: one batch.
+type passOpts struct {
+	halt  <-chan struct{} // closed: start no new message or batch (graceful stop)
+	drain bool            // take batches while they come back full
+}
+
+// drainMax bounds how long one pass keeps draining a backlog before it lets go
+// of the election; the loop then starts the next pass at once.
+const drainMax = 10 * time.Second
+
+// passResult is what a pass did.
+type passResult struct {
+	sent, failed, dead int
+	lag                time.Duration
+	backlog            bool // draining stopped at drainMax with rows left
+	ran                bool // the pass ran: elected, or direct
+	err                error
+}
+
+func (p *passResult) processed() int { return p.sent + p.failed + p.dead }
+
+// coalesced says another session held the election: the pass neither ran nor failed.
+func (p *passResult) coalesced() bool { return !p.ran && p.err == nil }
+
+// group is one natural key's messages of a batch, in id order.
+type group []*row
+
+// task is what a worker takes at a time: one key's messages, or, for a
+// [BatchSender], the keys of one type that it delivers in rounds.
+type task []group
+
+// engine is one pass's dispatch: it selects batches outside any transaction,
+// splits them by natural key, and hands the keys to at most Concurrency
+// workers, started only when there is work for them. A key in flight is never
+// handed out twice: its later messages, selected again, wait until a later
+// batch finds it idle. The next batch is selected while the last messages of
+// the current one are still in flight, once their outcomes are flushed, so a
+// message sent in this pass is never selected as still pending.
+//
+// A batch stops being followed by another when it comes back short, after
+// drainMax, on halt, when an outcome could not be recorded, or after a
+// failure: the destination may be struggling, and a failed row waits for the
+// next pass, not the next batch. Memory is bounded by BatchSize rows and
+// BatchBytes of payload per batch, plus those in flight.
+type engine struct {
+	r   *Relay
+	ctx context.Context
+	o   passOpts
+	res passResult
+	rec *recorder
+
+	work    chan task
+	done    chan []string // the keys of a finished task
+	failed  chan struct{} // a task saw a message fail: stop taking batches
+	stop    chan struct{} // closed when the pass must start nothing new
+	stopped sync.Once
+	workers sync.WaitGroup
+}
+
+// dispatch runs one pass's engine under whatever election the caller holds.
+func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
+	e := &engine{
+		r: r, ctx: ctx, o: o,
+		work:   make(chan task),
+		done:   make(chan []string, r.cfg.Concurrency),
+		failed: make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+	}
+	e.rec = r.newRecorder(ctx, &e.res)
+	if err := r.learnTable(ctx); err != nil {
+		e.res.err = err
+		return e.res
+	}
+	e.run()
+	return e.res
+}
+
+func (e *engine) halt() { e.stopped.Do(func() { close(e.stop) }) }
+
+// halted reports whether the pass must start nothing new: its context ended,
+// a graceful stop, a recording failure, or an election lease that ran out.
+func (e *engine) halted() bool {
+	if e.ctx.Err() != nil || e.rec.errorOf() != nil {
+		return true
+	}
+	if err := leaseValid(e.ctx); err != nil {
+		e.rec.keep(err)
+		return true
+	}
+	select {
+	case <-e.stop:
+		return true
+	case <-e.o.halt:
+		return true
+	default:
+		return false
+	}
+}
+
+func (e *engine) run() {
+	r := e.r
+	start := time.Now()
+	var (
+		queue    []task
+		busy     = make(map[string]bool)
+		workers  int
+		inFlight int     // tasks handed out and not yet done
+		more     = true  // select again when the queue runs dry
+		waitDone = false // the last select found only keys in flight: wait for one to finish first
+		first    = true
+	)
+	for {
+		select {
+		case <-e.failed:
+			more = false // the failed rows wait for the next pass
+		default:
+		}
+		if e.halted() {
+			more, queue = false, nil
+		}
+		if len(queue) == 0 && more && !waitDone && inFlight > 0 && poolFull(r.pool) {
+			// Every connection is taken, by the election and the workers
+			// holding theirs for their outcomes: select once one is back.
+			waitDone = true
+		}
+		if len(queue) == 0 && more && !waitDone {
+			if e.rec.flush() != nil {
+				break
+			}
+			f, err := r.fetch(e.ctx, first)
+			if err != nil {
+				e.rec.keep(err)
+				break
+			}
+			if first && f.readOnly {
+				e.rec.keep(fmt.Errorf("%w: nothing is sent from it, since no outcome could be recorded", ErrReadOnly))
+				break
+			}
+			if first {
+				e.res.lag = lagOf(f)
+			}
+			first = false
+			var skipped bool
+			queue, skipped = r.plan(f.rows, busy, time.Now())
+			more = e.o.drain && (f.full || skipped) && (len(queue) > 0 || len(busy) > 0)
+			if more && time.Since(start) > drainMax {
+				more, e.res.backlog = false, true
+			}
+			waitDone = len(queue) == 0 && len(busy) > 0
+		}
+		if len(queue) == 0 && inFlight == 0 && !(more && !waitDone) {
+			break
+		}
+		var send chan task
+		var next task
+		if len(queue) > 0 {
+			if e.rec.grouped && inFlight == 0 {
+				// Grouped outcomes are written on the recorder's connection:
+				// hold it before anything is sent.
+				if e.rec.ready(e.ctx, nil) != nil {
+					queue = nil
+					continue
+				}
+			}
+			if inFlight == workers && workers < r.workers() {
+				workers++
+				e.workers.Add(1)
+				go e.worker()
+			}
+			send, next = e.work, queue[0]
+		}
+		select {
+		case send <- next:
+			for _, g := range next {
+				busy[g[0].Key] = true
+			}
+			inFlight++
+			queue = queue[1:]
+		case keys := <-e.done:
+			for _, k := range keys {
+				delete(busy, k)
+			}
+			inFlight--
+			waitDone = false
+		}
+	}
+	close(e.work)
+	for ; inFlight > 0; inFlight-- {
+		<-e.done
+	}
+	e.workers.Wait()
+	err := e.rec.close()
+	switch {
+	case err != nil:
+		e.res.err = err
+	case e.ctx.Err() != nil:
+		e.res.err = context.Cause(e.ctx)
+	}
+}
+
+// workers is how many workers a pass runs at most: Concurrency, unless the
+// pool is too small to give each its connection next to the election's and
+// the select's (New warns of it).
+func (r *Relay) workers() int {
+	return min(r.cfg.Concurrency, max(1, int(r.pool.Config().MaxConns)-2))
+}
+
+// poolFull reports whether the pool has no idle connection and may open no more.
+func poolFull(p interface{ Stat() *pgxpool.Stat }) bool {
+	st := p.Stat()
+	return st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns()
+}
+
+// lagOf is how long the oldest row of the first batch has waited, on the
+// database's clock (the producers' now() filled created_at).
+func lagOf(f fetched) time.Duration {
+	for _, m := range f.rows {
+		if !m.CreatedAt.IsZero() {
+			return max(f.now.Sub(m.CreatedAt), 0)
+		}
+	}
+	return 0
+}
+
+// plan splits a batch, in id order, into tasks: a task per key, in the order
+// of each key's first id, except that the keys of a [BatchSender]'s type go
+// together in one task. A key in flight is left out (skipped reports it: the
+// rows are selected again once the key is idle), and so is a key whose first
+// row here is held back because its last outcome could not be recorded.
+func (r *Relay) plan(rows []row, busy map[string]bool, now time.Time) (tasks []task, skipped bool) {
+	index := make(map[string]int, len(rows))
+	blocked := make(map[string]bool)
+	var groups []group
+	for i := range rows {
+		m := &rows[i]
+		switch {
+		case blocked[m.Key]:
+			continue
+		case busy[m.Key]:
+			skipped = true
+			continue
+		case r.held.waiting(m.ID, now):
+			blocked[m.Key] = true // its later messages wait behind it
+			continue
+		}
+		g, ok := index[m.Key]
+		if !ok {
+			g = len(groups)
+			index[m.Key] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], m)
+	}
+	batched := make(map[string]int) // type → index of its task
+	for _, g := range groups {
+		typ := g[0].Type
+		if _, ok := r.senders[typ].(BatchSender); ok && len(g) > 0 && g[0].bad == "" {
+			if t, ok := batched[typ]; ok {
+				tasks[t] = append(tasks[t], g)
+				continue
+			}
+			batched[typ] = len(tasks)
+		}
+		tasks = append(tasks, task{g})
+	}
+	return tasks, skipped
+}
+
+// worker takes tasks until the pass ends, holding the connection its
+// outcomes are written on from before its first send.
+func (e *engine) worker() {
+	defer e.workers.Done()
+	conn := heldConn{pool: e.r.pool}
+	defer conn.release()
+	for t := range e.work {
+		var failed bool
+		if len(t) == 1 {
+			failed = e.deliverKey(t[0], &conn)
+		} else {
+			failed = e.deliverRounds(t, &conn)
+		}
+		if failed {
+			select {
+			case e.failed <- struct{}{}:
+			default:
+			}
+		}
+		conn.release() // a worker waiting for work holds no connection
+		keys := make([]string, len(t))
+		for i, g := range t {
+			keys[i] = g[0].Key
+		}
+		e.done <- keys
+	}
+}
+
+// deliverKey delivers the messages of one natural key, in id order, one at a
+// time, and records each outcome. It stops at the first message that is not
+// sent: the rest of that key wait for a later pass instead of overtaking it.
+// It reports whether a message failed.
+func (e *engine) deliverKey(g group, conn *heldConn) (failed bool) {
+	for _, m := range g {
+		if e.halted() {
+			return false
+		}
+		if e.rec.ready(e.ctx, conn) != nil {
+			return false
+		}
+		d := e.deliverOne(m)
+		if d.out == outcomeInterrupted {
+			e.halt()
+			return false
+		}
+		if e.rec.add(d, conn) != nil {
+			return false
+		}
+		if d.out != outcomeSent && m.bad == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// deliverRounds delivers the keys of one [BatchSender]'s type: each round
+// sends the next message of every key still going in one SendBatch call, and
+// a key whose message failed goes no further in this pass.
+func (e *engine) deliverRounds(t task, conn *heldConn) (failed bool) {
+	s := e.r.senders[t[0][0].Type].(BatchSender)
+	next := make([]int, len(t)) // per key, the index of its next message
+	for {
+		if e.halted() || e.rec.ready(e.ctx, conn) != nil {
+			return failed
+		}
+		var round []*row
+		var keys []int
+		for k, g := range t {
+			if next[k] < len(g) {
+				round = append(round, g[next[k]])
+				keys = append(keys, k)
+			}
+		}
+		if len(round) == 0 {
+			return failed
+		}
+		ds := e.r.deliverMany(e.ctx, s, round)
+		for i, d := range ds {
+			if d.out == outcomeInterrupted {
+				e.halt()
+				return failed
+			}
+			if e.rec.add(d, conn) != nil {
+				return failed
+			}
+			k := keys[i]
+			if d.out == outcomeSent {
+				next[k]++
+			} else {
+				next[k] = len(t[k]) // the rest of this key waits for a later pass
+				failed = true
+			}
+		}
+	}
+}
+
+// deliverOne sends one message, or marks it dead unsent when it cannot be
+// delivered, and says what became of it; recording it is the recorder's job.
+func (e *engine) deliverOne(m *row) delivery {
+	if m.bad != "" {
+		return delivery{m: m, out: outcomeDead, sendErr: errors.New(m.bad)}
+	}
+	start := time.Now()
+	err := e.r.send(e.ctx, e.r.senders[m.Type], m.Message)
+	return e.r.outcomeOf(e.ctx, m, err, time.Since(start))
+}
+
+// deliverMany sends ms through one SendBatch call.
+func (r *Relay) deliverMany(ctx context.Context, s BatchSender, ms []*row) []delivery {
+	msgs := make([]Message, len(ms))
+	for i, m := range ms {
+		msgs[i] = m.Message
+	}
+	start := time.Now()
+	errs := r.sendBatch(ctx, s, msgs)
+	took := time.Since(start)
+	ds := make([]delivery, len(ms))
+	for i, m := range ms {
+		ds[i] = r.outcomeOf(ctx, m, errs[i], took)
+	}
+	return ds
+}
+
+// outcomeOf classifies a send's error.
+func (r *Relay) outcomeOf(ctx context.Context, m *row, err error, took time.Duration) delivery {
+	d := delivery{m: m, sendErr: err, took: took}
+	switch {
+	case err == nil:
+		d.out = outcomeSent
+	case ctx.Err() != nil:
+		// Our own cancellation (stop, lost election) cut the send short: its
+		// outcome is unknown, so the row stays as read and a later pass re-sends it.
+		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: send interrupted",
+			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("error", errorText(err, 0)))
+		d.out = outcomeInterrupted
+	case permanentFailure(err) || m.Attempts+1 >= r.cfg.MaxAttempts:
+		d.out = outcomeDead
+	default:
+		d.out = outcomeFailed
+	}
+	return d
+}

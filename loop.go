@@ -1,0 +1,145 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// This file is the one scheduling loop: one goroutine per started relay that
+// waits on a timer, a wake-up and a stop, and runs the periodic pass. It is not
+// API: it applies the Enabled gate and delegates to the elected pass, which
+// drains a backlog under one election.
+
+// Timings of the loop.
+const (
+	// loopBackoffMax caps the delay after failed passes: Interval doubles
+	// with each failure in a row up to it (or Interval, if longer).
+	loopBackoffMax = 5 * time.Second
+	// stopUnwind is how long Stop waits, once its ctx has ended and the sends
+	// in flight are cancelled, for the pass to record what it finished and
+	// release the election. Past it Stop returns, and what is left finishes
+	// in the background within outcomeTimeout + guardUnlockTimeout.
+	stopUnwind = time.Second
+)
+
+// loop is one run of the scheduling loop, from Start to Stop.
+type loop struct {
+	cancel context.CancelFunc // hard stop: cancels the sends in flight
+	halt   chan struct{}      // closed on Stop: no new message, batch or pass
+	halted sync.Once
+	wake   chan struct{} // a pass is wanted now (buffered: wake-ups coalesce)
+	done   chan struct{} // closed when the loop has returned: its last pass unwound
+}
+
+func (l *loop) stop() { l.halted.Do(func() { close(l.halt) }) }
+
+// Start starts the periodic pass in the background and returns at once. The
+// first pass starts at once; each next one starts Interval after the previous
+// one ended (at once while a backlog is being drained, later while passes
+// fail), never overlapping, under the election unless ClusterLock is off.
+// When Enabled is false the loop runs but never passes. Cancelling ctx stops
+// the loop and cancels the sends in flight; [Relay.Stop] stops it gracefully.
+// Start returns an error if the relay is already started.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.loop != nil {
+		select {
+		case <-r.loop.done:
+		default:
+			return errors.New("relay: already started; Stop it first")
+		}
+	}
+	passCtx, cancel := context.WithCancel(ctx)
+	l := &loop{cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	r.loop = l
+	go r.run(passCtx, l)
+	r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: started",
+		slog.Bool("enabled", r.cfg.Enabled), slog.Bool("cluster_lock", r.cfg.ClusterLock),
+		durationAttr("interval", r.cfg.Interval), slog.String("table", r.cfg.Table), slog.Any("types", r.types))
+	return nil
+}
+
+// Stop stops the loop: no new pass starts, and the pass in flight starts no
+// new message, finishes the ones in flight, records their outcomes and
+// releases the election. It waits for that, or until ctx ends: then it cancels
+// the sends still in flight (their rows are delivered again later), gives the
+// pass up to one more second to record what finished and release the election,
+// and returns ctx's error. What still runs after that (a database that does
+// not answer) is logged and ends in the background within 15 s; a later Stop
+// waits for it. Stop without Start, and a second Stop, are harmless.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	l := r.loop
+	r.mu.Unlock()
+	if l == nil {
+		return nil
+	}
+	l.stop()
+	select {
+	case <-l.done:
+		return nil
+	case <-ctx.Done():
+	}
+	l.cancel()
+	t := time.NewTimer(stopUnwind)
+	defer t.Stop()
+	select {
+	case <-l.done:
+	case <-t.C:
+		r.logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"relay: stop: returning while the last pass still unwinds; it records what it finished and releases the election in the background",
+			durationAttr("within", outcomeTimeout+guardUnlockTimeout))
+	}
+	return fmt.Errorf("relay: stop: %w", ctx.Err())
+}
+
+// run is the loop: wait for the timer, a wake-up or a stop; pass; schedule the
+// next pass Interval after this one ended, at once while a backlog remains,
+// or later, doubling, while passes fail.
+func (r *Relay) run(ctx context.Context, l *loop) {
+	defer close(l.done)
+	defer l.cancel()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.halt:
+			return
+		case <-timer.C:
+		case <-l.wake:
+		}
+		if !r.cfg.Enabled {
+			timer.Stop()
+			continue // only a stop ends the wait now
+		}
+		timer.Reset(r.periodic(ctx, l))
+	}
+}
+
+// periodic runs the periodic pass, recovering from a panic, and returns the delay
+// until the next one.
+func (r *Relay) periodic(ctx context.Context, l *loop) (next time.Duration) {
+	next = r.cfg.Interval
+	defer func() {
+		if p := recover(); p != nil {
+			r.logger.LogAttrs(ctx, slog.LevelError, "relay: a pass panicked; the loop goes on",
+				slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+		}
+	}()
+	res, _ := r.runIfElected(ctx, passOpts{halt: l.halt, drain: true})
+	switch n := r.failing(); {
+	case res.backlog && res.err == nil:
+		next = 0
+	case n > 0:
+		next = min(r.cfg.Interval<<min(n-1, 16), max(r.cfg.Interval, loopBackoffMax))
+	}
+	return next
+}
