@@ -166,8 +166,14 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 	//
 	// Each part walks an index of its own types only (schema.sql): the waiting
 	// rows by (type, id), one type at a time, and the failed rows by (type,
-	// attempts, id), whose range attempts < ceiling stops before the dead rows.
-	// Another app's backlog and the dead rows, however many, are never read.
+	// attempts, id), whose range attempts < ceiling stops before the dead
+	// rows, then sorted. Another app's backlog and the dead rows, however
+	// many, are never read. Two shapes keep the planner on those indexes: the
+	// type is matched by a range, not "=", so that "ORDER BY type, id" is not
+	// reduced to "ORDER BY id", which the primary key would offer at the price
+	// of walking every row (the planner cannot see that few rows of a busy
+	// table are this type's waiting ones); and OFFSET 0 keeps it from trading
+	// the failed rows' range for a walk in id order.
 	//
 	// The columns are cast and read as nullable, and a NULL status or attempts
 	// is read as PENDING or 0: a table made by another migration (nullable
@@ -191,20 +197,24 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
         WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.direction = 'OUT' AND e.status = 'ERROR'
           AND e.type = ANY($2::text[]) AND (e.attempts < $1 OR e.attempts IS NULL) AND ` + waiting("e") + `)`
 	}
+	failed := func(attempts string) string {
+		return `
+  UNION ALL
+  (SELECT e.id FROM (SELECT m.id FROM ` + t + ` m
+    WHERE m.type = ANY($2::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR' AND ` + attempts + `
+      AND NOT ` + waiting("m") + heldBack + `
+    OFFSET 0) e ORDER BY e.id LIMIT $3)`
+	}
 	r.fetchSQL = `SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
   pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= ` + fmt.Sprint(inlinePayloadMax) + ` THEN m.payload::text END
 FROM ` + t + ` m
 WHERE m.id = ANY(ARRAY(SELECT c.id FROM (
   SELECT p.id FROM unnest($2::text[]) AS ty(type) CROSS JOIN LATERAL (
     SELECT m.id FROM ` + t + ` m
-    WHERE m.type = ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
+    WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
       AND coalesce(m.attempts, 0) < $1` + heldBack + `
-    ORDER BY m.id LIMIT $3) p
-  UNION ALL
-  (SELECT m.id FROM ` + t + ` m
-    WHERE m.type = ANY($2::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR'
-      AND (m.attempts < $1 OR m.attempts IS NULL) AND NOT ` + waiting("m") + heldBack + `
-    ORDER BY m.id LIMIT $3)
+    ORDER BY m.type, m.id LIMIT $3) p` +
+		failed("m.attempts < $1") + failed("m.attempts IS NULL") + `
   ) c ORDER BY c.id LIMIT $3))
 ORDER BY m.id`
 	if r.backoff == 0 {

@@ -1,0 +1,14 @@
+package relay
+
+import "time"
+
+// FetchSQLForTest is the select of a batch as a relay of table with backoff
+// runs it ($1 ceiling, $2 types, $3 limit, $4 backoff base, $5 backoff cap),
+// for tests that look at its plan.
+func FetchSQLForTest(table string, backoff time.Duration) string {
+	r, err := newRepository(table, backoff, false)
+	if err != nil {
+		panic(err)
+	}
+	return r.fetchSQL
+}
