@@ -14,8 +14,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -739,4 +742,26 @@ func TestHTTPSenderHeadersFromRelay(t *testing.T) {
 	}
 	require.Len(t, keyOf, 4)
 	require.Len(t, distinct, 4, "one idempotency key per message: %v", keyOf)
+}
+
+// TestReceiversDocShowsTheTestedReceiver keeps the receiver that
+// docs/receivers.md shows identical to the one Example_receiver and the tests
+// run.
+func TestReceiversDocShowsTheTestedReceiver(t *testing.T) {
+	t.Parallel()
+
+	doc, err := os.ReadFile(filepath.Join("docs", "receivers.md"))
+	require.NoError(t, err)
+	example, err := os.ReadFile("example_receiver_test.go")
+	require.NoError(t, err)
+
+	var shown string
+	for _, block := range strings.Split(string(doc), "```go\n")[1:] {
+		if code, _, _ := strings.Cut(block, "```"); strings.Contains(code, "type ordersReceiver") {
+			shown = code
+		}
+	}
+	require.NotEmpty(t, shown, "docs/receivers.md shows no ordersReceiver")
+	require.True(t, strings.Contains(string(example), shown),
+		"docs/receivers.md must show example_receiver_test.go's receiver verbatim, from ordersTable to the end of ServeHTTP")
 }
