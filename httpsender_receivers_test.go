@@ -442,7 +442,8 @@ func TestHTTPSenderReceiverConventions(t *testing.T) {
 			rc := tt.receiver(t)
 			late := newHold(fromReplica("a"))
 			var answers answerLog
-			srv := serveOrders(t, answers.record(late.front(loseAnswer(isMessage("b", order1[1]), rc))))
+			// late.front outermost: its done comes after answers recorded the late answer.
+			srv := serveOrders(t, late.front(answers.record(loseAnswer(isMessage("b", order1[1]), rc))))
 			t.Cleanup(late.let) // before srv.Close, which waits for the held handler
 
 			replicaA := b.newRelay(t, b.cfg, replicaSender(t, srv.URL, "a", nil))
