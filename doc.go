@@ -6,7 +6,9 @@
 // the relay, running inside that service's process, picks the row up and
 // delivers it through the [Sender] registered for its type (typically an HTTP
 // PUT, see [HTTPSender]). Delivery is at-least-once: receivers deduplicate by
-// the message's natural key.
+// the message ([Message.IdempotencyKey]), and a receiver that stores each
+// natural key's state ignores a message older than the last one it applied for
+// that key (docs/receivers.md in the repository).
 //
 // # The pass
 //

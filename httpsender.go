@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,12 +21,17 @@ import (
 // HTTPSenderTimeoutDefault is the default of [HTTPSenderConfig.Timeout].
 const HTTPSenderTimeoutDefault = 10 * time.Second
 
-// The request headers an HTTPSender sets from the message.
+// The request headers an HTTPSender sets from the message. docs/receivers.md
+// in the repository is the contract they make with a receiver.
 const (
 	headerIdempotencyKey = "Idempotency-Key"
+	headerMessageKey     = "Relay-Message-Key"
 	headerMessageID      = "Relay-Message-Id"
 	headerMessageType    = "Relay-Message-Type"
 	headerAttempt        = "Relay-Attempt"
+
+	// headerReservedPrefix names the headers the sender keeps for itself.
+	headerReservedPrefix = "Relay-"
 )
 
 const (
@@ -44,16 +51,29 @@ const (
 // Each [HTTPSender.Send] makes one request (the relay does the retrying), with
 // the payload verbatim as the body and these headers:
 //
-//	Content-Type: application/json    unless [HTTPSenderConfig.Header] sets another
-//	Idempotency-Key: <Message.Key>    the receiver deduplicates by it; omitted when the key is empty
-//	Relay-Message-Id: <Message.ID>
+//	Content-Type: application/json        unless [HTTPSenderConfig.Header] sets another
+//	Idempotency-Key: <Message.IdempotencyKey()>  this one message: "mensagem_m2m/42"
+//	Relay-Message-Key: <Message.Key>      the natural key; omitted when empty
+//	Relay-Message-Id: <Message.ID>        grows with each message of a key
 //	Relay-Message-Type: <Message.Type>
-//	Relay-Attempt: <Message.Attempts+1>  the attempt being made, from 1
+//	Relay-Attempt: <Message.Attempts+1>   the attempt being made, from 1
 //
-// Any 2xx answer is success. A 4xx answer is [Permanent],
-// except 408 Request Timeout, 425 Too Early and 429 Too Many Requests; 5xx,
-// those three, a 3xx the client did not follow, transport errors and timeouts
-// are retried. The error text reads well in the last_error column:
+// Idempotency-Key is the same on every retry of a message and different for
+// every other message, those of the same key included, so a receiver that
+// replays its stored answer for a repeated Idempotency-Key (as Stripe does),
+// or refuses one with a different body (as the IETF draft asks), still gets
+// and applies each message of a key. Delivery is at-least-once and, after a
+// failover, an older message of a key can arrive after a newer one: a receiver
+// that stores each key's state ignores a message whose Relay-Message-Id is lower
+// than the last one it applied for that key, and answers it 2xx.
+// docs/receivers.md in the repository is the whole contract, with a receiver.
+//
+// By default any 2xx answer is success. A 4xx answer is [Permanent], except
+// 408 Request Timeout, 425 Too Early and 429 Too Many Requests; 5xx, those
+// three, a 3xx the client did not follow, transport errors and timeouts are
+// retried (see [HTTPStatusOutcome]); [HTTPSenderConfig.StatusOutcomes] changes
+// that for the statuses it lists. The error text reads well in the last_error
+// column:
 //
 //	PUT http://orders.internal/orders/42: 503 Service Unavailable: upstream busy
 type HTTPSender struct {
@@ -63,6 +83,7 @@ type HTTPSender struct {
 	client  *http.Client
 	timeout time.Duration
 	header  http.Header
+	status  map[int]HTTPOutcome // the overrides of HTTPSenderConfig.StatusOutcomes
 }
 
 // HTTPSenderConfig configures [NewHTTPSender].
@@ -96,6 +117,66 @@ type HTTPSenderConfig struct {
 	// (Idempotency-Key and Relay-*) nor Host or Content-Length, which Go
 	// ignores here. NewHTTPSender copies it. Optional.
 	Header http.Header
+
+	// StatusOutcomes overrides what the response statuses it lists mean; the
+	// others keep [HTTPStatusOutcome]'s default. For a receiver that answers
+	// 409 Conflict to a message it has already applied:
+	//
+	//	StatusOutcomes: map[int]relay.HTTPOutcome{http.StatusConflict: relay.HTTPSuccess}
+	//
+	// For one that follows the IETF Idempotency-Key draft, whose 409 means "a
+	// request with this key is still in progress", {409: HTTPRetry}; and
+	// {401: HTTPRetry, 403: HTTPRetry} retries, instead of killing, the rows
+	// refused while a credential rotates (until [Config.MaxAttempts]). Keys
+	// are statuses from 100 to 599. NewHTTPSender copies it. Optional.
+	StatusOutcomes map[int]HTTPOutcome
+}
+
+// HTTPOutcome is what an [HTTPSender] makes of a response status: see
+// [HTTPStatusOutcome] and [HTTPSenderConfig.StatusOutcomes].
+type HTTPOutcome int
+
+// The outcomes of a response status. The zero HTTPOutcome is none of them.
+const (
+	// HTTPSuccess: the receiver has the message (it applied it now, or had
+	// already); Send returns nil and the row becomes SENT.
+	HTTPSuccess HTTPOutcome = iota + 1
+	// HTTPRetry: not this time; the row becomes ERROR and a later pass
+	// retries it, until [Config.MaxAttempts].
+	HTTPRetry
+	// HTTPPermanent: sending the message again cannot succeed; the error is
+	// wrapped with [Permanent] and the row is dead at once.
+	HTTPPermanent
+)
+
+// String returns "success", "retry" or "permanent".
+func (o HTTPOutcome) String() string {
+	switch o {
+	case HTTPSuccess:
+		return "success"
+	case HTTPRetry:
+		return "retry"
+	case HTTPPermanent:
+		return "permanent"
+	}
+	return "HTTPOutcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// HTTPStatusOutcome returns what a response status means by default: a 2xx is
+// [HTTPSuccess]; a 4xx is [HTTPPermanent] (the request itself is wrong: the
+// payload, the URL, the credentials), except 408 Request Timeout, 425 Too
+// Early and 429 Too Many Requests, which are [HTTPRetry]; anything else (5xx,
+// a 3xx the client did not follow) is [HTTPRetry].
+func HTTPStatusOutcome(status int) HTTPOutcome {
+	switch {
+	case status >= 200 && status <= 299:
+		return HTTPSuccess
+	case status == http.StatusRequestTimeout, status == http.StatusTooEarly, status == http.StatusTooManyRequests:
+		return HTTPRetry
+	case status >= 400 && status <= 499:
+		return HTTPPermanent
+	}
+	return HTTPRetry
 }
 
 // NewHTTPSender returns an [HTTPSender] configured by cfg, or an error naming
@@ -108,6 +189,9 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 		client:  cfg.Client,
 		timeout: cfg.Timeout,
 		header:  make(http.Header, len(cfg.Header)),
+	}
+	if len(cfg.StatusOutcomes) > 0 {
+		s.status = make(map[int]HTTPOutcome, len(cfg.StatusOutcomes))
 	}
 	if s.method == "" {
 		s.method = http.MethodPut
@@ -141,9 +225,8 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 		switch canonical := http.CanonicalHeaderKey(name); {
 		case !validToken(name):
 			bad("Header", "%q is not a valid header name", name)
-		case canonical == headerIdempotencyKey || canonical == headerMessageID ||
-			canonical == headerMessageType || canonical == headerAttempt:
-			bad("Header", "must not set %s: the sender sets it from each message", canonical)
+		case canonical == headerIdempotencyKey || strings.HasPrefix(canonical, headerReservedPrefix):
+			bad("Header", "must not set %s: the sender sets Idempotency-Key and the Relay-* headers from each message", canonical)
 		case canonical == "Host" || canonical == "Content-Length":
 			bad("Header", "must not set %s: Go ignores it in a request's headers", canonical)
 		default:
@@ -156,6 +239,16 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 			}
 		}
 	}
+	for _, status := range slices.Sorted(maps.Keys(cfg.StatusOutcomes)) {
+		switch o := cfg.StatusOutcomes[status]; {
+		case status < 100 || status > 599:
+			bad("StatusOutcomes", "has %d, which is not an HTTP status (100 to 599)", status)
+		case o != HTTPSuccess && o != HTTPRetry && o != HTTPPermanent:
+			bad("StatusOutcomes", "maps %d to %s; want HTTPSuccess, HTTPRetry or HTTPPermanent", status, o)
+		default:
+			s.status[status] = o
+		}
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -165,9 +258,10 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 // Type returns the message type s delivers, [HTTPSenderConfig.Type].
 func (s *HTTPSender) Type() string { return s.typ }
 
-// Send delivers m with one request and returns nil when the answer is a 2xx.
-// The error of an answer that can never succeed is wrapped with [Permanent];
-// when ctx ends first, the error wraps ctx.Err() and returns at once.
+// Send delivers m with one request and returns nil when the answer's outcome
+// is [HTTPSuccess] (by default, a 2xx). The error of an [HTTPPermanent] answer
+// is wrapped with [Permanent]; when ctx ends first, the error wraps ctx.Err()
+// and returns at once.
 func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 	rawURL, err := s.url(m)
 	if err != nil {
@@ -175,7 +269,7 @@ func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 	}
 	// A header value the transport would refuse fails every attempt alike.
 	if !validHeaderValue(m.Key) {
-		return Permanent(fmt.Errorf("message %d: Key %q has control characters, which the %s header cannot carry", m.ID, m.Key, headerIdempotencyKey))
+		return Permanent(fmt.Errorf("message %d: Key %q has control characters, which the %s header cannot carry", m.ID, m.Key, headerMessageKey))
 	}
 	if !validHeaderValue(m.Type) {
 		return Permanent(fmt.Errorf("message %d: Type %q has control characters, which the %s header cannot carry", m.ID, m.Type, headerMessageType))
@@ -200,8 +294,11 @@ func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 	if req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if m.Key != "" { // an empty key would make the receiver fold distinct messages into one
-		req.Header.Set(headerIdempotencyKey, m.Key)
+	// One message, never a whole key: a receiver that replays its answer for a
+	// repeated Idempotency-Key would otherwise drop every later message of the key.
+	req.Header.Set(headerIdempotencyKey, m.IdempotencyKey())
+	if m.Key != "" {
+		req.Header.Set(headerMessageKey, m.Key)
 	}
 	req.Header.Set(headerMessageID, strconv.FormatInt(m.ID, 10))
 	req.Header.Set(headerMessageType, m.Type)
@@ -217,14 +314,23 @@ func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 		_ = resp.Body.Close()
 	}()
 
-	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+	outcome := s.outcome(resp.StatusCode)
+	if outcome == HTTPSuccess {
 		return nil
 	}
 	err = errors.New(target + ": " + describeResponse(resp))
-	if permanentStatus(resp.StatusCode) {
+	if outcome == HTTPPermanent {
 		return Permanent(err)
 	}
 	return err
+}
+
+// outcome is what status means to s: its override, else the default.
+func (s *HTTPSender) outcome(status int) HTTPOutcome {
+	if o, ok := s.status[status]; ok {
+		return o
+	}
+	return HTTPStatusOutcome(status)
 }
 
 // transportError describes a request that got no answer. It is never
@@ -245,16 +351,6 @@ func (s *HTTPSender) transportError(ctx, reqCtx context.Context, target string, 
 		return fmt.Errorf("%s: no answer within %s: %w", target, s.timeout, err)
 	}
 	return fmt.Errorf("%s: %w", target, err)
-}
-
-// permanentStatus reports whether a non-2xx status means that sending the same
-// request again cannot succeed.
-func permanentStatus(code int) bool {
-	switch code {
-	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
-		return false
-	}
-	return code >= 400 && code <= 499
 }
 
 // describeResponse is the status of resp, with Location and Retry-After when

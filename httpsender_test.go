@@ -131,6 +131,14 @@ func TestNewHTTPSender(t *testing.T) {
 		{"NegativeTimeout", relay.HTTPSenderConfig{Type: "order", URL: okURL, Timeout: -time.Second}, []string{"relay: HTTPSenderConfig.Timeout must not be negative, got -1s"}},
 		{"ReservedHeader", relay.HTTPSenderConfig{Type: "order", URL: okURL, Header: http.Header{"idempotency-key": {"x"}}}, []string{"relay: HTTPSenderConfig.Header must not set Idempotency-Key"}},
 		{"RelayHeader", relay.HTTPSenderConfig{Type: "order", URL: okURL, Header: http.Header{"Relay-Attempt": {"1"}}}, []string{"relay: HTTPSenderConfig.Header must not set Relay-Attempt"}},
+		{"MessageKeyHeader", relay.HTTPSenderConfig{Type: "order", URL: okURL, Header: http.Header{"relay-message-key": {"x"}}}, []string{"relay: HTTPSenderConfig.Header must not set Relay-Message-Key"}},
+		{"ReservedPrefix", relay.HTTPSenderConfig{Type: "order", URL: okURL, Header: http.Header{"Relay-Tenant": {"x"}}}, []string{"relay: HTTPSenderConfig.Header must not set Relay-Tenant"}},
+		{"StatusOutOfRange", relay.HTTPSenderConfig{Type: "order", URL: okURL, StatusOutcomes: map[int]relay.HTTPOutcome{99: relay.HTTPRetry, 600: relay.HTTPSuccess}}, []string{
+			"relay: HTTPSenderConfig.StatusOutcomes has 99, which is not an HTTP status (100 to 599)",
+			"relay: HTTPSenderConfig.StatusOutcomes has 600, which is not an HTTP status (100 to 599)",
+		}},
+		{"ZeroOutcome", relay.HTTPSenderConfig{Type: "order", URL: okURL, StatusOutcomes: map[int]relay.HTTPOutcome{409: 0}}, []string{"relay: HTTPSenderConfig.StatusOutcomes maps 409 to HTTPOutcome(0); want HTTPSuccess, HTTPRetry or HTTPPermanent"}},
+		{"UnknownOutcome", relay.HTTPSenderConfig{Type: "order", URL: okURL, StatusOutcomes: map[int]relay.HTTPOutcome{401: 7}}, []string{"relay: HTTPSenderConfig.StatusOutcomes maps 401 to HTTPOutcome(7)"}},
 		{"HostHeader", relay.HTTPSenderConfig{Type: "order", URL: okURL, Header: http.Header{"Host": {"example.com"}}}, []string{"relay: HTTPSenderConfig.Header must not set Host"}},
 		{"BadHeaderName", relay.HTTPSenderConfig{Type: "order", URL: okURL, Header: http.Header{"X Token": {"x"}}}, []string{`relay: HTTPSenderConfig.Header "X Token" is not a valid header name`}},
 		{"BadHeaderValue", relay.HTTPSenderConfig{Type: "order", URL: okURL, Header: http.Header{"Authorization": {"Bearer x\r\nEvil: 1"}}}, []string{"relay: HTTPSenderConfig.Header Authorization has a value with control characters"}},
@@ -168,7 +176,8 @@ func TestHTTPSenderRequest(t *testing.T) {
 		require.Equal(t, "/orders/A%2F1%20%C3%BC", r.Path)
 		require.Equal(t, m.Payload, r.Body)
 		require.Equal(t, "application/json", r.Header.Get("Content-Type"))
-		require.Equal(t, "A/1 ü", r.Header.Get("Idempotency-Key"))
+		require.Equal(t, "42", r.Header.Get("Idempotency-Key"), "a hand-built message's IdempotencyKey is its id")
+		require.Equal(t, "A/1 ü", r.Header.Get("Relay-Message-Key"))
 		require.Equal(t, "42", r.Header.Get("Relay-Message-Id"))
 		require.Equal(t, "order", r.Header.Get("Relay-Message-Type"))
 		require.Equal(t, "3", r.Header.Get("Relay-Attempt"))
@@ -239,7 +248,7 @@ func TestHTTPSenderRequest(t *testing.T) {
 		require.Empty(t, b.received(t)[0].Body)
 	})
 
-	t.Run("EmptyKeyOmitsIdempotencyKey", func(t *testing.T) {
+	t.Run("EmptyKeyOmitsMessageKey", func(t *testing.T) {
 		t.Parallel()
 		b := setupHTTPServer(t, nil)
 		s := newHTTPSender(t, b.srv.URL, relay.HTTPSenderConfig{
@@ -248,8 +257,10 @@ func TestHTTPSenderRequest(t *testing.T) {
 		m := testMessage()
 		m.Key = ""
 		require.NoError(t, s.Send(context.Background(), m))
-		_, ok := b.received(t)[0].Header["Idempotency-Key"]
+		h := b.received(t)[0].Header
+		_, ok := h["Relay-Message-Key"]
 		require.False(t, ok)
+		require.Equal(t, "42", h.Get("Idempotency-Key"), "the message still has its own idempotency key")
 	})
 
 	t.Run("CustomClientOverTLS", func(t *testing.T) {
@@ -384,6 +395,91 @@ func TestHTTPSenderStatus(t *testing.T) {
 		require.False(t, relay.IsPermanent(err))
 		require.EqualError(t, err, fmt.Sprintf("PUT %s/orders/k1: 302 Found (Location: /moved)", b.srv.URL))
 		require.Len(t, b.received(t), 1, "the redirect must not be followed")
+	})
+}
+
+func TestHTTPStatusOutcome(t *testing.T) {
+	t.Parallel()
+
+	for _, tt := range []struct {
+		status int
+		want   relay.HTTPOutcome
+	}{
+		{100, relay.HTTPRetry},
+		{200, relay.HTTPSuccess},
+		{204, relay.HTTPSuccess},
+		{299, relay.HTTPSuccess},
+		{301, relay.HTTPRetry},
+		{304, relay.HTTPRetry},
+		{400, relay.HTTPPermanent},
+		{401, relay.HTTPPermanent},
+		{403, relay.HTTPPermanent},
+		{404, relay.HTTPPermanent},
+		{408, relay.HTTPRetry},
+		{409, relay.HTTPPermanent},
+		{422, relay.HTTPPermanent},
+		{425, relay.HTTPRetry},
+		{429, relay.HTTPRetry},
+		{499, relay.HTTPPermanent},
+		{500, relay.HTTPRetry},
+		{503, relay.HTTPRetry},
+		{599, relay.HTTPRetry},
+	} {
+		require.Equal(t, tt.want, relay.HTTPStatusOutcome(tt.status), "status %d", tt.status)
+	}
+
+	require.Equal(t, "success", relay.HTTPSuccess.String())
+	require.Equal(t, "retry", relay.HTTPRetry.String())
+	require.Equal(t, "permanent", relay.HTTPPermanent.String())
+	require.Equal(t, "HTTPOutcome(0)", relay.HTTPOutcome(0).String())
+}
+
+func TestHTTPSenderStatusOutcomes(t *testing.T) {
+	t.Parallel()
+
+	outcomes := map[int]relay.HTTPOutcome{
+		http.StatusConflict:           relay.HTTPSuccess,   // "already applied"
+		http.StatusUnauthorized:       relay.HTTPRetry,     // a credential rotating
+		http.StatusServiceUnavailable: relay.HTTPPermanent, // whatever the receiver means by it
+		http.StatusAccepted:           relay.HTTPRetry,     // "queued, not applied": not good enough
+	}
+	for _, tt := range []struct {
+		status    int
+		want      relay.HTTPOutcome
+		errSuffix string
+	}{
+		{http.StatusConflict, relay.HTTPSuccess, ""},
+		{http.StatusUnauthorized, relay.HTTPRetry, "401 Unauthorized: nope"},
+		{http.StatusServiceUnavailable, relay.HTTPPermanent, "503 Service Unavailable: nope"},
+		{http.StatusAccepted, relay.HTTPRetry, "202 Accepted: nope"},
+		// Statuses it does not list keep the default.
+		{http.StatusOK, relay.HTTPSuccess, ""},
+		{http.StatusForbidden, relay.HTTPPermanent, "403 Forbidden: nope"},
+		{http.StatusBadGateway, relay.HTTPRetry, "502 Bad Gateway: nope"},
+	} {
+		t.Run(fmt.Sprintf("%d%s", tt.status, tt.want), func(t *testing.T) {
+			t.Parallel()
+			b := setupHTTPServer(t, replyStatus(tt.status, "nope"))
+			s := newHTTPSender(t, b.srv.URL, relay.HTTPSenderConfig{StatusOutcomes: outcomes})
+
+			err := s.Send(context.Background(), testMessage())
+			if tt.want == relay.HTTPSuccess {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			require.Equal(t, tt.want == relay.HTTPPermanent, relay.IsPermanent(err))
+			require.ErrorContains(t, err, fmt.Sprintf("PUT %s/orders/k1: %s", b.srv.URL, tt.errSuffix))
+		})
+	}
+
+	t.Run("CopiedAtConstruction", func(t *testing.T) {
+		t.Parallel()
+		b := setupHTTPServer(t, replyStatus(http.StatusConflict, ""))
+		m := map[int]relay.HTTPOutcome{http.StatusConflict: relay.HTTPSuccess}
+		s := newHTTPSender(t, b.srv.URL, relay.HTTPSenderConfig{StatusOutcomes: m})
+		m[http.StatusConflict] = relay.HTTPPermanent
+		require.NoError(t, s.Send(context.Background(), testMessage()))
 	})
 }
 
@@ -525,7 +621,7 @@ func TestHTTPSenderFailure(t *testing.T) {
 
 		err := s.Send(context.Background(), m)
 		require.True(t, relay.IsPermanent(err), "want permanent: %v", err)
-		require.ErrorContains(t, err, "Idempotency-Key")
+		require.ErrorContains(t, err, "Relay-Message-Key")
 		require.Empty(t, b.received(t))
 	})
 
@@ -617,7 +713,10 @@ func ExampleNewHTTPSender() {
 	// A receiver that stores orders under their key.
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		fmt.Println(r.Method, r.URL.EscapedPath(), r.Header.Get("Idempotency-Key"), r.Header.Get("Relay-Attempt"), string(body))
+		fmt.Println(r.Method, r.URL.EscapedPath(), string(body))
+		for _, h := range []string{"Idempotency-Key", "Relay-Message-Key", "Relay-Message-Id", "Relay-Message-Type", "Relay-Attempt"} {
+			fmt.Printf("  %s: %s\n", h, r.Header.Get(h))
+		}
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
@@ -626,14 +725,23 @@ func ExampleNewHTTPSender() {
 		Type:   "order",
 		URL:    relay.URLWithKey(srv.URL + "/orders"),
 		Header: http.Header{"Authorization": {"Bearer token"}},
+		// This receiver answers 409 to a message it already has: that is a success.
+		StatusOutcomes: map[int]relay.HTTPOutcome{http.StatusConflict: relay.HTTPSuccess},
 	})
 	if err != nil {
 		panic(err)
 	}
 
-	err = sender.Send(context.Background(), relay.Message{ID: 1, Type: "order", Key: "A/1", Payload: []byte(`{"total":10}`)})
+	// A message read by the relay has "<table>/<id>" as its Idempotency-Key;
+	// this one, built by hand, has its id.
+	err = sender.Send(context.Background(), relay.Message{ID: 7, Type: "order", Key: "A/1", Payload: []byte(`{"total":10}`)})
 	fmt.Println(err)
 	// Output:
-	// PUT /orders/A%2F1 A/1 1 {"total":10}
+	// PUT /orders/A%2F1 {"total":10}
+	//   Idempotency-Key: 7
+	//   Relay-Message-Key: A/1
+	//   Relay-Message-Id: 7
+	//   Relay-Message-Type: order
+	//   Relay-Attempt: 1
 	// <nil>
 }

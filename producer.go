@@ -21,8 +21,8 @@ type Outgoing struct {
 	// Type chooses the [Sender] that delivers the message: the relay of the app
 	// that registered a sender for it. Required.
 	Type string
-	// Key is the natural key: receivers deduplicate by it, and the messages of
-	// one key are delivered one at a time, in id order. Required.
+	// Key is the natural key, the receiver's unit of state and order: the
+	// messages of one key are delivered one at a time, in id order. Required.
 	Key string
 	// Payload is the message's body, one JSON document, stored as jsonb: the
 	// Sender gets it back normalised (spacing and key order may differ).
@@ -72,7 +72,7 @@ func (m *Outgoing) validate() error {
 	case strings.TrimSpace(m.Type) == "":
 		return bad("Type", "must not be empty: it chooses the Sender that delivers the message")
 	case strings.TrimSpace(m.Key) == "":
-		return bad("Key", "must not be empty: receivers deduplicate by the natural key")
+		return bad("Key", "must not be empty: it is the receiver's unit of state and order")
 	case len(m.Payload) == 0:
 		return bad("Payload", "must not be empty: it must be a JSON document")
 	case !json.Valid(m.Payload):

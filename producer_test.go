@@ -169,7 +169,7 @@ func ExampleEnqueue() {
 		}
 		_, err = relay.Enqueue(ctx, tx, relay.TableDefault, relay.Outgoing{
 			Type:    "order",
-			Key:     "order-42", // receivers deduplicate by it
+			Key:     "order-42", // the natural key
 			Payload: payload,
 		})
 		return err

@@ -21,7 +21,8 @@ import (
 //
 // Delivery is at-least-once: a crash between the destination's answer and the
 // commit of the outcome delivers the message again, so the destination must
-// deduplicate by [Message.Key].
+// deduplicate by the message ([Message.IdempotencyKey]), and, after a failover,
+// ignore a message of a [Message.Key] older than one it already applied.
 type Sender interface {
 	// Type returns the message type this sender delivers.
 	Type() string

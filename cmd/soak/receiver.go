@@ -20,7 +20,8 @@ type delivery struct {
 // receiver is the destination: an HTTP server on 127.0.0.1 that accepts
 // PUT /m/{key}, spends delay on each request as a real service would, and
 // records every delivery by its Relay-Message-Id header. A real receiver
-// would deduplicate by the Idempotency-Key; this one counts.
+// would deduplicate by the Idempotency-Key and drop a key's stale messages by
+// Relay-Message-Id (docs/receivers.md); this one counts.
 type receiver struct {
 	URL   string
 	delay time.Duration

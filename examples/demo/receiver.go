@@ -12,9 +12,11 @@ import (
 
 // receiver is the destination of the demo: an HTTP server on 127.0.0.1 that
 // takes PUT /orders/{key}, spends delay on each request as a real service
-// would, and counts the deliveries of each natural key (the Idempotency-Key
-// header the relay's HTTPSender sets). A real receiver would deduplicate by
-// that key; this one counts, so that the demo can show every duplicate.
+// would, and counts the deliveries of each natural key (the Relay-Message-Key
+// header the relay's HTTPSender sets; the demo writes one message per key). A
+// real receiver would deduplicate by the Idempotency-Key and drop stale
+// messages (docs/receivers.md); this one counts, so that the demo can show
+// every duplicate.
 type receiver struct {
 	URL   string // base URL, as in http://127.0.0.1:41234
 	delay time.Duration
@@ -45,9 +47,9 @@ func startReceiver(delay time.Duration) (*receiver, error) {
 }
 
 func (rc *receiver) put(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Idempotency-Key")
+	key := r.Header.Get("Relay-Message-Key")
 	if key == "" {
-		http.Error(w, "missing Idempotency-Key", http.StatusBadRequest)
+		http.Error(w, "missing Relay-Message-Key", http.StatusBadRequest)
 		return
 	}
 	_, _ = io.Copy(io.Discard, r.Body)

@@ -7,7 +7,8 @@
 //	                 honoured, raised if needed to the Concurrency + 2 connections the relay needs).
 //	DESTINATION_URL  required. The base URL of the receiving service: a message of type T
 //	                 and natural key K is delivered by PUT $DESTINATION_URL/T/K, with the
-//	                 key in the Idempotency-Key header.
+//	                 message's own id in the Idempotency-Key header and K in Relay-Message-Key
+//	                 (docs/receivers.md: what the receiver must do with them).
 //	RELAY_TYPES      required. The message types this service delivers, comma-separated
 //	                 ("order,invoice"). The relay drains only these types.
 //	RELAY_*          The relay's settings, read by relay.ConfigFromEnv, among them
