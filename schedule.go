@@ -128,8 +128,10 @@ type scheduledJob struct {
 
 // NewScheduler returns a scheduler with no jobs. pool is the database whose
 // clock decides each occurrence's window, and, when cfg.Guard is nil, where the
-// default [PostgresGuard] takes its locks; it needs at least 2 connections,
-// since the lock holds one while the scheduler reads the clock on another.
+// default [PostgresGuard] takes its locks. Each running occurrence holds one
+// connection for its lock (for the job and the rest of its window) while the
+// scheduler reads the clock and the job works on others: NewScheduler refuses
+// a pool of fewer than 2, and jobs that may run at once need one more each.
 func NewScheduler(pool *pgxpool.Pool, cfg SchedulerConfig) (*Scheduler, error) {
 	if pool == nil {
 		return nil, errors.New("relay: NewScheduler needs a *pgxpool.Pool, got nil: its database's clock decides each occurrence")
