@@ -607,3 +607,11 @@ func rowsAffected(tag pgconn.CommandTag, err error) (int64, error) {
 	}
 	return tag.RowsAffected(), nil
 }
+
+// databaseNow reads the database's clock: the one clock every replica's
+// [Scheduler] agrees on, whatever their own clocks say.
+func databaseNow(ctx context.Context, db querier) (time.Time, error) {
+	var t time.Time
+	err := db.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t)
+	return t, err
+}

@@ -1,0 +1,517 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/robfig/cron/v3"
+)
+
+// ScheduleToleranceDefault is the default of [SchedulerConfig.Tolerance].
+const ScheduleToleranceDefault = 10 * time.Second
+
+// scheduleToleranceMin is the least Tolerance NewScheduler accepts.
+const scheduleToleranceMin = time.Second
+
+// SchedulerConfig configures a [Scheduler]. Its zero value is ready to use:
+// every field has a default.
+type SchedulerConfig struct {
+	// Location is the time zone in which cron specs are read: "0 2 * * *" is
+	// 02:00 there, and @daily its midnight. A spec may name its own with a
+	// "CRON_TZ=America/Sao_Paulo " prefix. Every replica must read a job's spec
+	// in the same zone, or they disagree on its occurrences; that is why the
+	// default is not the host's zone, which differs between a container and a
+	// laptop. Defaults to UTC.
+	Location *time.Location
+
+	// Tolerance is how late, on the database's clock, a replica may still start
+	// an occurrence, and so how long the replica that ran it keeps the job's
+	// lock past the occurrence's scheduled time, so that no replica starts it
+	// again. It absorbs timers that fire late (a loaded machine, a GC pause, a
+	// slow connection) and each replica's clock offset from the database's. It
+	// is capped, occurrence by occurrence, at half the gap to the next one (so
+	// @every 1s allows 500ms). At least 1s; defaults to [ScheduleToleranceDefault].
+	Tolerance time.Duration
+
+	// Guard elects the replica that runs each occurrence. nil means a
+	// [PostgresGuard] on the scheduler's pool.
+	Guard Guard
+
+	// Logger receives the scheduler's logs. Defaults to [slog.Default].
+	Logger *slog.Logger
+}
+
+// Scheduler runs jobs on cron schedules under the election: on N replicas,
+// each with its own Scheduler and the same jobs, every occurrence of a job runs
+// on one replica, once. Build it with [NewScheduler], [Scheduler.Add] the jobs,
+// then [Scheduler.Start] it; [Scheduler.Stop] stops it gracefully.
+//
+// # Once per occurrence
+//
+// A try-lock alone does not dedupe occurrences: replica A fires at 02:00:00.000,
+// runs a 5ms job and unlocks; replica B's timer fires 40ms later, finds the lock
+// free and runs the same occurrence again. So each occurrence has a window, and
+// one clock decides it, the database's (clock_timestamp()), not the replicas':
+//
+//  1. At the occurrence's scheduled time T, each replica tries the job's lock
+//     through the [Guard]. Those that do not get it skip the occurrence.
+//  2. The replica that gets it reads the database's clock. If it is past
+//     T + window, the occurrence is over: it logs how late it was and skips.
+//  3. Otherwise it runs the job, then keeps holding the lock until the
+//     database's clock has passed T + window, and only then unlocks.
+//
+// A replica that tries while the winner holds the lock fails to get it; one
+// that gets it after the unlock finds the database's clock past the window.
+// Either way nobody runs T again, however late its timer fired and however far
+// the replicas' clocks drift apart. The window is [SchedulerConfig.Tolerance]
+// (10s by default), capped at half the gap between T and the next occurrence,
+// so the hold ends before the next occurrence is due on the database's clock.
+//
+// The price is the converse: an occurrence that no replica reaches within its
+// window (every replica down, or late, or the lock held elsewhere) is skipped,
+// not run late; the next occurrence runs as usual. A job that runs longer than
+// its gap holds the lock across the next occurrence, which every replica then
+// skips: runs of one job never overlap, in one process or across replicas.
+// The guarantee rests on the lock: if the lock's session dies during the window
+// (a failover), another replica whose timer is late may run T again, so a job
+// should tolerate the rare second run, as retention does.
+//
+// # Keys
+//
+// A job's key is its lock: the default guard takes
+// pg_try_advisory_lock(hashtext(key)), computed by the server, the same lock
+// space as the relay's election (hashtext(AppName || '_relay_m2m')). Any session
+// holding that lock — a JVM relay, relayctl pause, psql — makes every replica
+// skip the job's occurrences while it holds it. Give each job its own key
+// (hashtext is 32 bits: a collision makes two jobs exclude each other, never
+// run together), and not the relay's own election key unless delivery should
+// pause while the job runs and its window lasts.
+type Scheduler struct {
+	pool      *pgxpool.Pool
+	guard     Guard
+	location  *time.Location
+	tolerance time.Duration
+	logger    *slog.Logger
+
+	mu   sync.Mutex
+	jobs []*scheduledJob
+	keys map[string]bool
+	run  *schedulerRun // nil until Start
+}
+
+// schedulerRun is one Start to Stop.
+type schedulerRun struct {
+	cancel context.CancelFunc // hard stop: cancels the jobs in flight
+	halt   chan struct{}      // closed on Stop: no new occurrence
+	halted sync.Once
+	done   chan struct{} // closed when every loop and run has returned
+}
+
+func (r *schedulerRun) stop() { r.halted.Do(func() { close(r.halt) }) }
+
+// scheduledJob is one Add.
+type scheduledJob struct {
+	key      string
+	spec     string
+	schedule cron.Schedule
+	fn       func(ctx context.Context) error
+	running  atomic.Bool // an occurrence of it runs in this process
+}
+
+// NewScheduler returns a scheduler with no jobs. pool is the database whose
+// clock decides each occurrence's window, and, when cfg.Guard is nil, where the
+// default [PostgresGuard] takes its locks. Each running occurrence holds one
+// connection for its lock (for the job and the rest of its window) while the
+// scheduler reads the clock and the job works on others: NewScheduler refuses
+// a pool of fewer than 2, and jobs that may run at once need one more each.
+func NewScheduler(pool *pgxpool.Pool, cfg SchedulerConfig) (*Scheduler, error) {
+	if pool == nil {
+		return nil, errors.New("relay: NewScheduler needs a *pgxpool.Pool, got nil: its database's clock decides each occurrence")
+	}
+	if cfg.Tolerance != 0 && cfg.Tolerance < scheduleToleranceMin {
+		return nil, fmt.Errorf("relay: SchedulerConfig.Tolerance must be 0 (the default, %s) or at least %s, got %s: "+
+			"a replica's timer and lock take time, and an occurrence no replica starts within it is skipped",
+			ScheduleToleranceDefault, scheduleToleranceMin, cfg.Tolerance)
+	}
+	if n := pool.Config().MaxConns; n < 2 {
+		return nil, fmt.Errorf("relay: NewScheduler: the pool allows %d connection; a job's lock holds one while the "+
+			"scheduler reads the database's clock on another: set pool_max_conns to at least 2", n)
+	}
+	s := &Scheduler{
+		pool:      pool,
+		guard:     cfg.Guard,
+		location:  cfg.Location,
+		tolerance: cfg.Tolerance,
+		logger:    cfg.Logger,
+		keys:      make(map[string]bool),
+	}
+	if s.location == nil {
+		s.location = time.UTC
+	}
+	if s.tolerance == 0 {
+		s.tolerance = ScheduleToleranceDefault
+	}
+	if s.logger == nil {
+		s.logger = slog.Default()
+	}
+	s.logger = s.logger.With(slog.String("component", "scheduler"))
+	if s.guard == nil {
+		g := NewPostgresGuard(pool)
+		g.logger = s.logger
+		s.guard = g
+	}
+	return s, nil
+}
+
+// Add schedules job under key on spec, a cron spec read by robfig/cron's
+// standard parser: five fields (minute, hour, day of month, month, day of
+// week: "30 2 * * *"), or a descriptor (@yearly, @monthly, @weekly, @daily,
+// @hourly, or @every with a duration of whole seconds, "@every 5m"), optionally
+// prefixed by "CRON_TZ=<zone> ". The occurrences of @every d fall on multiples
+// of d since 0001-01-01 UTC (@every 1h on the hour, @every 5m at :00, :05…), not
+// from when each replica started, so that replicas agree on them.
+//
+// key names the job's lock (see "Keys" on [Scheduler]); every replica must add
+// the job under the same key and spec. The job's ctx carries its occurrence's
+// scheduled time ([ScheduledAt]), and is cancelled when the election is lost
+// (with cause [ErrElectionLost]) or when [Scheduler.Stop]'s ctx ends.
+//
+// Add returns an error, naming the argument, for an empty key, a key already
+// added, a spec that does not parse or never fires, and a nil job, and after
+// Start.
+func (s *Scheduler) Add(key, spec string, job func(ctx context.Context) error) error {
+	if strings.TrimSpace(key) == "" {
+		return errors.New("relay: Scheduler.Add: key must not be empty: it names the job's lock")
+	}
+	schedule, err := parseSpec(spec)
+	if err != nil {
+		return fmt.Errorf("relay: Scheduler.Add %q: spec %q: %w", key, spec, err)
+	}
+	if schedule.Next(time.Now().In(s.location)).IsZero() { // cron gives up after five years
+		return fmt.Errorf("relay: Scheduler.Add %q: spec %q never fires", key, spec)
+	}
+	if job == nil {
+		return fmt.Errorf("relay: Scheduler.Add %q: job must not be nil", key)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.run != nil {
+		return fmt.Errorf("relay: Scheduler.Add %q: the scheduler is started; add every job before Start", key)
+	}
+	if s.keys[key] {
+		return fmt.Errorf("relay: Scheduler.Add: key %q is already added: each job needs its own key", key)
+	}
+	s.keys[key] = true
+	s.jobs = append(s.jobs, &scheduledJob{key: key, spec: spec, schedule: schedule, fn: job})
+	return nil
+}
+
+// parseSpec parses spec with cron's standard parser, and aligns @every.
+func parseSpec(spec string) (schedule cron.Schedule, err error) {
+	// cron v3.0.1 panics on "CRON_TZ=<zone>" with nothing after it.
+	defer func() {
+		if p := recover(); p != nil {
+			schedule, err = nil, fmt.Errorf("not a cron spec: %v", p)
+		}
+	}()
+	schedule, err = cron.ParseStandard(spec)
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := schedule.(cron.ConstantDelaySchedule); ok {
+		return alignedEvery(d.Delay), nil
+	}
+	return schedule, nil
+}
+
+// alignedEvery is @every d on multiples of d since the zero time, the same on
+// every replica, where cron's own @every counts from each replica's start.
+type alignedEvery time.Duration
+
+func (e alignedEvery) Next(t time.Time) time.Time {
+	return t.Truncate(time.Duration(e)).Add(time.Duration(e))
+}
+
+// Start starts the scheduler in the background and returns at once: each job
+// waits for its next occurrence (the first one after Start, never one already
+// past). Cancelling ctx stops the scheduler and cancels the jobs in flight;
+// [Scheduler.Stop] stops it gracefully. Start returns an error if the scheduler
+// is already started.
+func (s *Scheduler) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.run != nil {
+		select {
+		case <-s.run.done:
+		default:
+			return errors.New("relay: Scheduler.Start: already started; Stop it first")
+		}
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	r := &schedulerRun{cancel: cancel, halt: make(chan struct{}), done: make(chan struct{})}
+	var wg sync.WaitGroup
+	for _, j := range s.jobs {
+		wg.Go(func() { s.loop(runCtx, r.halt, &wg, j) })
+	}
+	go func() {
+		select {
+		case <-runCtx.Done():
+		case <-r.halt:
+		}
+		wg.Wait() // the loops and the runs in flight
+		cancel()
+		close(r.done)
+	}()
+	s.run = r
+	keys := make([]string, len(s.jobs))
+	for i, j := range s.jobs {
+		keys[i] = j.key
+	}
+	s.logger.LogAttrs(ctx, slog.LevelInfo, "relay: scheduler: started", slog.Any("jobs", keys),
+		slog.String("location", s.location.String()), slog.Duration("tolerance", s.tolerance))
+	return nil
+}
+
+// Stop stops the scheduler: no new occurrence starts, and the runs in flight
+// finish, each keeping its lock until its window has passed (see "Once per
+// occurrence" on [Scheduler]). Stop waits for that, or until ctx ends: then it
+// cancels the jobs' contexts, waits for them to return and their locks to be
+// released, and returns ctx's error; a window cut short so may let a replica
+// whose timer is late run that occurrence again. Stop without Start, and a
+// second Stop, are harmless.
+func (s *Scheduler) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	r := s.run
+	s.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	r.stop()
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		r.cancel()
+		<-r.done
+		return fmt.Errorf("relay: Scheduler.Stop: %w", ctx.Err())
+	}
+}
+
+// loop waits for each occurrence of j and starts its run, unless the previous
+// run is still going: then it logs the occurrence as skipped.
+func (s *Scheduler) loop(ctx context.Context, halt <-chan struct{}, wg *sync.WaitGroup, j *scheduledJob) {
+	next := s.next(j, time.Now())
+	timer := time.NewTimer(time.Until(next))
+	defer timer.Stop()
+	for {
+		if next.IsZero() {
+			s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: the job's spec fires no more",
+				slog.String("key", j.key), slog.String("spec", j.spec))
+			return
+		}
+		select {
+		case <-halt:
+			return
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		select {
+		case <-halt: // Stop and the timer together: Stop wins
+			return
+		default:
+		}
+		// A wall clock set back makes the timer early: wait the rest.
+		if early := time.Until(next); early > 0 {
+			timer.Reset(early)
+			continue
+		}
+		at := next
+		if j.running.CompareAndSwap(false, true) {
+			wg.Go(func() {
+				defer j.running.Store(false)
+				s.occurrence(ctx, j, at)
+			})
+		} else {
+			s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: occurrence skipped: the previous run is still going",
+				slog.String("key", j.key), slog.Time("scheduled_at", at))
+		}
+		next = s.next(j, time.Now())
+		timer.Reset(time.Until(next))
+	}
+}
+
+// next is j's first occurrence after t, read in the scheduler's Location;
+// zero if it never fires again.
+func (s *Scheduler) next(j *scheduledJob, t time.Time) time.Time {
+	return j.schedule.Next(t.In(s.location))
+}
+
+// occurrence runs the occurrence at of j under the guard, and logs how it went.
+func (s *Scheduler) occurrence(ctx context.Context, j *scheduledJob, at time.Time) {
+	attrs := []slog.Attr{slog.String("key", j.key), slog.Time("scheduled_at", at)}
+	// The guard may be the adopter's own: a panic in it is logged, and the
+	// scheduler goes on.
+	defer func() {
+		if p := recover(); p != nil {
+			s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: the guard panicked",
+				append(attrs, slog.Any("panic", p), slog.String("stack", string(debug.Stack())))...)
+		}
+	}()
+	start := time.Now()
+	var ran, late bool
+	elected, err := s.guard.TryRun(ctx, j.key, func(ctx context.Context) error {
+		var err error
+		ran, late, err = s.elected(ctx, j, at)
+		return err
+	})
+	attrs = append(attrs, slog.Duration("duration", time.Since(start)))
+	switch {
+	case err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled):
+		s.logger.LogAttrs(ctx, slog.LevelInfo, "relay: scheduler: job cancelled by a hard stop", attrs...)
+	case errors.As(err, new(*jobPanic)):
+		var p *jobPanic
+		errors.As(err, &p)
+		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: job panicked",
+			append(attrs, slog.Any("panic", p.value), slog.String("stack", p.stack))...)
+	case err != nil && !ran:
+		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: occurrence not run", append(attrs, slog.Any("error", err))...)
+	case err != nil:
+		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: job failed", append(attrs, slog.Any("error", err))...)
+	case !elected:
+		s.logger.LogAttrs(ctx, slog.LevelDebug, "relay: scheduler: another session holds the job's lock; occurrence skipped", attrs...)
+	case late:
+		// logged by elected, with how late
+	default:
+		s.logger.LogAttrs(ctx, slog.LevelDebug, "relay: scheduler: job done", attrs...)
+	}
+}
+
+// elected is the occurrence under the job's lock: the window's check on the
+// database's clock, the job, and the hold until the window has passed. It
+// reports whether the job ran, and whether the occurrence was already over.
+func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time) (ran, late bool, err error) {
+	deadline := at.Add(s.window(j, at))
+	now, err := databaseNow(ctx, s.pool)
+	if err != nil {
+		return false, false, fmt.Errorf("relay: scheduler: read the database's clock: %w", err)
+	}
+	if !now.Before(deadline) {
+		s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: occurrence skipped: started too late, past its window",
+			slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("late", now.Sub(at)),
+			slog.Duration("window", deadline.Sub(at)),
+			slog.String("hint", "another replica may have run it; raise SchedulerConfig.Tolerance if every replica is this late"))
+		return false, true, nil
+	}
+	err = s.call(ctx, j, at)
+	s.hold(ctx, j, at, deadline)
+	return true, false, err
+}
+
+// window is how long after at the occurrence may start: the tolerance, capped
+// at half the gap to the next occurrence.
+func (s *Scheduler) window(j *scheduledJob, at time.Time) time.Duration {
+	w := s.tolerance
+	if next := s.next(j, at); !next.IsZero() {
+		w = min(w, next.Sub(at)/2)
+	}
+	return w
+}
+
+// call runs the job, turning a panic into a *jobPanic error.
+func (s *Scheduler) call(ctx context.Context, j *scheduledJob, at time.Time) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &jobPanic{value: p, stack: string(debug.Stack())}
+		}
+	}()
+	ctx = context.WithValue(ctx, scheduledAtKey{}, at)
+	ctx = context.WithValue(ctx, schedulerLoggerKey{}, s.logger.With(slog.String("key", j.key)))
+	return j.fn(ctx)
+}
+
+// hold returns once the database's clock has passed deadline, so that the
+// guard's unlock comes after it, or when ctx ends (a hard stop, a lost
+// election). If the clock cannot be read, it waits on the local clock.
+func (s *Scheduler) hold(ctx context.Context, j *scheduledJob, at, deadline time.Time) {
+	for {
+		now, err := databaseNow(ctx, s.pool)
+		if err != nil {
+			now = time.Now()
+		}
+		wait := deadline.Sub(now)
+		if wait <= 0 {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			if cause := context.Cause(ctx); errors.Is(cause, ErrElectionLost) {
+				s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: the election was lost within the occurrence's window; "+
+					"a late replica may run it again", slog.String("key", j.key), slog.Time("scheduled_at", at))
+			}
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// jobPanic is a job's panic, recovered with its stack.
+type jobPanic struct {
+	value any
+	stack string
+}
+
+func (p *jobPanic) Error() string { return fmt.Sprintf("relay: scheduler: job panicked: %v", p.value) }
+
+type scheduledAtKey struct{}
+
+type schedulerLoggerKey struct{}
+
+// ScheduledAt returns the scheduled time of the occurrence whose job runs with
+// ctx, in the scheduler's [SchedulerConfig.Location]; false outside a job of a
+// [Scheduler]. Replicas agree on it: it names the occurrence.
+func ScheduledAt(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(scheduledAtKey{}).(time.Time)
+	return t, ok
+}
+
+// RetentionJob returns a job for [Scheduler.Add] that purges the SENT rows of
+// admin's table older than age, with [Admin.PurgeSent]: oldest first, one
+// short statement per chunk of at most [PurgeChunk] rows, so producers'
+// inserts and the relays' passes never wait on it (it deletes only SENT rows,
+// which no pass touches again, and holds each chunk's row locks for one
+// statement). It logs how many rows it deleted. age must not be negative: the
+// job fails, every time, if it is.
+//
+// Purge is idempotent, so a rare second run of an occurrence is harmless. Use
+// a key per table, since SENT rows are purged whatever their type:
+//
+//	s.Add("mensagem_m2m_retention", "@hourly", relay.RetentionJob(admin, 7*24*time.Hour))
+func RetentionJob(admin *Admin, age time.Duration) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if admin == nil {
+			return errors.New("relay: RetentionJob: admin is nil")
+		}
+		start := time.Now()
+		n, err := admin.PurgeSent(ctx, age)
+		if logger, ok := ctx.Value(schedulerLoggerKey{}).(*slog.Logger); ok && n > 0 {
+			logger.LogAttrs(ctx, slog.LevelInfo, "relay: retention: purged SENT rows",
+				slog.String("table", admin.table), slog.Int64("rows", n), slog.Duration("age", age),
+				slog.Duration("duration", time.Since(start)))
+		}
+		return err
+	}
+}
