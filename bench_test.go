@@ -256,3 +256,36 @@ func BenchmarkCoalescedPass(b *testing.B) {
 		return err
 	})
 }
+
+// BenchmarkPassBesideDeadAndForeignRows is a pass delivering 10 rows from a
+// table that holds only them, beside the same pass on a table that also holds
+// 100,000 dead rows of the relay's own type and 100,000 waiting rows of
+// another app's type: a pass costs what its live work costs. Compare ns/op.
+func BenchmarkPassBesideDeadAndForeignRows(b *testing.B) {
+	for _, c := range []struct {
+		name          string
+		dead, foreign int
+	}{
+		{"only-the-10", 0, 0},
+		{"beside-100k-dead-100k-foreign", 100_000, 100_000},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			w := benchSetup(b, 4)
+			ctx := context.Background()
+			t := pgx.Identifier{w.table}.Sanitize()
+			if _, err := w.pool.Exec(ctx, `INSERT INTO `+t+` (type, natural_key, payload, status, attempts)
+				SELECT 'bench', 'dead-' || i, '{}', 'ERROR', 10 FROM generate_series(1, $1) i`, c.dead); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := w.pool.Exec(ctx, `INSERT INTO `+t+` (type, natural_key, payload)
+				SELECT 'other-app', 'other-' || i, '{}' FROM generate_series(1, $1) i`, c.foreign); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := w.pool.Exec(ctx, `ANALYZE `+t); err != nil {
+				b.Fatal(err)
+			}
+			r := w.relay(b, w.cfg)
+			benchBatches(b, w, 10, func() (int, error) { return r.Run(ctx) })
+		})
+	}
+}

@@ -459,3 +459,76 @@ func TestPassCostIgnoresDeadAndForeignRows(t *testing.T) {
 		require.Less(t, plan[0].Plan.Hit+plan[0].Plan.Read, 100, "backoff %s", backoff)
 	}
 }
+
+// TestDefaultsSurviveAnOutage: with the default MaxAttempts and RetryBackoff,
+// a message dies only after 1022s of failures (2 + 4 + ... + 512), so a
+// destination down for 15 minutes loses nothing. The schedule is checked at
+// the defaults, and lived at a hundredth of the scale (RetryBackoff 20ms: a
+// message dies after 10.2s) through a destination down for 9s: nothing dies,
+// and every key arrives in id order.
+func TestDefaultsSurviveAnOutage(t *testing.T) {
+	t.Parallel()
+	cfg := relay.DefaultConfig()
+	var survives time.Duration
+	for a := 1; a < cfg.MaxAttempts; a++ { // the wait after the a-th failure
+		survives += min(cfg.RetryBackoff*time.Duration(1<<(a-1)), relay.RetryBackoffMax)
+	}
+	require.Equal(t, 1022*time.Second, survives)
+	require.Greater(t, survives, 15*time.Minute)
+
+	ctx := context.Background()
+	b := setup(t)
+	var keys []string
+	for i := range 50 {
+		keys = append(keys, fmt.Sprintf("k%d", i%10)) // five messages per key
+	}
+	b.insert(t, "t", keys...)
+	var down atomic.Bool
+	down.Store(true)
+	var mu sync.Mutex
+	lastByKey := map[string]int64{}
+	var outOfOrder []string
+	cfg = b.cfg
+	cfg.RetryBackoff = 20 * time.Millisecond // a hundredth of the default
+	cfg.Interval = 20 * time.Millisecond
+	r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+		if down.Load() {
+			return errors.New("503 Service Unavailable")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if m.ID < lastByKey[m.Key] {
+			outOfOrder = append(outOfOrder, fmt.Sprintf("%s: %d after %d", m.Key, m.ID, lastByKey[m.Key]))
+		}
+		lastByKey[m.Key] = m.ID
+		return nil
+	}))
+	require.NoError(t, r.Start(ctx))
+	deadline := time.Now().Add(9 * time.Second) // the outage, at a hundredth of 15 minutes
+	for time.Now().Before(deadline) {
+		require.Zero(t, b.deadCount(t, cfg.MaxAttempts), "no message dies during the outage")
+		time.Sleep(100 * time.Millisecond)
+	}
+	down.Store(false)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 50 }, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.Stop(ctx))
+	require.Empty(t, outOfOrder, "a retry never lets a later message of its key overtake it")
+}
+
+// TestStopAfterFailuresLogsNoRecovery: a Stop that ends a failing streak does
+// not claim that passes succeed again.
+func TestStopAfterFailuresLogsNoRecovery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var logs logBuffer
+	cfg := relay.DefaultConfig()
+	cfg.AppName, cfg.Table = pgserver.Name(t), pgserver.Name(t) // no such table: every pass fails
+	cfg.Interval = 10 * time.Millisecond
+	cfg.Logger = logs.logger()
+	r, err := relay.New(newPool(t, 4), cfg, newRecorder("t", nil))
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	require.Eventually(t, func() bool { return r.Stats().PassesFailed >= 2 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, r.Stop(ctx))
+	require.NotContains(t, logs.String(), "passes succeed again")
+}

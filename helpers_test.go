@@ -114,6 +114,16 @@ func (b *bundle) countStatus(t testing.TB, status string) int {
 	return n
 }
 
+// deadCount counts the rows at or above the ceiling.
+func (b *bundle) deadCount(t testing.TB, ceiling int) int {
+	t.Helper()
+	var n int
+	err := b.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+pgx.Identifier{b.table}.Sanitize()+" WHERE status = 'ERROR' AND attempts >= $1", ceiling).Scan(&n)
+	require.NoError(t, err)
+	return n
+}
+
 func (b *bundle) statusOfKey(t testing.TB, key string) string {
 	t.Helper()
 	var s string
