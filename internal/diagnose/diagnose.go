@@ -8,6 +8,7 @@ package diagnose
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -181,7 +182,7 @@ func (j *judge) decide() {
 
 	switch {
 	case pause != nil:
-		what := fmt.Sprintf("%d row(s) wait, the oldest for %s", j.d.Waiting, Duration(o.Lag))
+		what := fmt.Sprintf("%s row(s) wait, the oldest for %s", Count(j.d.Waiting), Duration(o.Lag))
 		if j.d.Waiting == 0 {
 			what = "nothing waits right now, but new rows will"
 		}
@@ -192,15 +193,15 @@ func (j *judge) decide() {
 		return
 	case j.d.Waiting == 0 && o.Dead > 0:
 		j.set(Dead, CauseDeadRows, fmt.Sprintf(
-			"Nothing waits to be delivered, but %d row(s) are dead: they failed %d times (MaxAttempts) and are never retried until re-queued.",
-			o.Dead, o.MaxAttempts))
+			"Nothing waits to be delivered, but %s row(s) are dead: they failed %d times (MaxAttempts) and are never retried until re-queued.",
+			Count(o.Dead), o.MaxAttempts))
 		return
 	case j.d.Waiting == 0:
 		j.set(OK, CauseIdle, fmt.Sprintf("Nothing waits to be delivered: every outbound row of %s is SENT.", o.Table))
 		return
 	}
 
-	waiting := fmt.Sprintf("%d row(s) wait, the oldest (%s) for %s", j.d.Waiting, j.oldest(), Duration(o.Lag))
+	waiting := fmt.Sprintf("%s row(s) wait, the oldest (%s) for %s", Count(j.d.Waiting), j.oldest(), Duration(o.Lag))
 	readOnly := o.InRecovery || o.DefaultReadOnly
 	switch {
 	case readOnly && (stuck || j.still):
@@ -389,7 +390,7 @@ func (j *judge) deadNote() {
 	var example string
 	for _, t := range o.Types {
 		if t.Dead > 0 {
-			parts = append(parts, fmt.Sprintf("%s %d", t.Type, t.Dead))
+			parts = append(parts, fmt.Sprintf("%s %s", t.Type, Count(t.Dead)))
 			if example == "" && t.FirstDead != nil && t.FirstDead.LastError != "" {
 				example = fmt.Sprintf(" The oldest dead row of %s (id %d) last failed with %q.", t.Type, t.FirstDead.ID, Cut(t.FirstDead.LastError, 200))
 			}
@@ -397,7 +398,7 @@ func (j *judge) deadNote() {
 	}
 	lead := ""
 	if j.d.Cause != CauseDeadRows {
-		lead = fmt.Sprintf("Besides, %d row(s) are dead (they reached MaxAttempts, %d, and are never retried): ", o.Dead, o.MaxAttempts)
+		lead = fmt.Sprintf("Besides, %s row(s) are dead (they reached MaxAttempts, %d, and are never retried): ", Count(o.Dead), o.MaxAttempts)
 	} else {
 		lead = "By type: "
 	}
@@ -470,6 +471,24 @@ func Duration(d time.Duration) string {
 		d = d.Round(time.Hour)
 		return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
 	}
+}
+
+// Count writes n with thousands separators: 1,000,000.
+func Count(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }
 
 // Cut returns s cut to n runes, with an ellipsis when cut.
