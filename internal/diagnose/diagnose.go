@@ -71,8 +71,12 @@ type Diagnosis struct {
 	Verdict Verdict
 	Cause   string
 	// Summary is one paragraph for a person: what is wrong, who is involved,
-	// and what to do.
+	// and what to do. It is Lead followed by Notes.
 	Summary string
+	// Lead is Summary's first part, the answer; Notes are what else a
+	// person should know (dead rows, the trend, a read-only server).
+	Lead  string
+	Notes []string
 	// Trend says how the lag moved since Before: "growing", "shrinking",
 	// "steady", or "" without Before.
 	Trend string
@@ -92,13 +96,8 @@ func Diagnose(in Input) Diagnosis {
 	j := judge{in: in, o: o, stallAfter: stallAfter, d: &d}
 	j.trend()
 	j.decide()
-	var b strings.Builder
-	b.WriteString(j.lead)
-	for _, s := range j.notes {
-		b.WriteString(" ")
-		b.WriteString(s)
-	}
-	d.Summary = b.String()
+	d.Lead, d.Notes = j.lead, j.notes
+	d.Summary = strings.Join(append([]string{j.lead}, j.notes...), " ")
 	return d
 }
 
@@ -260,10 +259,10 @@ func (j *judge) decide() {
 	}
 	if t := j.failingHead(); t != nil {
 		j.set(Stalled, CauseFailing, fmt.Sprintf(
-			"Nothing is delivered because deliveries fail: the oldest waiting row of type %q (id %d) failed %d time(s), last error: %q. "+
+			"Nothing is delivered because deliveries fail: the oldest waiting row of type %q (id %d) failed %d time(s), last error: %s. "+
 				"The relays retry it (after the RetryBackoff, if set) and later rows of its key wait behind it; at %d attempts it is dead. "+
 				"%s. Fix the destination; the retries then go through by themselves.",
-			t.Type, t.Next.ID, t.Next.Attempts, t.Next.LastError, o.MaxAttempts, waiting))
+			t.Type, t.Next.ID, t.Next.Attempts, quote(Cut(t.Next.LastError, 300)), o.MaxAttempts, waiting))
 		return
 	}
 	if late, fine := j.splitTypes(); len(late) > 0 && len(fine) > 0 {
@@ -392,7 +391,7 @@ func (j *judge) deadNote() {
 		if t.Dead > 0 {
 			parts = append(parts, fmt.Sprintf("%s %s", t.Type, Count(t.Dead)))
 			if example == "" && t.FirstDead != nil && t.FirstDead.LastError != "" {
-				example = fmt.Sprintf(" The oldest dead row of %s (id %d) last failed with %q.", t.Type, t.FirstDead.ID, Cut(t.FirstDead.LastError, 200))
+				example = fmt.Sprintf(" The oldest dead row of %s (id %d) last failed with %s.", t.Type, t.FirstDead.ID, quote(Cut(t.FirstDead.LastError, 200)))
 			}
 		}
 	}
@@ -499,6 +498,9 @@ func Cut(s string, n int) string {
 	}
 	return string(r[:n]) + "…"
 }
+
+// quote puts an error text between quotes as it is, one line.
+func quote(s string) string { return "\u201c" + strings.Join(strings.Fields(s), " ") + "\u201d" }
 
 func quoteList(ss []string) string {
 	ss = slices.Clone(ss)
