@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
@@ -248,6 +249,10 @@ func openPool(ctx context.Context, url, app string) (*pgxpool.Pool, error) {
 // fail reports err and returns exitError.
 func (e *env) fail(err error) int {
 	fmt.Fprintf(e.stderr, "relayctl: %v\n", err)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		fmt.Fprintf(e.stderr, "relayctl: is %q the relays' table? Set RELAY_TABLE or --table (schema.table if it is not on the search_path).\n", e.cfg.Table)
+	}
 	return exitError
 }
 

@@ -149,6 +149,9 @@ func TestUsage(t *testing.T) {
 	code, _, stderr := w.ctl(t, ctx, "status", "--table", "no.such.table")
 	require.Equal(t, exitError, code)
 	require.Contains(t, stderr, "Config.Table")
+	code, _, stderr = w.ctl(t, ctx, "status", "--table", "missing_table")
+	require.Equal(t, exitError, code)
+	require.Contains(t, stderr, `is "missing_table" the relays' table? Set RELAY_TABLE or --table`)
 }
 
 // TestEnvironment: DATABASE_URL and the relays' RELAY_* variables, as a
