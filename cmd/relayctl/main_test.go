@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -569,4 +570,28 @@ func TestPauseResume(t *testing.T) {
 		require.Equal(t, exitOK, code)
 		require.Contains(t, stdout, "not paused: nobody holds the election")
 	})
+}
+
+// TestProgressBar: on a terminal the purge redraws one bar in place.
+func TestProgressBar(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	p := newProgress(&b, false)
+	p.terminal = true
+	p.update(1000, 4000)
+	p.update(4000, 4000)
+	p.update(4100, 4000) // an estimate the purge overtook
+	p.done()
+	out := b.String()
+	require.Contains(t, out, "\r[#######.......................]  25%  1,000 of ~4,000 rows")
+	require.Contains(t, out, "\r[##############################] 100%  4,000 of ~4,000 rows")
+	require.Contains(t, out, "100%  4,100 of ~4,100 rows")
+	require.True(t, strings.HasSuffix(out, "\n"))
+	require.Equal(t, 1, strings.Count(out, "\n"), "one line, redrawn")
+
+	b.Reset()
+	quiet := newProgress(&b, true)
+	quiet.update(1, 2)
+	quiet.done()
+	require.Empty(t, b.String())
 }

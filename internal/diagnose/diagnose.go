@@ -195,6 +195,9 @@ func (j *judge) decide() {
 			"Nothing waits to be delivered, but %s row(s) are dead: they failed %d times (MaxAttempts) and are never retried until re-queued.",
 			Count(o.Dead), o.MaxAttempts))
 		return
+	case j.d.Waiting == 0 && o.Sent == 0:
+		j.set(OK, CauseIdle, fmt.Sprintf("Nothing waits to be delivered: %s has no outbound rows.", o.Table))
+		return
 	case j.d.Waiting == 0:
 		j.set(OK, CauseIdle, fmt.Sprintf("Nothing waits to be delivered: every outbound row of %s is SENT.", o.Table))
 		return

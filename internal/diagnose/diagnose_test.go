@@ -61,7 +61,17 @@ func TestDiagnose(t *testing.T) {
 			name:    "Idle",
 			in:      diagnose.Input{Now: diagnose.Look{Overview: overview()}},
 			verdict: diagnose.OK, cause: diagnose.CauseIdle,
-			contains: []string{"Nothing waits to be delivered"},
+			contains: []string{"mensagem_m2m has no outbound rows"},
+		},
+		{
+			name: "AllSent",
+			in: diagnose.Input{Now: diagnose.Look{Overview: func() relay.Overview {
+				o := overview(relay.TypeOverview{Type: "orders", Sent: 12})
+				o.Sent = 12
+				return o
+			}()}},
+			verdict: diagnose.OK, cause: diagnose.CauseIdle,
+			contains: []string{"every outbound row of mensagem_m2m is SENT"},
 		},
 		{
 			name:    "OnlyDeadRows",
