@@ -31,14 +31,16 @@ const PurgeChunk = 1000
 // SENT rows, which no pass touches again. An Admin is safe for concurrent use.
 type Admin struct {
 	pool        *pgxpool.Pool
+	app         string
+	key         string // the app's election key
 	table       string
 	maxAttempts int
 	repo        *adminRepository
 }
 
-// NewAdmin returns an Admin for cfg.Table whose ceiling is cfg.MaxAttempts.
-// cfg must come from [DefaultConfig] or [ConfigFromEnv], as for [New]; pass the
-// relays' own Config.
+// NewAdmin returns an Admin for cfg.Table whose ceiling is cfg.MaxAttempts,
+// reporting the election of cfg.AppName. cfg must come from [DefaultConfig] or
+// [ConfigFromEnv], as for [New]; pass the relays' own Config.
 func NewAdmin(pool *pgxpool.Pool, cfg Config) (*Admin, error) {
 	if pool == nil {
 		return nil, errors.New("relay: NewAdmin needs a *pgxpool.Pool, got nil")
@@ -50,8 +52,17 @@ func NewAdmin(pool *pgxpool.Pool, cfg Config) (*Admin, error) {
 	if err != nil {
 		return nil, &FieldError{Field: "Table", msg: err.Error()}
 	}
-	return &Admin{pool: pool, table: cfg.Table, maxAttempts: cfg.MaxAttempts, repo: repo}, nil
+	return &Admin{pool: pool, app: cfg.AppName, key: cfg.lockKey(), table: cfg.Table, maxAttempts: cfg.MaxAttempts, repo: repo}, nil
 }
+
+// AppName is the app whose election the Admin reports: [Config.AppName].
+func (a *Admin) AppName() string { return a.app }
+
+// Table is the outbox table the Admin operates: [Config.Table].
+func (a *Admin) Table() string { return a.table }
+
+// MaxAttempts is the ceiling at which a row is dead: [Config.MaxAttempts].
+func (a *Admin) MaxAttempts() int { return a.maxAttempts }
 
 // StatusCount is how many outbound rows of one type are in one status, as
 // [Admin.CountByStatus] reports them.
@@ -75,26 +86,71 @@ func (a *Admin) CountByStatus(ctx context.Context) ([]StatusCount, error) {
 	return counts, nil
 }
 
-// DeadMessage is a dead row, as [Admin.ListDead] reports it.
+// DeadMessage is a dead row, as [Admin.ListDead] and [Admin.DeadPage] report it.
 type DeadMessage struct {
 	ID        int64
 	Type      string
 	Key       string    // the natural key
 	Attempts  int       // at or above the ceiling
-	LastError string    // the last failure's text; "" if none was recorded
+	LastError string    // the last failure's text, cut to [LastErrorMax] bytes; "" if none was recorded
+	CreatedAt time.Time // when it was written
 	UpdatedAt time.Time // when it died
+
+	// Payload is the start of the payload's JSON text, at most
+	// [PayloadPreviewMax] characters, cut by the database: a page of dead rows
+	// never reads whole payloads. PayloadCut says there is more.
+	Payload    string
+	PayloadCut bool
 }
 
-// ListDeadMax is the most rows one [Admin.ListDead] returns.
+// Bounds of what [Admin.DeadPage] reads of a dead row.
+const (
+	PayloadPreviewMax = 200  // characters of the payload's JSON text
+	LastErrorMax      = 2000 // characters of last_error
+)
+
+// ListDeadMax is the most rows one [Admin.ListDead] or [Admin.DeadPage] returns.
 const ListDeadMax = 10_000
 
 // ListDead returns at most limit dead rows, oldest (lowest id) first. limit
-// must be between 1 and [ListDeadMax].
+// must be between 1 and [ListDeadMax]. [Admin.DeadPage] reads the next pages.
 func (a *Admin) ListDead(ctx context.Context, limit int) ([]DeadMessage, error) {
 	if limit < 1 || limit > ListDeadMax {
 		return nil, fmt.Errorf("relay: ListDead: limit must be between 1 and %d, got %d", ListDeadMax, limit)
 	}
-	dead, err := a.repo.listDead(ctx, a.pool, a.maxAttempts, limit)
+	return a.DeadPage(ctx, DeadQuery{Limit: limit})
+}
+
+// DeadPageDefault is the size of a page of [Admin.DeadPage] when
+// [DeadQuery.Limit] is 0.
+const DeadPageDefault = 50
+
+// DeadQuery selects one page of dead rows for [Admin.DeadPage].
+type DeadQuery struct {
+	// Type keeps only the dead rows of this type. "" keeps every type.
+	Type string
+	// AfterID keeps only the rows with a higher id: pass the last ID of the
+	// previous page to read the next one. 0 starts at the oldest dead row.
+	AfterID int64
+	// Limit is the most rows of the page, from 1 to [ListDeadMax]. 0 means
+	// [DeadPageDefault].
+	Limit int
+}
+
+// DeadPage returns one page of dead rows, oldest (lowest id) first, keyed on
+// the id rather than an offset, so that every page costs the same however deep
+// it is in a long list. A page shorter than the limit is the last.
+func (a *Admin) DeadPage(ctx context.Context, q DeadQuery) ([]DeadMessage, error) {
+	if q.Limit == 0 {
+		q.Limit = DeadPageDefault
+	}
+	if q.Limit < 1 || q.Limit > ListDeadMax {
+		return nil, fmt.Errorf("relay: DeadPage: Limit must be between 1 and %d, got %d", ListDeadMax, q.Limit)
+	}
+	if q.AfterID < 0 {
+		return nil, fmt.Errorf("relay: DeadPage: AfterID must not be negative, got %d", q.AfterID)
+	}
+	dead, err := a.repo.deadPage(ctx, a.pool, a.maxAttempts, q)
 	if err != nil {
 		return nil, fmt.Errorf("relay: list the dead rows of %s: %w", a.table, err)
 	}
@@ -153,6 +209,15 @@ func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
 // returns how many rows it had deleted with the error; running it again
 // resumes where it stopped.
 func (a *Admin) PurgeSent(ctx context.Context, retention time.Duration) (int64, error) {
+	return a.PurgeSentProgress(ctx, retention, nil)
+}
+
+// PurgeSentProgress is [Admin.PurgeSent] reporting its progress: after each
+// chunk it calls progress with the rows deleted so far and how many it expects
+// to delete in all, counted before the first chunk (exactly on a small table,
+// the planner's estimate on a large one, which deleted may overtake). A nil
+// progress is PurgeSent.
+func (a *Admin) PurgeSentProgress(ctx context.Context, retention time.Duration, progress func(deleted, expected int64)) (int64, error) {
 	if retention < 0 {
 		return 0, fmt.Errorf("relay: PurgeSent: retention must not be negative, got %s", retention)
 	}
@@ -160,12 +225,21 @@ func (a *Admin) PurgeSent(ctx context.Context, retention time.Duration) (int64, 
 	if err != nil {
 		return 0, fmt.Errorf("relay: purge the SENT rows of %s: %w", a.table, err)
 	}
+	var expected int64
+	if progress != nil {
+		if expected, err = a.repo.countSentBefore(ctx, a.pool, cutoff); err != nil {
+			return 0, fmt.Errorf("relay: count the SENT rows of %s to purge: %w", a.table, err)
+		}
+	}
 	var total int64
 	for {
 		n, err := a.repo.purgeChunk(ctx, a.pool, cutoff, PurgeChunk)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("relay: purge the SENT rows of %s (%d deleted so far): %w", a.table, total, err)
+		}
+		if progress != nil {
+			progress(total, expected)
 		}
 		if n < PurgeChunk {
 			return total, nil

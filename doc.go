@@ -57,8 +57,10 @@
 // election from another session exactly as a JVM replica would, to prove with
 // [Relay.RunIfElected] that nothing is sent meanwhile. [Relay.Stats] and an
 // [Observer] show what the relay does; [Admin] counts, lists and re-queues dead
-// rows and purges the SENT history. docs/operations.md in the repository lists
-// the failure modes and their log lines.
+// rows, purges the SENT history and tells who holds the election. The command
+// relayctl and the console package (an http.Handler) put it in front of an
+// operator. docs/operations.md in the repository lists the failure modes and
+// their log lines.
 //
 // Any other job that must run on one replica of N can use the same [Guard]:
 //

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -519,12 +521,21 @@ VALUES ('OUT', $1, $2, $3::jsonb, 'PENDING', 0) RETURNING id`, m.Type, m.Key, st
 // adminRepository holds the statements of Admin for one table. A dead row is
 // an outbound ERROR row whose attempts reached the ceiling ($1 everywhere).
 type adminRepository struct {
+	table          string // quoted
 	countSQL       string
-	listDeadSQL    string
+	deadPageSQL    string
+	deadTypeSQL    string
 	requeueAllSQL  string
 	requeueTypeSQL string
 	requeueIDsSQL  string
 	purgeSQL       string
+
+	liveGroupsSQL    string
+	sentByTypeSQL    string
+	estimateSentSQL  string
+	sampleSentSQL    string
+	countPurgeSQL    string
+	estimatePurgeSQL string
 }
 
 func newAdminRepository(table string) (*adminRepository, error) {
@@ -537,11 +548,21 @@ func newAdminRepository(table string) (*adminRepository, error) {
 	// Re-queue touches only rows dead at the moment of the statement; no pass
 	// reads them, so it never races a delivery.
 	const requeue = `SET status = 'PENDING', attempts = 0, updated_at = now() WHERE ` + dead
+	// A page of dead rows: keyed on id, never an offset; the payload and the
+	// error are cut by the server, so a page never carries whole payloads.
+	// $2 after this id, $3 limit, $4 preview characters (+1 to tell a cut), $5 error characters.
+	deadPage := func(byType string) string {
+		return `SELECT id, type, natural_key, attempts, left(coalesce(last_error, ''), $5), created_at, updated_at,
+  left(payload::text, $4 + 1) FROM ` + t + `
+WHERE ` + dead + ` AND id > $2` + byType + ` ORDER BY id LIMIT $3`
+	}
+	const sent = `direction = 'OUT' AND status = 'SENT'`
 	return &adminRepository{
+		table: t,
 		countSQL: `SELECT type, status, status = 'ERROR' AND attempts >= $1 AS dead, count(*) FROM ` + t + `
 WHERE direction = 'OUT' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`,
-		listDeadSQL: `SELECT id, type, natural_key, attempts, coalesce(last_error, ''), updated_at FROM ` + t + `
-WHERE ` + dead + ` ORDER BY id LIMIT $2`,
+		deadPageSQL:    deadPage(""),
+		deadTypeSQL:    deadPage(" AND type = $6"),
 		requeueAllSQL:  `UPDATE ` + t + ` ` + requeue,
 		requeueTypeSQL: `UPDATE ` + t + ` ` + requeue + ` AND type = $2`,
 		requeueIDsSQL:  `UPDATE ` + t + ` ` + requeue + ` AND id = ANY($2::bigint[])`,
@@ -551,6 +572,30 @@ WHERE ` + dead + ` ORDER BY id LIMIT $2`,
 		// whole table for every chunk.
 		purgeSQL: `DELETE FROM ` + t + ` WHERE id = ANY(ARRAY(SELECT id FROM ` + t + `
 WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < $1 ORDER BY id LIMIT $2))`,
+
+		// The live rows by type and state, each group with its first row (the
+		// lowest id). Each branch repeats a partial index's predicate word for
+		// word (the pending and the error index of schema.sql), so it reads that
+		// index and never the SENT history. $1 ceiling, $2 error characters.
+		liveGroupsSQL: `WITH g AS (
+  SELECT type, 'PENDING' AS status, false AS dead, count(*) AS n, min(id) AS head FROM ` + t + `
+  WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) GROUP BY type
+  UNION ALL
+  SELECT type, 'ERROR', attempts >= $1, count(*), min(id) FROM ` + t + `
+  WHERE direction = 'OUT' AND status = 'ERROR' GROUP BY type, attempts >= $1
+)
+SELECT g.type, g.status, g.dead, g.n, h.id, coalesce(h.status, 'PENDING'), h.attempts, h.created_at,
+  left(coalesce(h.last_error, ''), $2)
+FROM g JOIN ` + t + ` h ON h.id = g.head
+ORDER BY g.type, g.status, g.dead`,
+		// Only on a small table: the SENT rows have no index.
+		sentByTypeSQL: `SELECT type, count(*) FROM ` + t + ` WHERE ` + sent + ` GROUP BY type ORDER BY type`,
+		// The planner's row estimates, from the table's statistics: no scan.
+		estimateSentSQL: `EXPLAIN (FORMAT JSON) SELECT 1 FROM ` + t + ` WHERE ` + sent,
+		// A table never analyzed: count a sample of its pages ($1 percent).
+		sampleSentSQL:    `SELECT count(*) FROM ` + t + ` TABLESAMPLE SYSTEM ($1) WHERE ` + sent,
+		countPurgeSQL:    `SELECT count(*) FROM ` + t + ` WHERE ` + sent + ` AND sent_at < $1`,
+		estimatePurgeSQL: `EXPLAIN (FORMAT JSON) SELECT 1 FROM ` + t + ` WHERE ` + sent + ` AND sent_at < $1`,
 	}, nil
 }
 
@@ -566,16 +611,34 @@ func (r *adminRepository) countByStatus(ctx context.Context, db querier, ceiling
 	})
 }
 
-func (r *adminRepository) listDead(ctx context.Context, db querier, ceiling, limit int) ([]DeadMessage, error) {
-	rows, err := db.Query(ctx, r.listDeadSQL, ceiling, limit)
+func (r *adminRepository) deadPage(ctx context.Context, db querier, ceiling int, q DeadQuery) ([]DeadMessage, error) {
+	sql, args := r.deadPageSQL, []any{ceiling, q.AfterID, q.Limit, PayloadPreviewMax, LastErrorMax}
+	if q.Type != "" {
+		sql, args = r.deadTypeSQL, append(args, q.Type)
+	}
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadMessage, error) {
 		var d DeadMessage
-		err := row.Scan(&d.ID, &d.Type, &d.Key, &d.Attempts, &d.LastError, &d.UpdatedAt)
+		err := row.Scan(&d.ID, &d.Type, &d.Key, &d.Attempts, &d.LastError, &d.CreatedAt, &d.UpdatedAt, &d.Payload)
+		if n := utf8.RuneCountInString(d.Payload); n > PayloadPreviewMax {
+			d.Payload, d.PayloadCut = cutRunes(d.Payload, PayloadPreviewMax), true
+		}
 		return d, err
 	})
+}
+
+// cutRunes returns the first n runes of s.
+func cutRunes(s string, n int) string {
+	for i := range s {
+		if n == 0 {
+			return s[:i]
+		}
+		n--
+	}
+	return s
 }
 
 func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int) (int64, error) {
@@ -599,6 +662,147 @@ func (r *adminRepository) cutoff(ctx context.Context, db querier, retention time
 
 func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int) (int64, error) {
 	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit))
+}
+
+func (r *adminRepository) countSentBefore(ctx context.Context, db querier, cutoff time.Time) (int64, error) {
+	srv, err := r.server(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	if srv.pages > sentCountMaxPages {
+		return r.estimate(ctx, db, r.estimatePurgeSQL, cutoff)
+	}
+	var n int64
+	err = db.QueryRow(ctx, r.countPurgeSQL, cutoff).Scan(&n)
+	return n, err
+}
+
+// liveGroup is one row of liveGroupsSQL: a type's rows in one state.
+type liveGroup struct {
+	typ, status string
+	dead        bool
+	count       int64
+	head        RowHead
+}
+
+func (r *adminRepository) liveGroups(ctx context.Context, db querier, ceiling int) ([]liveGroup, error) {
+	rows, err := db.Query(ctx, r.liveGroupsSQL, ceiling, LastErrorMax)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (liveGroup, error) {
+		var g liveGroup
+		err := row.Scan(&g.typ, &g.status, &g.dead, &g.count,
+			&g.head.ID, &g.head.Status, &g.head.Attempts, &g.head.CreatedAt, &g.head.LastError)
+		return g, err
+	})
+}
+
+// typeCount is a count of one type's rows.
+type typeCount struct {
+	typ   string
+	count int64
+}
+
+func (r *adminRepository) sentByType(ctx context.Context, db querier) ([]typeCount, error) {
+	rows, err := db.Query(ctx, r.sentByTypeSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (typeCount, error) {
+		var c typeCount
+		err := row.Scan(&c.typ, &c.count)
+		return c, err
+	})
+}
+
+// serverState is what Overview reads of the server and of the table's size.
+type serverState struct {
+	now                         time.Time
+	inRecovery, defaultReadOnly bool
+	analyzed                    bool  // the table has statistics (reltuples is known)
+	pages                       int64 // the table's size now, in pages
+}
+
+func (r *adminRepository) server(ctx context.Context, db querier) (serverState, error) {
+	var s serverState
+	err := db.QueryRow(ctx, `SELECT now(), pg_is_in_recovery(), current_setting('default_transaction_read_only') = 'on',
+  c.reltuples >= 0, pg_relation_size(c.oid) / current_setting('block_size')::bigint
+FROM pg_class c WHERE c.oid = $1::regclass`, r.table).Scan(&s.now, &s.inRecovery, &s.defaultReadOnly, &s.analyzed, &s.pages)
+	return s, err
+}
+
+// sampledPages is how many pages sampleSent reads of a table never analyzed.
+const sampledPages = 256
+
+// sampleSent estimates the SENT rows of a table of pages pages that has no
+// statistics yet, from a sample of about sampledPages of its pages.
+func (r *adminRepository) sampleSent(ctx context.Context, db querier, pages int64) (int64, error) {
+	pct := min(100, 100*float64(sampledPages)/float64(max(pages, 1)))
+	var n int64
+	if err := db.QueryRow(ctx, r.sampleSentSQL, pct).Scan(&n); err != nil {
+		return 0, err
+	}
+	return int64(float64(n) * 100 / pct), nil
+}
+
+// estimate runs an EXPLAIN (FORMAT JSON) and returns its top plan's row estimate.
+func (r *adminRepository) estimate(ctx context.Context, db querier, explainSQL string, args ...any) (int64, error) {
+	var doc []byte
+	if err := db.QueryRow(ctx, explainSQL, args...).Scan(&doc); err != nil {
+		return 0, err
+	}
+	var plans []struct {
+		Plan struct {
+			Rows float64 `json:"Plan Rows"`
+		}
+	}
+	if err := json.Unmarshal(doc, &plans); err != nil || len(plans) != 1 {
+		return 0, fmt.Errorf("read the planner's estimate: unexpected EXPLAIN output %.200q", doc)
+	}
+	return int64(plans[0].Plan.Rows), nil
+}
+
+// lockHoldersSQL lists the sessions that hold or wait for the advisory locks
+// of keys, taken as the relays take them: pg_try_advisory_lock(hashtext(key))
+// is a one-bigint lock (objsubid 1) whose bigint splits into classid (high 32
+// bits) and objid (low 32 bits). Locks of another database are not ours.
+const lockHoldersSQL = `SELECT k.key, l.mode, l.granted, coalesce(l.pid, 0), coalesce(a.usename::text, ''),
+  coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+  a.backend_start, coalesce(a.state, ''), a.state_change, a.backend_start IS NULL, now()
+FROM unnest($1::text[]) AS k(key)
+JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ((hashtext(k.key)::bigint >> 32) & 4294967295)::oid
+  AND l.objid = (hashtext(k.key)::bigint & 4294967295)::oid
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ORDER BY k.key, l.granted DESC, l.mode, a.backend_start, l.pid`
+
+func (r *adminRepository) lockHolders(ctx context.Context, db querier, keys []string) ([]LockHolder, error) {
+	rows, err := db.Query(ctx, lockHoldersSQL, keys)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (LockHolder, error) {
+		var h LockHolder
+		var mode string
+		var start, change *time.Time
+		var pid int32
+		err := row.Scan(&h.Key, &mode, &h.Granted, &pid, &h.User, &h.ApplicationName, &h.ClientAddr,
+			&start, &h.State, &change, &h.Hidden, &h.At)
+		h.PID = int(pid)
+		h.Mode = LockExclusive
+		if mode == "ShareLock" {
+			h.Mode = LockShared
+		}
+		if start != nil {
+			h.BackendStart = *start
+		}
+		if change != nil {
+			h.StateChange = *change
+		}
+		return h, err
+	})
 }
 
 func rowsAffected(tag pgconn.CommandTag, err error) (int64, error) {

@@ -1,0 +1,168 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Overview is one app's table at a glance, as [Admin.Overview] reads it: its
+// rows by type and state, how far behind delivery is, and whether the server
+// accepts the writes that record outcomes.
+type Overview struct {
+	AppName     string
+	Table       string
+	MaxAttempts int       // the ceiling at which a row is dead
+	At          time.Time // the database's clock when it was read; every age is measured on it
+
+	// Types has one entry per type with outbound rows that are not SENT (and,
+	// when SENT rows are counted exactly, per type with SENT rows), by type.
+	Types []TypeOverview
+
+	Pending  int64         // the Types' Pending rows
+	Retrying int64         // the Types' Retrying rows
+	Dead     int64         // the Types' Dead rows
+	Lag      time.Duration // the largest of the Types' Lag: the age of the oldest row waiting
+
+	// Sent is how many outbound SENT rows the table holds. On a small table it
+	// is counted (and so is each type's); on a large one it is the planner's
+	// estimate from the table's statistics, and SentEstimated is true: the
+	// delivered history is never scanned.
+	Sent          int64
+	SentEstimated bool
+
+	// InRecovery says the server is a standby: it refuses every write, so no
+	// relay connected to it can record an outcome.
+	InRecovery bool
+	// DefaultReadOnly says default_transaction_read_only is on for this
+	// session's role and database: writes fail unless a transaction asks for
+	// read-write, which the relays do not.
+	DefaultReadOnly bool
+}
+
+// TypeOverview is one type's rows in an [Overview]. Pending, Retrying and Dead
+// are counted exactly, through the indexes of the live rows.
+type TypeOverview struct {
+	Type     string
+	Pending  int64 // waiting for their first attempt (PENDING, or a NULL status)
+	Retrying int64 // failed below the ceiling (ERROR): they will be retried
+	Dead     int64 // failed at or above the ceiling: never retried until re-queued
+	Sent     int64 // delivered; counted only when the Overview's SentEstimated is false, else 0
+
+	// Next is the type's row the relays deliver first: the waiting (PENDING
+	// or retrying) row with the lowest id. nil when none waits.
+	Next *RowHead
+	// Lag is Next's age on the database's clock: how long the oldest waiting
+	// row of the type has waited. 0 when none waits.
+	Lag time.Duration
+	// FirstDead is the type's dead row with the lowest id; nil when none is dead.
+	FirstDead *RowHead
+}
+
+// RowHead is the first row of a type in one state, as [TypeOverview] reports it.
+type RowHead struct {
+	ID        int64
+	Status    string // "PENDING" or "ERROR"
+	Attempts  int
+	CreatedAt time.Time
+	LastError string // cut to [LastErrorMax] characters; "" if none
+}
+
+// sentCountMaxPages is the largest table (in 8 kB pages: 32 MB) whose SENT
+// rows Overview counts; above it, it asks the planner for its estimate.
+const sentCountMaxPages = 4096
+
+// Overview reads the table's rows by type and state, the age of each type's
+// oldest waiting row, and whether the server accepts writes. It is cheap at any
+// size: the live rows (PENDING and ERROR) are counted through their partial
+// indexes and the SENT history is estimated, not scanned, once the table is
+// larger than a few tens of megabytes. It is what a dashboard may read every
+// few seconds; [Admin.CountByStatus] is the exact count that reads the whole
+// table.
+func (a *Admin) Overview(ctx context.Context) (Overview, error) {
+	o := Overview{AppName: a.app, Table: a.table, MaxAttempts: a.maxAttempts}
+	groups, err := a.repo.liveGroups(ctx, a.pool, a.maxAttempts)
+	if err != nil {
+		return o, fmt.Errorf("relay: count the live rows of %s: %w", a.table, err)
+	}
+	// Read after the groups, so that no row is younger than At.
+	srv, err := a.repo.server(ctx, a.pool)
+	if err != nil {
+		return o, fmt.Errorf("relay: read the state of the server and of %s: %w", a.table, err)
+	}
+	o.At, o.InRecovery, o.DefaultReadOnly = srv.now, srv.inRecovery, srv.defaultReadOnly
+
+	byType := make(map[string]*TypeOverview)
+	get := func(typ string) *TypeOverview {
+		t, ok := byType[typ]
+		if !ok {
+			t = &TypeOverview{Type: typ}
+			byType[typ] = t
+		}
+		return t
+	}
+	var order []string
+	for _, g := range groups {
+		if _, seen := byType[g.typ]; !seen {
+			order = append(order, g.typ)
+		}
+		t := get(g.typ)
+		head := g.head
+		switch {
+		case g.dead:
+			t.Dead += g.count
+			t.FirstDead = &head
+		case g.status == statusError:
+			t.Retrying += g.count
+		default:
+			t.Pending += g.count
+		}
+		if !g.dead && (t.Next == nil || head.ID < t.Next.ID) {
+			t.Next = &head
+			t.Lag = max(o.At.Sub(head.CreatedAt), 0)
+		}
+	}
+
+	for _, typ := range order {
+		t := byType[typ]
+		o.Pending += t.Pending
+		o.Retrying += t.Retrying
+		o.Dead += t.Dead
+		o.Lag = max(o.Lag, t.Lag)
+	}
+
+	switch {
+	case srv.pages <= sentCountMaxPages:
+		sent, err := a.repo.sentByType(ctx, a.pool)
+		if err != nil {
+			return o, fmt.Errorf("relay: count the SENT rows of %s: %w", a.table, err)
+		}
+		for _, s := range sent {
+			if _, seen := byType[s.typ]; !seen {
+				order = append(order, s.typ)
+			}
+			get(s.typ).Sent = s.count
+			o.Sent += s.count
+		}
+	case srv.analyzed:
+		o.SentEstimated = true
+		if o.Sent, err = a.repo.estimate(ctx, a.pool, a.repo.estimateSentSQL); err != nil {
+			return o, fmt.Errorf("relay: estimate the SENT rows of %s: %w", a.table, err)
+		}
+	default:
+		// Never analyzed (a bulk load autovacuum has not reached yet): the
+		// planner would guess, so count a sample of the pages instead.
+		o.SentEstimated = true
+		if o.Sent, err = a.repo.sampleSent(ctx, a.pool, srv.pages); err != nil {
+			return o, fmt.Errorf("relay: estimate the SENT rows of %s: %w", a.table, err)
+		}
+	}
+
+	slices.Sort(order)
+	o.Types = make([]TypeOverview, 0, len(order))
+	for _, typ := range order {
+		o.Types = append(o.Types, *byType[typ])
+	}
+	return o, nil
+}

@@ -1,0 +1,263 @@
+// Command relayctl sees and mends a relay's outbox from a terminal: why nothing
+// is delivered, the dead rows, re-queue, purge, who holds the election, and a
+// pause that stops delivery during an incident without a deploy.
+//
+//	relayctl status                  counts, lag, the election, and a diagnosis
+//	relayctl dead --type orders      dead rows, a page at a time
+//	relayctl requeue --all           dead rows back to PENDING
+//	relayctl purge --older-than 30d  SENT rows older than 30 days, in chunks
+//	relayctl who                     who holds the election right now
+//	relayctl pause --for 15m         hold the election so that no relay delivers
+//	relayctl resume                  end a pause held elsewhere
+//
+// It reads the database from DATABASE_URL and the app, table and ceiling from
+// the relays' own RELAY_* variables (relay.ConfigFromEnv), so that run beside a
+// service it sees what the service's relays see; flags override both. Exit
+// codes are for scripts: see the usage text (relayctl -h).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0 // done; for status: delivery works, or nothing waits
+	exitError   = 1 // bad configuration, an unreachable database, a failed statement
+	exitUsage   = 2 // an unknown command or flag, a bad flag value
+	exitStalled = 3 // status: rows wait and nothing delivers them, or delivery is paused
+	exitDead    = 4 // status: delivery works, but dead rows wait for an operator
+	exitHeld    = 5 // pause: another session holds the election; resume: what holds it is not a pause
+)
+
+const usage = `relayctl sees and mends a relay's outbox: why nothing is delivered, dead rows,
+re-queue, purge, who holds the election, pause and resume.
+
+Usage:
+  relayctl <command> [flags]
+
+Commands:
+  status   counts by type and status, the lag, the election's holder, and a
+           diagnosis: "nothing is delivered because ..."
+  dead     the dead rows, a page at a time (--type, --after, --limit)
+  requeue  re-queue dead rows: --id N[,N...], --type T or --all
+  purge    delete SENT rows older than --older-than (e.g. 30d, 12h), in chunks
+  who      who holds the app's election right now
+  pause    hold the app's election, as a JVM relay would, so that no relay
+           delivers, until Ctrl-C or --for elapses
+  resume   end a pause held by relayctl pause elsewhere
+
+Flags of every command:
+  --database-url URL  the database (default $DATABASE_URL)
+  --app NAME          the app: its election and the ceiling it shares
+                      (default $RELAY_APP_NAME, else "app")
+  --table NAME        the outbox table (default $RELAY_TABLE, else "mensagem_m2m")
+  --max-attempts N    the relays' ceiling: a row that failed N times is dead
+                      (default $RELAY_MAX_ATTEMPTS, else 10)
+  --json              machine-readable output on stdout (every command but
+                      pause and resume)
+
+Exit codes:
+  0  done; status: delivery works, or nothing waits
+  1  error: bad configuration, the database unreachable, a statement failed
+  2  usage: unknown command or flag, bad value
+  3  status: delivery is stalled (rows wait and nothing delivers them) or paused
+  4  status: delivery works, but dead rows wait for an operator
+  5  pause: another session holds the election; resume: it is held by
+     something that is not a pause
+
+Run relayctl <command> -h for a command's own flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// command is one subcommand: its flags are added to fs, and exec runs it.
+type command struct {
+	name, summary string
+	flags         func(fs *flag.FlagSet, o *opts)
+	exec          func(ctx context.Context, e *env) int
+}
+
+var commands = []command{
+	{"status", "counts, lag, the election and a diagnosis", statusFlags, runStatus},
+	{"dead", "the dead rows, a page at a time", deadFlags, runDead},
+	{"requeue", "re-queue dead rows", requeueFlags, runRequeue},
+	{"purge", "delete old SENT rows", purgeFlags, runPurge},
+	{"who", "who holds the election", func(*flag.FlagSet, *opts) {}, runWho},
+	{"pause", "hold the election so that no relay delivers", pauseFlags, runPause},
+	{"resume", "end a pause held elsewhere", func(*flag.FlagSet, *opts) {}, runResume},
+}
+
+// opts are the parsed flags of every command; each command reads its own.
+type opts struct {
+	databaseURL, app, table string
+	maxAttempts             int
+	json                    bool
+
+	// status
+	sample, stallAfter time.Duration
+	// dead
+	deadType string
+	after    int64
+	limit    int
+	// requeue
+	ids idList
+	typ string
+	all bool
+	// purge
+	olderThan ageFlag
+	// pause
+	holdFor, wait time.Duration
+}
+
+// env is what a command runs with.
+type env struct {
+	o              opts
+	cfg            relay.Config
+	stdout, stderr io.Writer
+	pool           *pgxpool.Pool // pause also opens a session of its own
+	admin          *relay.Admin
+}
+
+// run runs relayctl with args (without the program's name) and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	var cmd *command
+	for i := range commands {
+		if commands[i].name == args[0] {
+			cmd = &commands[i]
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(stderr, "relayctl: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+
+	e := &env{stdout: stdout, stderr: stderr}
+	fs := flag.NewFlagSet("relayctl "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&e.o.databaseURL, "database-url", "", "the database (default $DATABASE_URL)")
+	fs.StringVar(&e.o.app, "app", "", `the app (default $RELAY_APP_NAME, else "app")`)
+	fs.StringVar(&e.o.table, "table", "", `the outbox table (default $RELAY_TABLE, else "mensagem_m2m")`)
+	fs.IntVar(&e.o.maxAttempts, "max-attempts", 0, "the relays' ceiling (default $RELAY_MAX_ATTEMPTS, else 10)")
+	if cmd.name != "pause" && cmd.name != "resume" {
+		fs.BoolVar(&e.o.json, "json", false, "machine-readable output on stdout")
+	}
+	cmd.flags(fs, &e.o)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: relayctl %s [flags]: %s\n\nFlags:\n", cmd.name, cmd.summary)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "relayctl %s: unexpected argument %q (flags only)\n", cmd.name, fs.Arg(0))
+		return exitUsage
+	}
+
+	cfg, err := relay.ConfigFromEnv()
+	if err != nil {
+		fmt.Fprintf(stderr, "relayctl: %v\n", err)
+		return exitError
+	}
+	if e.o.app != "" {
+		cfg.AppName = e.o.app
+	}
+	if e.o.table != "" {
+		cfg.Table = e.o.table
+	}
+	if e.o.maxAttempts != 0 {
+		cfg.MaxAttempts = e.o.maxAttempts
+	}
+	e.cfg = cfg
+	url := e.o.databaseURL
+	if url == "" {
+		url = os.Getenv("DATABASE_URL")
+	}
+	if strings.TrimSpace(url) == "" {
+		fmt.Fprintln(stderr, "relayctl: no database: set DATABASE_URL or pass --database-url (a postgres:// URL or key=value DSN)")
+		return exitUsage
+	}
+	e.o.databaseURL = url
+
+	pool, err := openPool(ctx, url, "relayctl "+cmd.name)
+	if err != nil {
+		fmt.Fprintf(stderr, "relayctl: %v\n", err)
+		return exitError
+	}
+	defer pool.Close()
+	e.pool = pool
+	if e.admin, err = relay.NewAdmin(pool, cfg); err != nil {
+		fmt.Fprintf(stderr, "relayctl: %v\n", err)
+		return exitError
+	}
+	return cmd.exec(ctx, e)
+}
+
+// connectTimeout bounds a connection attempt that the URL does not bound.
+const connectTimeout = 10 * time.Second
+
+// openPool opens a small pool on url; its sessions are named app unless the URL names them.
+func openPool(ctx context.Context, url, app string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	pc.MaxConns = 2
+	if pc.ConnConfig.ConnectTimeout == 0 {
+		pc.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
+		pc.ConnConfig.RuntimeParams["application_name"] = app
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	return pool, nil
+}
+
+// fail reports err and returns exitError.
+func (e *env) fail(err error) int {
+	fmt.Fprintf(e.stderr, "relayctl: %v\n", err)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		fmt.Fprintf(e.stderr, "relayctl: is %q the relays' table? Set RELAY_TABLE or --table (schema.table if it is not on the search_path).\n", e.cfg.Table)
+	}
+	return exitError
+}
+
+// usageErr reports a bad flag value and returns exitUsage.
+func (e *env) usageErr(format string, args ...any) int {
+	fmt.Fprintf(e.stderr, "relayctl: "+format+"\n", args...)
+	return exitUsage
+}

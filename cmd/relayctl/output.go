@@ -1,0 +1,105 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/diagnose"
+)
+
+// The --json shapes: snake_case, durations in seconds, times in RFC 3339.
+
+type jsonHolder struct {
+	Key             string     `json:"key"`
+	Mode            string     `json:"mode"`
+	Granted         bool       `json:"granted"`
+	Kind            string     `json:"kind"`
+	Description     string     `json:"description"`
+	Since           *time.Time `json:"since,omitempty"`
+	HeldSeconds     *float64   `json:"held_seconds,omitempty"`
+	Replica         string     `json:"replica,omitempty"`
+	PID             int        `json:"pid"`
+	User            string     `json:"user"`
+	ApplicationName string     `json:"application_name"`
+	ClientAddr      string     `json:"client_addr"`
+	BackendStart    *time.Time `json:"backend_start,omitempty"`
+	State           string     `json:"state"`
+	StateChange     *time.Time `json:"state_change,omitempty"`
+	Hidden          bool       `json:"hidden"`
+}
+
+func holderJSON(h relay.LockHolder) jsonHolder {
+	j := jsonHolder{Key: h.Key, Mode: h.Mode, Granted: h.Granted, Kind: string(h.Kind), Description: diagnose.Holder(h),
+		Replica: h.Replica, PID: h.PID, User: h.User, ApplicationName: h.ApplicationName, ClientAddr: h.ClientAddr,
+		State: h.State, Hidden: h.Hidden, Since: timePtr(h.Since), BackendStart: timePtr(h.BackendStart), StateChange: timePtr(h.StateChange)}
+	if !h.Since.IsZero() {
+		s := h.HeldFor().Seconds()
+		j.HeldSeconds = &s
+	}
+	return j
+}
+
+func holdersJSON(hs []relay.LockHolder) []jsonHolder {
+	out := make([]jsonHolder, 0, len(hs))
+	for _, h := range hs {
+		out = append(out, holderJSON(h))
+	}
+	return out
+}
+
+type jsonHead struct {
+	ID        int64     `json:"id"`
+	Status    string    `json:"status"`
+	Attempts  int       `json:"attempts"`
+	CreatedAt time.Time `json:"created_at"`
+	LastError string    `json:"last_error"`
+}
+
+func headJSON(h *relay.RowHead) *jsonHead {
+	if h == nil {
+		return nil
+	}
+	return &jsonHead{ID: h.ID, Status: h.Status, Attempts: h.Attempts, CreatedAt: h.CreatedAt.UTC(), LastError: h.LastError}
+}
+
+type jsonType struct {
+	Type       string    `json:"type"`
+	Pending    int64     `json:"pending"`
+	Retrying   int64     `json:"retrying"`
+	Dead       int64     `json:"dead"`
+	Sent       *int64    `json:"sent,omitempty"` // absent when estimated
+	LagSeconds float64   `json:"lag_seconds"`
+	Next       *jsonHead `json:"next,omitempty"`
+	FirstDead  *jsonHead `json:"first_dead,omitempty"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// num writes n with thousands separators: 1,000,000.
+func num(n int64) string { return diagnose.Count(n) }
+
+// oneLine flattens s to one line of at most n runes, for a table cell.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	return diagnose.Cut(s, n)
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func fprintf(w io.Writer, format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/diagnose"
+)
+
+// sampleDefault is how long status waits between its two looks: long enough
+// for a relay with the default Interval (1s) to run a pass.
+const sampleDefault = 2 * time.Second
+
+func statusFlags(fs *flag.FlagSet, o *opts) {
+	fs.DurationVar(&o.sample, "sample", sampleDefault,
+		"look twice, this far apart, to tell whether rows move and the lag grows; 0 looks once")
+	fs.DurationVar(&o.stallAfter, "stall-after", diagnose.StallAfterDefault,
+		"a row waiting longer than this, without moving, means delivery is stalled")
+}
+
+// look reads the table and the election once.
+func look(ctx context.Context, a *relay.Admin) (diagnose.Look, error) {
+	o, err := a.Overview(ctx)
+	if err != nil {
+		return diagnose.Look{}, err
+	}
+	h, err := a.Election(ctx)
+	if err != nil {
+		return diagnose.Look{}, err
+	}
+	return diagnose.Look{Overview: o, Holders: h}, nil
+}
+
+func runStatus(ctx context.Context, e *env) int {
+	if e.o.sample < 0 || e.o.sample > time.Minute {
+		return e.usageErr("--sample must be between 0 and 1m, got %s", e.o.sample)
+	}
+	if e.o.stallAfter <= 0 {
+		return e.usageErr("--stall-after must be positive, got %s", e.o.stallAfter)
+	}
+	in := diagnose.Input{StallAfter: e.o.stallAfter}
+	first, err := look(ctx, e.admin)
+	if err != nil {
+		return e.fail(err)
+	}
+	in.Now = first
+	if e.o.sample > 0 {
+		select {
+		case <-time.After(e.o.sample):
+		case <-ctx.Done():
+			return e.fail(ctx.Err())
+		}
+		second, err := look(ctx, e.admin)
+		if err != nil {
+			return e.fail(err)
+		}
+		in.Before, in.Now = &first, second
+	}
+	d := diagnose.Diagnose(in)
+
+	if e.o.json {
+		if err := writeJSON(e.stdout, statusJSON(in.Now, d)); err != nil {
+			return e.fail(err)
+		}
+	} else {
+		printStatus(e, in.Now, d)
+	}
+	switch d.Verdict {
+	case diagnose.Stalled, diagnose.Paused:
+		return exitStalled
+	case diagnose.Dead:
+		return exitDead
+	}
+	return exitOK
+}
+
+type jsonStatus struct {
+	App             string       `json:"app"`
+	Table           string       `json:"table"`
+	MaxAttempts     int          `json:"max_attempts"`
+	At              time.Time    `json:"at"`
+	Verdict         string       `json:"verdict"`
+	Cause           string       `json:"cause"`
+	Summary         string       `json:"summary"`
+	Trend           string       `json:"trend,omitempty"`
+	Waiting         int64        `json:"waiting"`
+	Pending         int64        `json:"pending"`
+	Retrying        int64        `json:"retrying"`
+	Dead            int64        `json:"dead"`
+	Sent            int64        `json:"sent"`
+	SentEstimated   bool         `json:"sent_estimated"`
+	LagSeconds      float64      `json:"lag_seconds"`
+	InRecovery      bool         `json:"in_recovery"`
+	DefaultReadOnly bool         `json:"default_read_only"`
+	Types           []jsonType   `json:"types"`
+	Election        []jsonHolder `json:"election"`
+}
+
+func statusJSON(l diagnose.Look, d diagnose.Diagnosis) jsonStatus {
+	o := l.Overview
+	s := jsonStatus{App: o.AppName, Table: o.Table, MaxAttempts: o.MaxAttempts, At: o.At.UTC(),
+		Verdict: string(d.Verdict), Cause: d.Cause, Summary: d.Summary, Trend: d.Trend,
+		Waiting: o.Pending + o.Retrying, Pending: o.Pending, Retrying: o.Retrying, Dead: o.Dead,
+		Sent: o.Sent, SentEstimated: o.SentEstimated, LagSeconds: o.Lag.Seconds(),
+		InRecovery: o.InRecovery, DefaultReadOnly: o.DefaultReadOnly,
+		Types: make([]jsonType, 0, len(o.Types)), Election: holdersJSON(l.Holders)}
+	for _, t := range o.Types {
+		jt := jsonType{Type: t.Type, Pending: t.Pending, Retrying: t.Retrying, Dead: t.Dead,
+			LagSeconds: t.Lag.Seconds(), Next: headJSON(t.Next), FirstDead: headJSON(t.FirstDead)}
+		if !o.SentEstimated {
+			sent := t.Sent
+			jt.Sent = &sent
+		}
+		s.Types = append(s.Types, jt)
+	}
+	return s
+}
+
+func printStatus(e *env, l diagnose.Look, d diagnose.Diagnosis) {
+	o := l.Overview
+	w := e.stdout
+	fprintf(w, "app %s, table %s, MaxAttempts %d, database clock %s\n\n", o.AppName, o.Table, o.MaxAttempts, stamp(o.At))
+	fprintf(w, "%s: %s\n\n", strings.ToUpper(string(d.Verdict)), d.Summary)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fprintf(tw, "type\tpending\tretrying\tdead\tsent\toldest waiting\tlag\t\n")
+	sent := func(n int64) string {
+		if o.SentEstimated {
+			return "-"
+		}
+		return num(n)
+	}
+	for _, t := range o.Types {
+		next, lag := "-", "-"
+		if t.Next != nil {
+			next = fmt.Sprintf("id %d", t.Next.ID)
+			lag = diagnose.Duration(t.Lag)
+		}
+		fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", t.Type, num(t.Pending), num(t.Retrying), num(t.Dead), sent(t.Sent), next, lag)
+	}
+	total := num(o.Sent)
+	if o.SentEstimated {
+		total = "~" + total
+	}
+	lag := "-"
+	if o.Pending+o.Retrying > 0 {
+		lag = diagnose.Duration(o.Lag)
+	}
+	fprintf(tw, "all types\t%s\t%s\t%s\t%s\t\t%s\t\n", num(o.Pending), num(o.Retrying), num(o.Dead), total, lag)
+	_ = tw.Flush()
+	if o.SentEstimated {
+		fprintf(w, "(~: the SENT rows are the planner's estimate on a table this large; they are not counted)\n")
+	}
+	fprintf(w, "\n")
+
+	printElection(e, o.AppName, l.Holders)
+	server := "accepts writes"
+	switch {
+	case o.InRecovery:
+		server = "READ-ONLY: a standby in recovery"
+	case o.DefaultReadOnly:
+		server = "READ-ONLY for this role: default_transaction_read_only is on"
+	}
+	fprintf(w, "server:   %s\n", server)
+	if d.Trend != "" {
+		fprintf(w, "lag:      %s\n", d.Trend)
+	}
+}
+
+// printElection writes who holds the election, one line each.
+func printElection(e *env, app string, hs []relay.LockHolder) {
+	key := app + relay.LockKeySuffix
+	if len(hs) == 0 {
+		fprintf(e.stdout, "election: %s is free: nobody holds it right now (normal between passes)\n", key)
+		return
+	}
+	for _, h := range hs {
+		verb := "held by"
+		if !h.Granted {
+			verb = "waited for by"
+		}
+		fprintf(e.stdout, "election: %s %s %s %s\n", h.Key, h.Mode, verb, diagnose.Holder(h))
+	}
+}

@@ -1,0 +1,286 @@
+package console_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/console"
+)
+
+func TestNew(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	src := []console.Source{{Admin: w.admin}}
+	for _, tc := range []struct {
+		opts console.Options
+		want string
+	}{
+		{console.Options{}, "Options.Sources is empty"},
+		{console.Options{Sources: []console.Source{{}}}, "Options.Sources[0].Admin is nil"},
+		{console.Options{Sources: src, Actions: true}, "Options.Actions needs Options.Authorize"},
+		{console.Options{Sources: src, Prefix: "relay/"}, "Options.Prefix"},
+		{console.Options{Sources: src, TrustedOrigins: []string{"not an origin"}}, "Options.TrustedOrigins"},
+		{console.Options{Sources: src, PageSize: relay.ListDeadMax + 1}, "Options.PageSize must be between 1 and"},
+		{console.Options{Sources: src, StallAfter: -time.Second}, "Options.StallAfter must not be negative"},
+	} {
+		_, err := console.New(tc.opts)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
+
+// client is a browser-like HTTP client of a console: a cookie jar with the
+// user's cookie, no redirects followed, and requests from the console's own
+// origin as a browser sends them.
+type client struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+}
+
+func newClient(t *testing.T, srv *httptest.Server, user string) *client {
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	jar.SetCookies(u, []*http.Cookie{{Name: "user", Value: user}})
+	hc := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return &client{t: t, base: srv.URL, hc: hc}
+}
+
+func (c *client) get(path string) (int, string) {
+	c.t.Helper()
+	resp, err := c.hc.Get(c.base + path)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	return resp.StatusCode, string(b)
+}
+
+// post submits a form as the console's own page would, with site as the
+// request's Sec-Fetch-Site ("same-origin" for the console's own forms).
+func (c *client) post(path string, form url.Values, site string) (*http.Response, string) {
+	c.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, c.base+path, strings.NewReader(form.Encode()))
+	require.NoError(c.t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if site != "" {
+		req.Header.Set("Sec-Fetch-Site", site)
+	}
+	resp, err := c.hc.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	return resp, string(b)
+}
+
+var tokenRE = regexp.MustCompile(`name="token" value="([0-9a-f]{64})"`)
+
+// token loads path and returns the session token its forms carry.
+func (c *client) token(path string) string {
+	c.t.Helper()
+	code, body := c.get(path)
+	require.Equal(c.t, http.StatusOK, code, body)
+	m := tokenRE.FindStringSubmatch(body)
+	require.NotNil(c.t, m, "the page has a form with the session token")
+	return m[1]
+}
+
+func TestPages(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	w.rows(t, "orders", 4, "PENDING", 0, 3*time.Second)
+	dead := w.rows(t, "invoices", 3, "ERROR", ceiling, time.Hour)
+	w.rows(t, "orders", 6, "SENT", 0, time.Hour)
+	srv := w.serve(t, console.Options{})
+	c := newClient(t, srv, "")
+
+	code, body := c.get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<td class="n pending">4</td>`)
+	require.Contains(t, body, `<a href="./dead?s=0&amp;type=invoices">3</a>`)
+	require.Contains(t, body, `<td class="n sent">6</td>`)
+	require.Contains(t, body, "Nobody holds it right now")
+	require.Contains(t, body, "Read-only: the service did not turn actions on")
+	require.NotContains(t, body, "<form", "no actions without Options.Actions")
+
+	code, body = c.get("/dead?s=0&type=invoices")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<tr data-id="`)
+	require.Contains(t, body, "422 Unprocessable Entity")
+	require.Contains(t, body, `{&#34;note&#34;: &#34;a payload of invoices&#34;, &#34;order&#34;: 1}`, "the payload preview, escaped")
+	require.Contains(t, body, "invoices-1")
+
+	code, _ = c.get("/dead?s=7")
+	require.Equal(t, http.StatusNotFound, code)
+	code, _ = c.get("/dead?after=x")
+	require.Equal(t, http.StatusBadRequest, code)
+	code, _ = c.get("/nope")
+	require.Equal(t, http.StatusNotFound, code)
+
+	// Read-only: an action is refused even with the session's token.
+	c2 := newClient(t, w.serve(t, console.Options{Actions: true, Authorize: users}), "admin")
+	token := c2.token("/")
+	resp, _ := newClient(t, srv, "").post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	st, _ := w.status(t, dead)
+	require.Equal(t, "ERROR", st)
+	require.Len(t, w.logs.lines("refused: actions are off", "action=requeue"), 1)
+}
+
+func TestActionsAndAuthorization(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	dead := w.rows(t, "invoices", 3, "ERROR", ceiling, time.Hour)
+	w.rows(t, "orders", 2, "ERROR", ceiling, time.Hour)
+	srv := w.serve(t, console.Options{Actions: true, Authorize: users})
+
+	// Who may not see gets nothing.
+	code, body := newClient(t, srv, "mallory").get("/")
+	require.Equal(t, http.StatusForbidden, code)
+	require.NotContains(t, body, "invoices")
+	require.Len(t, w.logs.lines("refused: may not see", "who=mallory"), 1)
+
+	// A viewer sees no forms, and a forged action is refused and logged.
+	viewer := newClient(t, srv, "viewer")
+	code, body = viewer.get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "viewer may see this console but not act on it")
+	require.NotContains(t, body, "<form")
+	admin := newClient(t, srv, "admin")
+	token := admin.token("/")
+	resp, body := viewer.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	require.Contains(t, body, "viewer may see this console but not act on it")
+	require.Len(t, w.logs.lines("refused: may not act", "who=viewer", "action=requeue"), 1)
+	st, _ := w.status(t, dead)
+	require.Equal(t, "ERROR", st)
+
+	// Without the session's token, or with another, an action is refused.
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}}, "same-origin")
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {strings.Repeat("0", 64)}}, "same-origin")
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	require.Len(t, w.logs.lines("refused: missing or wrong session token"), 2)
+
+	// From another site, even with the token, it is refused.
+	for _, site := range []string{"cross-site", "same-site"} {
+		resp, body = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "token": {token}}, site)
+		require.Equal(t, http.StatusForbidden, resp.StatusCode, site)
+		require.Contains(t, body, "came from another site")
+	}
+	require.Len(t, w.logs.lines("refused: cross-origin request", "who=admin"), 2)
+	st, _ = w.status(t, dead)
+	require.Equal(t, "ERROR", st)
+
+	// The admin's actions go through, are logged with who and what, and
+	// redirect relative to the console's own path.
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}, "back": {"dead"}}, "same-origin")
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Equal(t, "./dead?done=requeued&n=1&s=0", resp.Header.Get("Location"))
+	st, attempts := w.status(t, dead)
+	require.Equal(t, "PENDING", st)
+	require.Zero(t, attempts)
+	require.Len(t, w.logs.lines("re-queued dead rows", "who=admin", "action=requeue", "requeued=1", "id="+itoa(dead)), 1)
+	code, body = admin.get("/dead?done=requeued&n=1&s=0")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "Re-queued 1 dead row(s)")
+
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "type": {"invoices"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Len(t, w.logs.lines("re-queued dead rows", "requeued=2", "type=invoices"), 1)
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Len(t, w.logs.lines("re-queued dead rows", "requeued=2", "all=true"), 1)
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "type": {"x"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+
+	w.rows(t, "orders", 5, "SENT", 0, 10*24*time.Hour)
+	w.rows(t, "orders", 2, "SENT", 0, time.Hour)
+	resp, body = admin.post("/purge", url.Values{"s": {"0"}, "age": {"2"}, "unit": {"days"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
+	require.Equal(t, "./app?done=purged&n=5&s=0", resp.Header.Get("Location"))
+	require.Len(t, w.logs.lines("purged SENT rows", "who=admin", "purged=5", "older_than=48h0m0s"), 1)
+	resp, _ = admin.post("/purge", url.Values{"s": {"0"}, "age": {"-1"}, "unit": {"days"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	resp, _ = admin.post("/purge", url.Values{"s": {"0"}, "age": {"1"}, "unit": {"weeks"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+
+	// GET never acts.
+	code, _ = admin.get("/requeue?s=0&all=1")
+	require.Equal(t, http.StatusMethodNotAllowed, code)
+}
+
+func TestPrefix(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	w.rows(t, "orders", 1, "ERROR", ceiling, time.Hour)
+	c, err := console.New(console.Options{Sources: []console.Source{{Admin: w.admin}}, Prefix: "/ops/relay",
+		Actions: true, Authorize: users, Logger: w.logs.logger()})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("/ops/relay/", c)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	admin := newClient(t, srv, "admin")
+	code, body := admin.get("/ops/relay/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `href="./dead?s=0&amp;type=orders"`, "links are relative")
+	code, _ = admin.get("/ops/relay/dead")
+	require.Equal(t, http.StatusOK, code)
+	token := admin.token("/ops/relay/")
+	resp, _ := admin.post("/ops/relay/requeue", url.Values{"s": {"0"}, "all": {"1"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	loc, err := url.Parse(srv.URL + "/ops/relay/requeue")
+	require.NoError(t, err)
+	next, err := loc.Parse(resp.Header.Get("Location"))
+	require.NoError(t, err)
+	require.Equal(t, "/ops/relay/app", next.Path, "the redirect stays under the prefix")
+
+	// Mounted with http.StripPrefix instead.
+	c2, err := console.New(console.Options{Sources: []console.Source{{Admin: w.admin}}})
+	require.NoError(t, err)
+	mux2 := http.NewServeMux()
+	mux2.Handle("/relay/", http.StripPrefix("/relay", c2))
+	srv2 := httptest.NewServer(mux2)
+	t.Cleanup(srv2.Close)
+	code, body = newClient(t, srv2, "").get("/relay/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "Rows by type")
+}
+
+func TestSeveralSources(t *testing.T) {
+	t.Parallel()
+	a, b := setup(t), setup(t)
+	a.rows(t, "orders", 2, "PENDING", 0, 10*time.Minute)
+	b.rows(t, "invoices", 1, "ERROR", ceiling, time.Hour)
+	rl, err := relay.New(b.pool, b.cfg, &recorder{typ: "invoices"})
+	require.NoError(t, err)
+	_, err = rl.Run(context.Background())
+	require.NoError(t, err)
+	srv := a.serve(t, console.Options{Sources: []console.Source{{Admin: a.admin}, {Admin: b.admin, Relay: rl}}})
+	c := newClient(t, srv, "")
+	code, body := c.get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, a.app+" · "+a.table+"</a>: STALLED")
+	require.Contains(t, body, b.app+" · "+b.table+"</a>: DEAD")
+	code, body = c.get("/app?s=1")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "This process's relay")
+	require.Regexp(t, `<td class="n">1</td><td class="n">0</td><td class="n">0</td>`, body, "one pass elected, none coalesced or failed")
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

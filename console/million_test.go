@@ -1,0 +1,116 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/console"
+)
+
+// TestMillionRows renders every page of a table of 1,000,000 rows and prints
+// how long each takes, beside the baselines that read the whole table: the
+// exact count (Admin.CountByStatus) and a deep page of dead rows by OFFSET.
+// No timing is asserted; what the pages show is.
+//
+//	go test -run TestMillionRows -v ./console
+func TestMillionRows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a table of 1,000,000 rows; -short skips it")
+	}
+	ctx := context.Background()
+	w := setup(t)
+	const (
+		total    = 1_000_000
+		sent     = 940_000
+		pending  = 40_000
+		retrying = 15_000
+		dead     = 5_000
+	)
+	start := time.Now()
+	// The history first (ids 1..940000), then the live rows, as a relay that
+	// keeps up leaves it: four types, payloads of ~200 bytes.
+	w.exec(t, `INSERT INTO %s (type, natural_key, payload, status, attempts, last_error, created_at, updated_at, sent_at)
+		SELECT (ARRAY['orders','invoices','customers','shipments'])[1 + g %% 4], 'key-' || (g %% 50000),
+			jsonb_build_object('id', g, 'customer', 'c-' || (g %% 9973), 'note', repeat('x', 120)),
+			CASE WHEN g <= $1 THEN 'SENT' WHEN g <= $1 + $2 THEN 'PENDING' ELSE 'ERROR' END,
+			CASE WHEN g <= $1 + $2 THEN 0 WHEN g <= $1 + $2 + $3 THEN 1 ELSE $4 END,
+			CASE WHEN g > $1 + $2 THEN 'PUT http://dest.internal/x/' || g || ': 503 Service Unavailable' END,
+			now() - make_interval(secs => ($5 - g) / 10.0), now() - make_interval(secs => ($5 - g) / 20.0),
+			CASE WHEN g <= $1 THEN now() - make_interval(secs => ($5 - g) / 20.0) END
+		FROM generate_series(1, $5) g`, sent, pending, retrying, ceiling, total)
+	t.Logf("built %d rows in %s", total, time.Since(start).Round(time.Millisecond))
+
+	srv := w.serve(t, console.Options{})
+	c := newClient(t, srv, "")
+	var deepAfter int64
+	require.NoError(t, w.pool.QueryRow(ctx, fmt.Sprintf(`SELECT id FROM %s WHERE status = 'ERROR' AND attempts >= %d
+		ORDER BY id OFFSET 4000 LIMIT 1`, pgx.Identifier{w.table}.Sanitize(), ceiling)).Scan(&deepAfter))
+
+	pages := []struct{ name, path string }{
+		{"overview page (counts, lag, election)", "/"},
+		{"dead rows, first page", "/dead?s=0"},
+		{"dead rows, page 81 (keyset)", fmt.Sprintf("/dead?s=0&after=%d", deepAfter)},
+		{"dead rows of one type", "/dead?s=0&type=invoices"},
+	}
+	measure := func(state string) {
+		t.Logf("%s:", state)
+		for _, p := range pages {
+			var times []time.Duration
+			for range 5 {
+				s := time.Now()
+				code, body := c.get(p.path)
+				times = append(times, time.Since(s))
+				require.Equal(t, http.StatusOK, code, body)
+			}
+			slices.Sort(times)
+			t.Logf("  %-40s median %7.1f ms  (min %.1f, max %.1f)", p.name, ms(times[2]), ms(times[0]), ms(times[4]))
+		}
+		s := time.Now()
+		counts, err := w.admin.CountByStatus(ctx)
+		require.NoError(t, err)
+		require.NotEmpty(t, counts)
+		t.Logf("  %-40s        %7.1f ms", "baseline: exact count (full scan)", ms(time.Since(s)))
+		s = time.Now()
+		rows, err := w.pool.Query(ctx, fmt.Sprintf(`SELECT id, left(payload::text, 201) FROM %s
+			WHERE direction = 'OUT' AND status = 'ERROR' AND attempts >= %d ORDER BY id OFFSET 4000 LIMIT 50`,
+			pgx.Identifier{w.table}.Sanitize(), ceiling))
+		require.NoError(t, err)
+		rows.Close()
+		t.Logf("  %-40s        %7.1f ms", "baseline: page 81 by OFFSET", ms(time.Since(s)))
+	}
+
+	w.exec(t, "ANALYZE %s")
+	measure("after ANALYZE (as autovacuum leaves a fresh load)")
+
+	// What the page shows is what the table holds.
+	code, body := c.get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, fmt.Sprintf(`<td class="n pending">%s</td>`, "40,000"))
+	require.Contains(t, body, fmt.Sprintf(`<td class="n retrying">%s</td>`, "15,000"))
+	require.Contains(t, body, fmt.Sprintf(`<td class="n dead">%s</td>`, "5,000"))
+	require.Contains(t, body, `<td class="n sent">≈ `, "the history is estimated")
+	o, err := w.admin.Overview(ctx)
+	require.NoError(t, err)
+	require.True(t, o.SentEstimated)
+	require.InDelta(t, sent, o.Sent, sent/20)
+	require.EqualValues(t, pending, o.Pending)
+	require.EqualValues(t, retrying, o.Retrying)
+	require.EqualValues(t, dead, o.Dead)
+	page, err := w.admin.DeadPage(ctx, relay.DeadQuery{AfterID: deepAfter})
+	require.NoError(t, err)
+	require.Len(t, page, relay.DeadPageDefault)
+	require.Greater(t, page[0].ID, deepAfter)
+
+	w.exec(t, "VACUUM ANALYZE %s")
+	measure("after VACUUM ANALYZE (index-only scans)")
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

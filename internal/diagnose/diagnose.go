@@ -1,0 +1,514 @@
+// Package diagnose answers the operator's first question, "why is nothing
+// being delivered?", from what [relay.Admin] reads: the table's live rows,
+// the election's holders and, when there is one, an earlier look to tell
+// whether delivery moves. relayctl status and the console say the same thing
+// because they both ask this package.
+package diagnose
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/xadm/relay"
+)
+
+// StallAfterDefault is how long a row may wait before delivery counts as
+// stalled, when nothing better tells: well above a healthy relay's lag (about
+// one Interval), well below what an operator would notice.
+const StallAfterDefault = time.Minute
+
+// Look is one look at an app's table and election.
+type Look struct {
+	Overview relay.Overview
+	Holders  []relay.LockHolder
+}
+
+// Input is what Diagnose judges.
+type Input struct {
+	Now Look
+	// Before is an earlier look at the same app, to tell whether the oldest
+	// rows move and the lag grows; nil when there is none.
+	Before *Look
+	// StallAfter is how long a row may wait before delivery counts as
+	// stalled. 0 means StallAfterDefault.
+	StallAfter time.Duration
+	// Stats is this process's relay's, when the caller runs one (the
+	// console); nil otherwise.
+	Stats *relay.Stats
+}
+
+// Verdict is Diagnose's one-word answer.
+type Verdict string
+
+// The verdicts.
+const (
+	OK      Verdict = "ok"      // delivering, or nothing waits
+	Dead    Verdict = "dead"    // delivery works, but dead rows need an operator
+	Stalled Verdict = "stalled" // rows wait and nothing delivers them
+	Paused  Verdict = "paused"  // an operator's pause holds the election
+)
+
+// Causes name why, for scripts (relayctl status --json).
+const (
+	CauseIdle        = "idle"             // nothing waits
+	CauseDelivering  = "delivering"       // rows wait, and move
+	CauseDeadRows    = "dead-rows"        // nothing waits but dead rows
+	CausePaused      = "paused"           // relayctl pause holds the election
+	CauseReadOnly    = "read-only"        // the server refuses writes
+	CauseHeldByOther = "held-by-other"    // a session that is not a Go relay holds the election and nothing moves
+	CauseRelayStuck  = "relay-stuck"      // a Go relay holds the election far too long and nothing moves
+	CausePassFails   = "pass-fails"       // this process's passes fail
+	CauseFailing     = "deliveries-fail"  // the oldest rows are retried and fail
+	CauseTypeMissing = "type-not-drained" // some types move, these do not
+	CauseNoRelay     = "no-relay-elected" // nobody takes the election
+)
+
+// Diagnosis is Diagnose's answer.
+type Diagnosis struct {
+	Verdict Verdict
+	Cause   string
+	// Summary is one paragraph for a person: what is wrong, who is involved,
+	// and what to do. It is Lead followed by Notes.
+	Summary string
+	// Lead is Summary's first part, the answer; Notes are what else a
+	// person should know (dead rows, the trend, a read-only server).
+	Lead  string
+	Notes []string
+	// Trend says how the lag moved since Before: "growing", "shrinking",
+	// "steady", or "" without Before.
+	Trend string
+	// Waiting is how many rows wait (PENDING and retrying); Lag the oldest's age.
+	Waiting int64
+	Lag     time.Duration
+}
+
+// Diagnose judges in.
+func Diagnose(in Input) Diagnosis {
+	stallAfter := in.StallAfter
+	if stallAfter <= 0 {
+		stallAfter = StallAfterDefault
+	}
+	o := in.Now.Overview
+	d := Diagnosis{Waiting: o.Pending + o.Retrying, Lag: o.Lag}
+	j := judge{in: in, o: o, stallAfter: stallAfter, d: &d}
+	j.trend()
+	j.decide()
+	d.Lead, d.Notes = j.lead, j.notes
+	d.Summary = strings.Join(append([]string{j.lead}, j.notes...), " ")
+	return d
+}
+
+type judge struct {
+	in         Input
+	o          relay.Overview
+	stallAfter time.Duration
+	d          *Diagnosis
+
+	// moved: with Before, some type's oldest waiting row changed (delivered,
+	// or it died). still: with Before, rows waited then and now and no
+	// type's oldest waiting row changed.
+	moved, still bool
+	elapsed      time.Duration
+
+	lead  string
+	notes []string
+}
+
+func (j *judge) trend() {
+	b := j.in.Before
+	if b == nil {
+		return
+	}
+	j.elapsed = j.o.At.Sub(b.Overview.At)
+	now := heads(j.o)
+	for typ, id := range heads(b.Overview) {
+		if now[typ] != id {
+			j.moved = true
+		}
+	}
+	j.still = !j.moved && len(now) > 0 && len(heads(b.Overview)) > 0
+	before, after := b.Overview.Lag, j.o.Lag
+	switch {
+	case j.d.Waiting == 0 && b.Overview.Pending+b.Overview.Retrying == 0:
+		j.d.Trend = "steady"
+	case after > before+time.Second/2:
+		j.d.Trend = "growing"
+	case after < before-time.Second/2:
+		j.d.Trend = "shrinking"
+	default:
+		j.d.Trend = "steady"
+	}
+}
+
+// heads maps each type with waiting rows to its oldest waiting row's id.
+func heads(o relay.Overview) map[string]int64 {
+	m := make(map[string]int64)
+	for _, t := range o.Types {
+		if t.Next != nil {
+			m[t.Type] = t.Next.ID
+		}
+	}
+	return m
+}
+
+func (j *judge) set(v Verdict, cause, lead string) {
+	j.d.Verdict, j.d.Cause, j.lead = v, cause, lead
+}
+
+func (j *judge) note(format string, args ...any) {
+	j.notes = append(j.notes, fmt.Sprintf(format, args...))
+}
+
+func (j *judge) decide() {
+	o := j.o
+	app := o.AppName
+	late := o.Lag > j.stallAfter
+	// Nothing moves: the oldest row waited too long and did not move since
+	// the earlier look, if any. Between passes nobody holds the election, so
+	// a look without a holder needs the lag to say more.
+	stuck := late && !j.moved
+	holder := granted(j.in.Now.Holders)
+	pause := j.holderOf(relay.HolderPause)
+	// The same session held the election at both looks and no row moved.
+	heldThrough := holder != nil && j.still && j.heldBefore(holder.PID)
+
+	defer j.deadNote()
+	defer j.trendNote()
+	defer j.readOnlyNote()
+
+	switch {
+	case pause != nil:
+		what := fmt.Sprintf("%s row(s) wait, the oldest for %s", Count(j.d.Waiting), Duration(o.Lag))
+		if j.d.Waiting == 0 {
+			what = "nothing waits right now, but new rows will"
+		}
+		j.set(Paused, CausePaused, fmt.Sprintf(
+			"Nothing is delivered because delivery of app %q is paused: %s holds its election. %s. "+
+				"End the pause with `relayctl resume` (or Ctrl-C where relayctl pause runs).",
+			app, Holder(*pause), what))
+		return
+	case j.d.Waiting == 0 && o.Dead > 0:
+		j.set(Dead, CauseDeadRows, fmt.Sprintf(
+			"Nothing waits to be delivered, but %s row(s) are dead: they failed %d times (MaxAttempts) and are never retried until re-queued.",
+			Count(o.Dead), o.MaxAttempts))
+		return
+	case j.d.Waiting == 0 && o.Sent == 0:
+		j.set(OK, CauseIdle, fmt.Sprintf("Nothing waits to be delivered: %s has no outbound rows.", o.Table))
+		return
+	case j.d.Waiting == 0:
+		j.set(OK, CauseIdle, fmt.Sprintf("Nothing waits to be delivered: every outbound row of %s is SENT.", o.Table))
+		return
+	}
+
+	waiting := fmt.Sprintf("%s row(s) wait, the oldest (%s) for %s", Count(j.d.Waiting), j.oldest(), Duration(o.Lag))
+	readOnly := o.InRecovery || o.DefaultReadOnly
+	switch {
+	case readOnly && (stuck || j.still):
+		why := "the server is a standby in recovery"
+		if !o.InRecovery {
+			why = "default_transaction_read_only is on for this role and database"
+		}
+		j.set(Stalled, CauseReadOnly, fmt.Sprintf(
+			"Nothing is delivered because the server is read-only (%s): a relay connected to it can read its rows but not record an outcome. %s. "+
+				"Point the relays' database URL at the primary.", why, waiting))
+		return
+	case holder != nil && holder.Kind == relay.HolderRelay:
+		if (stuck || heldThrough) && holder.HeldFor() > j.stallAfter {
+			j.set(Stalled, CauseRelayStuck, fmt.Sprintf(
+				"Nothing is delivered because %s and delivers nothing: %s. A pass that long is stuck: a sender that does not return, "+
+					"or a statement waiting on a lock. Look at that replica's log; ending its session "+
+					"(SELECT pg_terminate_backend(%d)) cancels its pass and lets another replica take the election.",
+				Holder(*holder), waiting, holder.PID))
+			return
+		}
+		j.set(OK, CauseDelivering, fmt.Sprintf("Delivering: %s holds the election; %s.", Holder(*holder), waiting))
+		if late {
+			j.note("The oldest row has waited longer than %s: the relay is behind.", Duration(j.stallAfter))
+		}
+		return
+	case holder != nil:
+		if stuck || heldThrough {
+			j.set(Stalled, CauseHeldByOther, fmt.Sprintf(
+				"Nothing is delivered because %s holds the election of app %q and nothing moves: %s. "+
+					"It is not a Go relay of this library. If it is a JVM relay of the same app, its log says what its pass does; "+
+					"if it is a SQL session that took hashtext('%s_relay_m2m'), end it: SELECT pg_terminate_backend(%d).",
+				Holder(*holder), app, waiting, app, holder.PID))
+			return
+		}
+		j.set(OK, CauseDelivering, fmt.Sprintf(
+			"Probably delivering: %s holds the election (a JVM relay of app %q, or SQL); %s.", Holder(*holder), app, waiting))
+		if j.in.Before == nil {
+			j.note("If the same session still holds it at the next look and the oldest row has not moved, it is stuck " +
+				"(relayctl status samples twice; the console compares with its previous look).")
+		}
+		return
+	}
+
+	// Nobody holds the election right now: normal between passes.
+	if st := j.in.Stats; st != nil && st.LastPassErr != nil && stuck {
+		j.set(Stalled, CausePassFails, fmt.Sprintf(
+			"Nothing is delivered because this process's relay fails its passes: %v. %s.", st.LastPassErr, waiting))
+		return
+	}
+	if !stuck {
+		j.set(OK, CauseDelivering, fmt.Sprintf("Delivering: %s; nobody holds the election right now, which is normal between passes.", waiting))
+		if late {
+			j.note("The oldest row has waited longer than %s: the relays are behind, but rows move.", Duration(j.stallAfter))
+		}
+		return
+	}
+	if t := j.failingHead(); t != nil {
+		j.set(Stalled, CauseFailing, fmt.Sprintf(
+			"Nothing is delivered because deliveries fail: the oldest waiting row of type %q (id %d) failed %d time(s), last error: %s. "+
+				"The relays retry it (after the RetryBackoff, if set) and later rows of its key wait behind it; at %d attempts it is dead. "+
+				"%s. Fix the destination; the retries then go through by themselves.",
+			t.Type, t.Next.ID, t.Next.Attempts, quote(Cut(t.Next.LastError, 300)), o.MaxAttempts, waiting))
+		return
+	}
+	if late, fine := j.splitTypes(); len(late) > 0 && len(fine) > 0 {
+		j.set(Stalled, CauseTypeMissing, fmt.Sprintf(
+			"Rows of type %s are not delivered while %s are: no running relay of app %q has a sender for %s "+
+				"(each app drains only the types it registered), or those rows belong to another app. %s.",
+			quoteList(late), quoteList(fine), app, quoteList(late), waiting))
+		return
+	}
+	j.set(Stalled, CauseNoRelay, fmt.Sprintf(
+		"Nothing is delivered because no relay of app %q takes the election: nobody holds it and %s. "+
+			"Is a replica running with RELAY_APP_NAME=%s, RELAY_TABLE=%s and RELAY_ENABLED=true, "+
+			"with a sender for each waiting type, and does its log show passes (relay: pass) or errors (relay: pass failed)?",
+		app, waiting, app, o.Table))
+}
+
+// oldest names the oldest waiting row.
+func (j *judge) oldest() string {
+	var best *relay.TypeOverview
+	for i := range j.o.Types {
+		t := &j.o.Types[i]
+		if t.Next != nil && (best == nil || t.Lag > best.Lag) {
+			best = t
+		}
+	}
+	if best == nil {
+		return "none"
+	}
+	return fmt.Sprintf("id %d, type %q", best.Next.ID, best.Type)
+}
+
+// failingHead is the late type whose oldest waiting row has failed before.
+func (j *judge) failingHead() *relay.TypeOverview {
+	for i := range j.o.Types {
+		t := &j.o.Types[i]
+		if t.Next != nil && t.Next.Attempts > 0 && t.Lag > j.stallAfter/2 {
+			return t
+		}
+	}
+	return nil
+}
+
+// splitTypes sorts the types with waiting rows into late and fine.
+func (j *judge) splitTypes() (late, fine []string) {
+	var before map[string]int64
+	if j.in.Before != nil {
+		before = heads(j.in.Before.Overview)
+	}
+	for _, t := range j.o.Types {
+		if t.Next == nil {
+			continue
+		}
+		moved := before != nil && before[t.Type] != 0 && before[t.Type] != t.Next.ID
+		if t.Lag > j.stallAfter && !moved {
+			late = append(late, t.Type)
+		} else {
+			fine = append(fine, t.Type)
+		}
+	}
+	return late, fine
+}
+
+func (j *judge) holderOf(kind relay.HolderKind) *relay.LockHolder {
+	for i, h := range j.in.Now.Holders {
+		if h.Granted && h.Kind == kind {
+			return &j.in.Now.Holders[i]
+		}
+	}
+	return nil
+}
+
+func granted(hs []relay.LockHolder) *relay.LockHolder {
+	for i := range hs {
+		if hs[i].Granted {
+			return &hs[i]
+		}
+	}
+	return nil
+}
+
+func (j *judge) trendNote() {
+	if j.in.Before == nil || j.elapsed <= 0 {
+		return
+	}
+	switch {
+	case j.d.Waiting == 0:
+	case j.still:
+		j.note("In the last %s no waiting row was delivered, and the lag went from %s to %s.",
+			Duration(j.elapsed), Duration(j.in.Before.Overview.Lag), Duration(j.o.Lag))
+	case j.moved:
+		j.note("In the last %s the oldest rows moved (the lag went from %s to %s).",
+			Duration(j.elapsed), Duration(j.in.Before.Overview.Lag), Duration(j.o.Lag))
+	}
+}
+
+// heldBefore says the session pid held the election at the earlier look.
+func (j *judge) heldBefore(pid int) bool {
+	for _, h := range j.in.Before.Holders {
+		if h.Granted && h.PID == pid {
+			return true
+		}
+	}
+	return false
+}
+
+func (j *judge) readOnlyNote() {
+	o := j.o
+	if j.d.Cause == CauseReadOnly {
+		return
+	}
+	if o.InRecovery {
+		j.note("This server is a standby: the election is not visible here (locks are not replicated), and a relay connected to it cannot deliver.")
+	} else if o.DefaultReadOnly {
+		j.note("default_transaction_read_only is on for this role and database: a relay connecting the same way cannot record outcomes.")
+	}
+}
+
+func (j *judge) deadNote() {
+	o := j.o
+	if o.Dead == 0 {
+		return
+	}
+	var parts []string
+	var example string
+	for _, t := range o.Types {
+		if t.Dead > 0 {
+			parts = append(parts, fmt.Sprintf("%s %s", t.Type, Count(t.Dead)))
+			if example == "" && t.FirstDead != nil && t.FirstDead.LastError != "" {
+				example = fmt.Sprintf(" The oldest dead row of %s (id %d) last failed with %s.", t.Type, t.FirstDead.ID, quote(Cut(t.FirstDead.LastError, 200)))
+			}
+		}
+	}
+	lead := ""
+	if j.d.Cause != CauseDeadRows {
+		lead = fmt.Sprintf("Besides, %s row(s) are dead (they reached MaxAttempts, %d, and are never retried): ", Count(o.Dead), o.MaxAttempts)
+	} else {
+		lead = "By type: "
+	}
+	j.note("%s%s.%s Re-queue them once the cause is fixed: `relayctl requeue --type T` or `--all`, or the console's buttons.",
+		lead, strings.Join(parts, ", "), example)
+}
+
+// Holder describes a holder of the election in one phrase.
+func Holder(h relay.LockHolder) string {
+	var who string
+	switch h.Kind {
+	case relay.HolderRelay:
+		who = "a Go relay"
+		if h.Replica != "" {
+			who += fmt.Sprintf(" (replica %q)", h.Replica)
+		}
+	case relay.HolderPause:
+		who = "relayctl pause"
+	default:
+		who = fmt.Sprintf("another client (a JVM relay or SQL; application_name %q)", h.ApplicationName)
+	}
+	var d []string
+	d = append(d, fmt.Sprintf("pid %d", h.PID))
+	if h.User != "" {
+		d = append(d, "user "+h.User)
+	}
+	switch {
+	case h.Hidden:
+		d = append(d, "details hidden: grant pg_read_all_stats to this role")
+	case h.ClientAddr == "":
+		d = append(d, "over a local socket")
+	default:
+		d = append(d, "from "+h.ClientAddr)
+	}
+	if !h.Since.IsZero() {
+		d = append(d, fmt.Sprintf("since %s (%s)", h.Since.UTC().Format(time.RFC3339), Duration(h.HeldFor())))
+	} else if !h.BackendStart.IsZero() {
+		d = append(d, fmt.Sprintf("connected %s ago", Duration(h.At.Sub(h.BackendStart))))
+	}
+	if h.State != "" {
+		s := h.State
+		if !h.StateChange.IsZero() {
+			s += " for " + Duration(h.At.Sub(h.StateChange))
+		}
+		d = append(d, s)
+	}
+	if !h.Granted {
+		d = append(d, "waiting for the lock")
+	}
+	return who + " [" + strings.Join(d, ", ") + "]"
+}
+
+// Duration writes d for a person: 850ms, 12s, 4m12s, 3h04m, 2d03h.
+func Duration(d time.Duration) string {
+	switch {
+	case d < 0:
+		d = 0
+		fallthrough
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		d = d.Round(time.Second)
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		d = d.Round(time.Minute)
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	default:
+		d = d.Round(time.Hour)
+		return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+	}
+}
+
+// Count writes n with thousands separators: 1,000,000.
+func Count(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// Cut returns s cut to n runes, with an ellipsis when cut.
+func Cut(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n]) + "…"
+}
+
+// quote puts an error text between quotes as it is, one line.
+func quote(s string) string { return "\u201c" + strings.Join(strings.Fields(s), " ") + "\u201d" }
+
+func quoteList(ss []string) string {
+	ss = slices.Clone(ss)
+	for i, s := range ss {
+		ss[i] = fmt.Sprintf("%q", s)
+	}
+	return strings.Join(ss, ", ")
+}

@@ -1,0 +1,226 @@
+package diagnose_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/diagnose"
+)
+
+var now = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+
+// overview is app "billing" with the given types, read at now.
+func overview(types ...relay.TypeOverview) relay.Overview {
+	o := relay.Overview{AppName: "billing", Table: "mensagem_m2m", MaxAttempts: 10, At: now, Types: types}
+	for _, t := range types {
+		o.Pending += t.Pending
+		o.Retrying += t.Retrying
+		o.Dead += t.Dead
+		o.Lag = max(o.Lag, t.Lag)
+	}
+	return o
+}
+
+// waiting is a type with n pending rows, the oldest id head, lag old.
+func waiting(typ string, n, head int64, lag time.Duration) relay.TypeOverview {
+	return relay.TypeOverview{Type: typ, Pending: n, Lag: lag,
+		Next: &relay.RowHead{ID: head, Status: "PENDING", CreatedAt: now.Add(-lag)}}
+}
+
+func holder(kind relay.HolderKind, pid int, name string) relay.LockHolder {
+	h := relay.LockHolder{Key: "billing_relay_m2m", Mode: relay.LockExclusive, Granted: true, Kind: kind, PID: pid,
+		ApplicationName: name, User: "app", ClientAddr: "10.0.0.5", BackendStart: now.Add(-time.Hour),
+		State: "idle", StateChange: now.Add(-10 * time.Minute), At: now}
+	switch kind {
+	case relay.HolderPause:
+		h.Since = h.BackendStart
+	case relay.HolderRelay:
+		h.Since, h.Replica = now.Add(-10*time.Minute), "billing-7f9c"
+	}
+	return h
+}
+
+func TestDiagnose(t *testing.T) {
+	t.Parallel()
+	late := 5 * time.Minute
+	dead := relay.TypeOverview{Type: "invoices", Dead: 3,
+		FirstDead: &relay.RowHead{ID: 7, Status: "ERROR", Attempts: 10, LastError: "PUT http://x/invoices/1: 422 Unprocessable Entity"}}
+
+	for _, tc := range []struct {
+		name     string
+		in       diagnose.Input
+		verdict  diagnose.Verdict
+		cause    string
+		contains []string
+	}{
+		{
+			name:    "Idle",
+			in:      diagnose.Input{Now: diagnose.Look{Overview: overview()}},
+			verdict: diagnose.OK, cause: diagnose.CauseIdle,
+			contains: []string{"mensagem_m2m has no outbound rows"},
+		},
+		{
+			name: "AllSent",
+			in: diagnose.Input{Now: diagnose.Look{Overview: func() relay.Overview {
+				o := overview(relay.TypeOverview{Type: "orders", Sent: 12})
+				o.Sent = 12
+				return o
+			}()}},
+			verdict: diagnose.OK, cause: diagnose.CauseIdle,
+			contains: []string{"every outbound row of mensagem_m2m is SENT"},
+		},
+		{
+			name:    "OnlyDeadRows",
+			in:      diagnose.Input{Now: diagnose.Look{Overview: overview(dead)}},
+			verdict: diagnose.Dead, cause: diagnose.CauseDeadRows,
+			contains: []string{"3 row(s) are dead", "invoices 3", "422 Unprocessable Entity", "relayctl requeue"},
+		},
+		{
+			name: "Paused",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, time.Second)),
+				Holders: []relay.LockHolder{holder(relay.HolderPause, 42, "relayctl pause billing")}}},
+			verdict: diagnose.Paused, cause: diagnose.CausePaused,
+			contains: []string{"paused", "relayctl pause [pid 42", "relayctl resume", "4 row(s) wait"},
+		},
+		{
+			name: "JVMHoldsLate",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, late)),
+				Holders: []relay.LockHolder{holder(relay.HolderOther, 42, "PostgreSQL JDBC Driver")}}},
+			verdict: diagnose.Stalled, cause: diagnose.CauseHeldByOther,
+			contains: []string{"another client", `"PostgreSQL JDBC Driver"`, "JVM relay", "pg_terminate_backend(42)", "from 10.0.0.5", "idle for 10m00s"},
+		},
+		{
+			name: "JVMHoldsFreshRowsOneLook",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, time.Second)),
+				Holders: []relay.LockHolder{holder(relay.HolderOther, 42, "PostgreSQL JDBC Driver")}}},
+			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
+			contains: []string{"Probably delivering", "next look"},
+		},
+		{
+			name: "JVMHoldsThroughTwoLooks",
+			in: diagnose.Input{
+				Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, 3*time.Second)),
+					Holders: []relay.LockHolder{holder(relay.HolderOther, 42, "PostgreSQL JDBC Driver")}},
+				Before: &diagnose.Look{Overview: withAt(overview(waiting("orders", 4, 100, time.Second)), now.Add(-2*time.Second)),
+					Holders: []relay.LockHolder{holder(relay.HolderOther, 42, "PostgreSQL JDBC Driver")}},
+			},
+			verdict: diagnose.Stalled, cause: diagnose.CauseHeldByOther,
+			contains: []string{"nothing moves", "In the last 2s no waiting row was delivered"},
+		},
+		{
+			name: "GoRelayStuck",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, late)),
+				Holders: []relay.LockHolder{holder(relay.HolderRelay, 42, "relay@2026-11-30T09:50:00Z billing-7f9c")}}},
+			verdict: diagnose.Stalled, cause: diagnose.CauseRelayStuck,
+			contains: []string{`a Go relay (replica "billing-7f9c")`, "since 2026-11-30T09:50:00Z (10m00s)", "stuck", "pg_terminate_backend(42)"},
+		},
+		{
+			name: "GoRelayDelivering",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, time.Second)),
+				Holders: []relay.LockHolder{holder(relay.HolderRelay, 42, "relay@2026-11-30T09:50:00Z billing-7f9c")}}},
+			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
+			contains: []string{"Delivering: a Go relay"},
+		},
+		{
+			name:    "NoRelay",
+			in:      diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, late))}},
+			verdict: diagnose.Stalled, cause: diagnose.CauseNoRelay,
+			contains: []string{"no relay of app \"billing\" takes the election", "RELAY_APP_NAME=billing", "oldest (id 100, type \"orders\") for 5m00s"},
+		},
+		{
+			name:    "NoHolderFreshRows",
+			in:      diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, time.Second))}},
+			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
+		},
+		{
+			name: "BehindButMoving",
+			in: diagnose.Input{
+				Now:    diagnose.Look{Overview: overview(waiting("orders", 4000, 900, late))},
+				Before: &diagnose.Look{Overview: withAt(overview(waiting("orders", 5000, 100, late+time.Second)), now.Add(-2*time.Second))},
+			},
+			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
+			contains: []string{"behind, but rows move", "the oldest rows moved"},
+		},
+		{
+			name: "Failing",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(relay.TypeOverview{Type: "orders", Retrying: 2, Lag: late,
+				Next: &relay.RowHead{ID: 5, Status: "ERROR", Attempts: 4, LastError: "PUT http://orders/1: 503 Service Unavailable"}})}},
+			verdict: diagnose.Stalled, cause: diagnose.CauseFailing,
+			contains: []string{"deliveries fail", "failed 4 time(s)", "503 Service Unavailable"},
+		},
+		{
+			name: "TypeNotDrained",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(
+				waiting("orders", 4, 100, time.Second), waiting("refunds", 9, 3, late))}},
+			verdict: diagnose.Stalled, cause: diagnose.CauseTypeMissing,
+			contains: []string{`type "refunds" are not delivered while "orders" are`},
+		},
+		{
+			name: "ReadOnly",
+			in: diagnose.Input{Now: diagnose.Look{Overview: func() relay.Overview {
+				o := overview(waiting("orders", 4, 100, late))
+				o.InRecovery = true
+				return o
+			}()}},
+			verdict: diagnose.Stalled, cause: diagnose.CauseReadOnly,
+			contains: []string{"read-only", "standby", "primary"},
+		},
+		{
+			name: "PassFails",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, late))},
+				Stats: &relay.Stats{LastPassErr: errors.New("relay: select a batch from mensagem_m2m: permission denied")}},
+			verdict: diagnose.Stalled, cause: diagnose.CausePassFails,
+			contains: []string{"permission denied"},
+		},
+		{
+			name:    "DeadNoteBesidesAnotherCause",
+			in:      diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, late), dead)}},
+			verdict: diagnose.Stalled, cause: diagnose.CauseNoRelay,
+			contains: []string{"Besides, 3 row(s) are dead"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d := diagnose.Diagnose(tc.in)
+			require.Equal(t, tc.verdict, d.Verdict, d.Summary)
+			require.Equal(t, tc.cause, d.Cause, d.Summary)
+			for _, s := range tc.contains {
+				require.Contains(t, d.Summary, s)
+			}
+		})
+	}
+}
+
+func withAt(o relay.Overview, at time.Time) relay.Overview {
+	o.At = at
+	return o
+}
+
+func TestTrend(t *testing.T) {
+	t.Parallel()
+	before := &diagnose.Look{Overview: withAt(overview(waiting("orders", 4, 100, time.Minute)), now.Add(-10*time.Second))}
+	d := diagnose.Diagnose(diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, time.Minute+10*time.Second))}, Before: before})
+	require.Equal(t, "growing", d.Trend)
+	d = diagnose.Diagnose(diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 150, time.Second))}, Before: before})
+	require.Equal(t, "shrinking", d.Trend)
+	d = diagnose.Diagnose(diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, time.Minute))}})
+	require.Empty(t, d.Trend)
+}
+
+func TestDuration(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		-time.Second:                          "0s",
+		850 * time.Millisecond:                "850ms",
+		12*time.Second + 300*time.Millisecond: "12s",
+		4*time.Minute + 12*time.Second:        "4m12s",
+		3*time.Hour + 4*time.Minute:           "3h04m",
+		50 * time.Hour:                        "2d02h",
+	} {
+		require.Equal(t, want, diagnose.Duration(d), d.String())
+	}
+}
