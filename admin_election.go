@@ -12,9 +12,9 @@ type HolderKind string
 
 // The kinds of [LockHolder].
 const (
-	// HolderRelay is a Go relay of this library: while it holds an election,
-	// its lock session's application_name carries the time it won and its
-	// replica's own name.
+	// HolderRelay is a Go relay of this library: every statement its guard
+	// runs on the lock's session is marked, and the heartbeat's mark says
+	// since when it holds the election.
 	HolderRelay HolderKind = "relay"
 	// HolderPause is an operator's pause (relayctl pause): a session that holds
 	// the election so that no relay delivers.
@@ -40,8 +40,8 @@ type LockHolder struct {
 	// Since is when it won the election, when the session says so: a Go
 	// relay's mark (to the second) or a pause's session start. Zero otherwise.
 	Since time.Time
-	// Replica is a Go relay's session's own application_name, as its pool set
-	// it before the mark; "" if it had none.
+	// Replica names a Go relay's replica: its session's application_name, as
+	// its pool set it; "" if it has none.
 	Replica string
 
 	PID             int
@@ -56,6 +56,9 @@ type LockHolder struct {
 	Hidden bool
 
 	At time.Time // the database's clock when it was read
+
+	query      string    // the session's last statement, to recognise a Go relay's
+	queryStart time.Time // when that statement started
 }
 
 // HeldFor is how long the holder has held the election, when it says since
@@ -87,10 +90,6 @@ func (a *Admin) Election(ctx context.Context) ([]LockHolder, error) {
 	return holders, nil
 }
 
-// relayMarkPrefix starts the application_name of a Go relay's lock session
-// while it holds an election: "relay@<RFC 3339 UTC, to the second> <its own name>".
-const relayMarkPrefix = "relay@"
-
 // pauseMarkPrefix starts the application_name of relayctl pause's session:
 // "relayctl pause <app>".
 const pauseMarkPrefix = "relayctl pause "
@@ -98,39 +97,13 @@ const pauseMarkPrefix = "relayctl pause "
 // applicationNameMax is PostgreSQL's limit (NAMEDATALEN - 1): longer names are cut.
 const applicationNameMax = 63
 
-// relayMark is the application_name a Go relay's lock session carries while
-// it holds an election won at since, its own name being orig: cut to what
-// PostgreSQL keeps.
-func relayMark(since time.Time, orig string) string {
-	m := relayMarkPrefix + since.UTC().Format(time.RFC3339)
-	if orig != "" {
-		m += " " + orig
-	}
-	if len(m) > applicationNameMax {
-		m = m[:applicationNameMax]
-	}
-	return m
-}
-
-// parseRelayMark reads a relayMark: when the election was won and the
-// session's own name (cut as PostgreSQL cut the mark).
-func parseRelayMark(name string) (since time.Time, orig string, ok bool) {
-	rest, ok := strings.CutPrefix(name, relayMarkPrefix)
-	if !ok {
-		return time.Time{}, "", false
-	}
-	stamp, orig, _ := strings.Cut(rest, " ")
-	since, err := time.Parse(time.RFC3339, stamp)
-	if err != nil {
-		return time.Time{}, "", false
-	}
-	return since, orig, true
-}
-
-// classify sets h's Kind, Since and Replica from its application_name.
+// classify sets h's Kind, Since and Replica from its last statement and its
+// application_name: a Go relay's guard marks every statement it runs on the
+// lock's session (guard.go, electionMark), and its heartbeat also says since
+// when it holds the election.
 func classify(h *LockHolder, app string) {
-	if since, orig, ok := parseRelayMark(h.ApplicationName); ok {
-		h.Kind, h.Since, h.Replica = HolderRelay, since, orig
+	if since, ok := parseElectionMark(h.query, h.queryStart); ok {
+		h.Kind, h.Since, h.Replica = HolderRelay, since, h.ApplicationName
 		return
 	}
 	// The pause's name is cut at 63 bytes for a long app name.

@@ -8,47 +8,41 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestRelayMark(t *testing.T) {
+func TestElectionMark(t *testing.T) {
 	t.Parallel()
 	won := time.Date(2026, 11, 30, 10, 0, 0, 123, time.FixedZone("BRT", -3*3600))
-	m := relayMark(won, "orders-replica-1")
-	require.Equal(t, "relay@2026-11-30T13:00:00Z orders-replica-1", m, "UTC, to the second")
-	since, orig, ok := parseRelayMark(m)
-	require.True(t, ok)
-	require.True(t, since.Equal(won.Truncate(time.Second)))
-	require.Equal(t, "orders-replica-1", orig)
+	started := time.Date(2026, 11, 30, 13, 0, 5, 0, time.UTC)
 
-	m = relayMark(won, "")
-	require.Equal(t, "relay@2026-11-30T13:00:00Z", m)
-	_, orig, ok = parseRelayMark(m)
+	since, ok := parseElectionMark(heartbeatSQL(won), started)
 	require.True(t, ok)
-	require.Empty(t, orig)
+	require.True(t, since.Equal(won.Truncate(time.Second)), "the heartbeat says when the election was won, to the second")
 
-	m = relayMark(won, strings.Repeat("r", 100))
-	require.Len(t, m, applicationNameMax, "cut as PostgreSQL cuts it")
-	_, orig, ok = parseRelayMark(m)
+	since, ok = parseElectionMark(lockSQL, started)
 	require.True(t, ok)
-	require.Equal(t, strings.Repeat("r", applicationNameMax-len("relay@2026-11-30T13:00:00Z ")), orig)
+	require.Equal(t, started, since, "right after winning, the lock statement's start")
 
-	for _, name := range []string{"", "relay", "relay@", "relay@yesterday app", "PostgreSQL JDBC Driver", "xrelay@2026-11-30T13:00:00Z"} {
-		_, _, ok := parseRelayMark(name)
-		require.False(t, ok, name)
+	for _, q := range []string{"", "SELECT pg_try_advisory_lock(hashtext('billing_relay_m2m'))", "<insufficient privilege>",
+		"select 1 /* relay election */"} {
+		_, ok := parseElectionMark(q, started)
+		require.False(t, ok, q)
 	}
 }
 
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	kind := func(name, app string) HolderKind {
-		h := LockHolder{ApplicationName: name, BackendStart: start}
+	kind := func(name, query, app string) HolderKind {
+		h := LockHolder{ApplicationName: name, BackendStart: start, query: query, queryStart: start}
 		classify(&h, app)
 		return h.Kind
 	}
-	require.Equal(t, HolderRelay, kind("relay@2026-11-30T10:00:00Z x", "billing"))
-	require.Equal(t, HolderPause, kind("relayctl pause billing", "billing"))
-	require.Equal(t, HolderOther, kind("relayctl pause bill", "billing"), "a prefix counts only when PostgreSQL cut the name")
+	beat := heartbeatSQL(start)
+	require.Equal(t, HolderRelay, kind("orders-1", beat, "billing"))
+	require.Equal(t, HolderRelay, kind("", lockSQL, "billing"))
+	require.Equal(t, HolderPause, kind("relayctl pause billing", "SELECT pg_try_advisory_lock(hashtext($1))", "billing"))
+	require.Equal(t, HolderOther, kind("relayctl pause bill", "", "billing"), "a prefix counts only when PostgreSQL cut the name")
 	long := strings.Repeat("a", 80)
-	require.Equal(t, HolderPause, kind(("relayctl pause " + long)[:applicationNameMax], long))
-	require.Equal(t, HolderOther, kind("PostgreSQL JDBC Driver", "billing"))
-	require.Equal(t, HolderOther, kind("", "billing"))
+	require.Equal(t, HolderPause, kind(("relayctl pause " + long)[:applicationNameMax], "", long))
+	require.Equal(t, HolderOther, kind("PostgreSQL JDBC Driver", "SELECT pg_try_advisory_lock(hashtext(?))", "billing"))
+	require.Equal(t, HolderOther, kind("", "", "billing"))
 }

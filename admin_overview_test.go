@@ -261,14 +261,29 @@ func TestAdminElection(t *testing.T) {
 	t.Run("GoRelay", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		hold(t, b, "relay@2026-11-30T10:00:00Z orders-7f9c-abc", "pg_try_advisory_lock")
+		b.insert(t, "t", "a")
+		entered, leave := make(chan struct{}), make(chan struct{})
+		replica := pgserver.Name(t)
+		pool := pgserver.Pool(t, server().URL, replica, 4)
+		r, err := relay.New(pool, b.cfg, relay.SenderFunc("t", func(context.Context, relay.Message) error {
+			close(entered)
+			<-leave
+			return nil
+		}))
+		require.NoError(t, err)
+		before := time.Now()
+		done := make(chan error, 1)
+		go func() { _, err := r.RunIfElected(ctx); done <- err }()
+		<-entered
 		holders, err := b.newAdmin(t).Election(ctx)
+		close(leave)
+		require.NoError(t, <-done)
 		require.NoError(t, err)
 		require.Len(t, holders, 1)
 		h := holders[0]
-		require.Equal(t, relay.HolderRelay, h.Kind)
-		require.Equal(t, time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), h.Since)
-		require.Equal(t, "orders-7f9c-abc", h.Replica)
+		require.Equal(t, relay.HolderRelay, h.Kind, "the guard marks its statements on the lock's session")
+		require.WithinDuration(t, before, h.Since, 5*time.Second)
+		require.Equal(t, replica, h.Replica, "the replica's own application_name, untouched")
 	})
 
 	t.Run("Pause", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -96,8 +97,32 @@ func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
 	return &PostgresGuard{pool: pool, logger: slog.Default(), held: make(map[string]bool)}
 }
 
-// electionMark starts every statement the guard runs on the lock's session.
+// electionMark starts every statement the guard runs on the lock's session,
+// so that pg_stat_activity.query tells a Go relay's election from any other
+// holder's (a JVM relay, an operator); the heartbeat's says since when
+// (heartbeatSQL). parseElectionMark reads them back.
 const electionMark = "/* relay election */ "
+
+// heartbeatSQL is the heartbeat of an election won at since.
+func heartbeatSQL(since time.Time) string {
+	return "/* relay election since " + since.UTC().Format(time.RFC3339) + " */ SELECT pg_backend_pid()"
+}
+
+// parseElectionMark reads a holder's last statement: whether a Go relay's
+// guard ran it, and since when it holds the election — the heartbeat's mark,
+// or else the start of the statement (the lock's own, which won it).
+func parseElectionMark(query string, queryStart time.Time) (since time.Time, ok bool) {
+	rest, ok := strings.CutPrefix(query, "/* relay election")
+	if !ok {
+		return time.Time{}, false
+	}
+	if stamp, ok := strings.CutPrefix(rest, " since "); ok {
+		if t, err := time.Parse(time.RFC3339, strings.TrimSpace(strings.SplitN(stamp, "*/", 2)[0])); err == nil {
+			return t, true
+		}
+	}
+	return queryStart, true
+}
 
 // lockSQL tries the lock in one round trip, and, when it wins, sets the
 // session's lease. Its columns: locked (NULL: the lock is already held by this

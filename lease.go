@@ -105,7 +105,7 @@ type watch struct {
 
 func startWatch(conn *pgconn.PgConn, pid uint32, won time.Time, lost func(error)) *watch {
 	w := &watch{conn: conn, pid: pid, lease: newLease(won), lost: lost, done: make(chan struct{}),
-		beat: "/* relay election since " + won.UTC().Format("2006-01-02T15:04:05Z") + " */ SELECT pg_backend_pid()"}
+		beat: heartbeatSQL(won)}
 	go w.run()
 	return w
 }

@@ -769,7 +769,8 @@ func (r *adminRepository) estimate(ctx context.Context, db querier, explainSQL s
 // bits) and objid (low 32 bits). Locks of another database are not ours.
 const lockHoldersSQL = `SELECT k.key, l.mode, l.granted, coalesce(l.pid, 0), coalesce(a.usename::text, ''),
   coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
-  a.backend_start, coalesce(a.state, ''), a.state_change, a.backend_start IS NULL, now()
+  a.backend_start, coalesce(a.state, ''), a.state_change, a.backend_start IS NULL, now(),
+  coalesce(a.query, ''), a.query_start
 FROM unnest($1::text[]) AS k(key)
 JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -786,10 +787,13 @@ func (r *adminRepository) lockHolders(ctx context.Context, db querier, keys []st
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (LockHolder, error) {
 		var h LockHolder
 		var mode string
-		var start, change *time.Time
+		var start, change, queryStart *time.Time
 		var pid int32
 		err := row.Scan(&h.Key, &mode, &h.Granted, &pid, &h.User, &h.ApplicationName, &h.ClientAddr,
-			&start, &h.State, &change, &h.Hidden, &h.At)
+			&start, &h.State, &change, &h.Hidden, &h.At, &h.query, &queryStart)
+		if queryStart != nil {
+			h.queryStart = *queryStart
+		}
 		h.PID = int(pid)
 		h.Mode = LockExclusive
 		if mode == "ShareLock" {

@@ -284,13 +284,17 @@ func TestStatus(t *testing.T) {
 		t.Parallel()
 		w := setup(t)
 		w.rows(t, "orders", 1, "PENDING", 0, 0)
+		// A Go relay's election, as its guard holds it: the marked lock
+		// statement, then the heartbeat that says since when.
 		cc, err := pgx.ParseConfig(pgserver.Shared().URL)
 		require.NoError(t, err)
-		cc.RuntimeParams["application_name"] = "relay@" + time.Now().UTC().Format(time.RFC3339) + " orders-replica-2"
+		cc.RuntimeParams["application_name"] = "orders-replica-2"
 		conn, err := pgx.ConnectConfig(ctx, cc)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		_, err = conn.Exec(ctx, "SELECT pg_try_advisory_lock(hashtext($1 || '_relay_m2m'))", w.app)
+		_, err = conn.Exec(ctx, "/* relay election */ SELECT pg_try_advisory_lock(hashtext($1 || '_relay_m2m'))", w.app)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "/* relay election since "+time.Now().UTC().Format(time.RFC3339)+" */ SELECT pg_backend_pid()")
 		require.NoError(t, err)
 		code, s, _ := status(t, w, "--sample", "0")
 		require.Equal(t, exitOK, code, s.Summary)
