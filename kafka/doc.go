@@ -1,0 +1,2 @@
+// Package kafka delivers relay messages to Kafka.
+package kafka
