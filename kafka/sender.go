@@ -125,6 +125,7 @@ func (s *Sender) SendBatch(ctx context.Context, ms []relay.Message) (errs []erro
 	if len(ms) == 0 {
 		return errs
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeoutCause(ctx, s.timeout, s.timedOut)
 	defer cancel()
 
@@ -141,7 +142,7 @@ func (s *Sender) SendBatch(ctx context.Context, ms []relay.Message) (errs []erro
 	}
 	for i, err := range errs {
 		if err != nil {
-			errs[i] = s.describe(ctx, err)
+			errs[i] = s.describe(parent, err)
 		}
 	}
 	return errs
@@ -199,20 +200,19 @@ func (s *Sender) produce(ctx context.Context, recs []*kgo.Record, errs []error) 
 
 // describe turns a failed produce's error into the one Send returns: the
 // topic and the cause, in words that read well in last_error, and
-// [relay.Permanent] when s.permanent says so.
-func (s *Sender) describe(ctx context.Context, err error) error {
+// [relay.Permanent] when s.permanent says so. parent is the caller's ctx.
+func (s *Sender) describe(parent context.Context, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, s.timedOut) {
-		// kgo reports a cancelled record with ctx.Err(); the cause says why.
-		cause := context.Cause(ctx)
-		if cause == nil {
-			cause = err
+		// The client reports a record given up on with ctx.Err(), sometimes
+		// just before ctx says it is done: unless the caller's ctx ended,
+		// it was the sender's Timeout.
+		if parent.Err() != nil {
+			return fmt.Errorf("kafka: produce to topic %q: %w", s.topic, context.Cause(parent))
 		}
-		if errors.Is(cause, s.timedOut) {
-			if last := s.conns.last(); last != "" {
-				return fmt.Errorf("kafka: produce to topic %q: %w; broker unreachable? last connection error: %s", s.topic, cause, last)
-			}
+		if last := s.conns.last(); last != "" {
+			return fmt.Errorf("kafka: produce to topic %q: %w; last connection error: %s", s.topic, s.timedOut, last)
 		}
-		return fmt.Errorf("kafka: produce to topic %q: %w", s.topic, cause)
+		return fmt.Errorf("kafka: produce to topic %q: %w", s.topic, s.timedOut)
 	}
 	err = fmt.Errorf("kafka: produce to topic %q: %w", s.topic, err)
 	if s.permanent(err) {
