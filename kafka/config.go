@@ -97,7 +97,7 @@ func (c *Config) validate() error {
 	}
 	for i, b := range c.Brokers {
 		if strings.TrimSpace(b) == "" {
-			bad("Brokers", "[%d] must not be empty", i)
+			bad(fmt.Sprintf("Brokers[%d]", i), "must not be empty")
 		}
 	}
 	if c.Client != nil && len(c.Options) > 0 {
@@ -105,7 +105,7 @@ func (c *Config) validate() error {
 	}
 	for i, o := range c.Options {
 		if o == nil {
-			bad("Options", "[%d] must not be nil", i)
+			bad(fmt.Sprintf("Options[%d]", i), "must not be nil")
 		}
 	}
 	if c.Timeout < 0 {

@@ -7,6 +7,7 @@ replace github.com/xadm/relay => ../
 require (
 	github.com/twmb/franz-go v1.21.7
 	github.com/xadm/relay v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
 )
 
 require (
