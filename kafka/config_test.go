@@ -35,7 +35,9 @@ func TestNewSenderRefuses(t *testing.T) {
 			[]string{`kafka: Config.Topic "orders/eu" is not a valid Kafka topic name: '/'`}},
 		{"DotTopic", func(*testing.T) Config { return Config{Type: "order", Topic: "..", Brokers: brokers} },
 			[]string{`kafka: Config.Topic ".." is not a valid Kafka topic name`}},
-		{"LongTopic", func(*testing.T) Config { return Config{Type: "order", Topic: strings.Repeat("a", 250), Brokers: brokers} },
+		{"LongTopic", func(*testing.T) Config {
+			return Config{Type: "order", Topic: strings.Repeat("a", 250), Brokers: brokers}
+		},
 			[]string{"longer than 249 characters"}},
 		{"NoBrokers", func(*testing.T) Config { return Config{Type: "order"} },
 			[]string{"kafka: Config.Brokers must not be empty when Config.Client is nil"}},
