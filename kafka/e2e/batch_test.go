@@ -24,7 +24,7 @@ func TestSendBatch(t *testing.T) {
 	t.Run("ManyInOneCall", func(t *testing.T) {
 		t.Parallel()
 		c := newCluster(t, kfake.SeedTopics(4, "orders"))
-		s := newSender(t, kafka.Config{Type: "order", Topic: "orders", Brokers: c.ListenAddrs()})
+		s := newSender(t, kafka.Config{Type: "order", Topic: "orders", Brokers: c.ListenAddrs(), Timeout: waitLimit})
 		const n = 500
 		ms := make([]relay.Message, n)
 		for i := range ms {
@@ -59,7 +59,7 @@ func TestSendBatch(t *testing.T) {
 		// batch with the good ones and refuses the batch.
 		c := newCluster(t)
 		require.NoError(t, c.CreateTopic("small", 1, map[string]string{"max.message.bytes": "4000"}))
-		s := newSender(t, kafka.Config{Type: "order", Topic: "small", Brokers: c.ListenAddrs()})
+		s := newSender(t, kafka.Config{Type: "order", Topic: "small", Brokers: c.ListenAddrs(), Timeout: waitLimit})
 		const n, large = 20, 7
 		ms := make([]relay.Message, n)
 		for i := range ms {
@@ -88,7 +88,7 @@ func TestSendBatch(t *testing.T) {
 		c := newCluster(t, kfake.SeedTopics(4, "orders"))
 		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "orders", Partitions: []int32{2},
 			Err: kerr.UnknownServerError, Count: -1})
-		s := newSender(t, kafka.Config{Type: "order", Topic: "orders", Brokers: c.ListenAddrs()})
+		s := newSender(t, kafka.Config{Type: "order", Topic: "orders", Brokers: c.ListenAddrs(), Timeout: waitLimit})
 		ms := make([]relay.Message, 100)
 		for i := range ms {
 			ms[i] = message(int64(i+1), "order", fmt.Sprintf("key-%d", i), `{}`)

@@ -28,6 +28,7 @@ func TestPermanentErrors(t *testing.T) {
 	send := func(t *testing.T, cfg kafka.Config, payload string) error {
 		t.Helper()
 		cfg.Type = "order"
+		cfg.Timeout = waitLimit // the outcome must be the broker's answer, never the Timeout
 		if cfg.Client == nil {
 			cfg.Brokers = c.ListenAddrs()
 		}
@@ -63,7 +64,7 @@ func TestPermanentErrors(t *testing.T) {
 		t.Parallel()
 		auto := newCluster(t, kfake.AllowAutoTopicCreation())
 		s := newSender(t, kafka.Config{Type: "order", Topic: "created-on-demand", Brokers: auto.ListenAddrs(),
-			Options: []kgo.Opt{kgo.AllowAutoTopicCreation()}})
+			Options: []kgo.Opt{kgo.AllowAutoTopicCreation()}, Timeout: waitLimit})
 		require.NoError(t, s.Send(context.Background(), message(1, "order", "key-1", `{}`)))
 		require.NotNil(t, auto.TopicInfo("created-on-demand"))
 	})
@@ -81,20 +82,21 @@ func TestAuthorizationErrors(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "orders"), kfake.EnableSASL(), kfake.EnableACLs(),
 		kfake.Superuser("PLAIN", "admin", "admin"),
 		kfake.User("PLAIN", "reader", "secret", describe, idempotent))
-	as := func(user, pass string) kafka.Config {
-		return kafka.Config{Type: "order", Topic: "orders", Brokers: c.ListenAddrs(), Timeout: 3 * time.Second,
+	as := func(user, pass string, timeout time.Duration) kafka.Config {
+		return kafka.Config{Type: "order", Topic: "orders", Brokers: c.ListenAddrs(), Timeout: timeout,
 			Options: []kgo.Opt{kgo.SASL(plain.Auth{User: user, Pass: pass}.AsMechanism())}}
 	}
 
-	err := newSender(t, as("admin", "admin")).Send(context.Background(), message(1, "order", "key-1", `{}`))
+	err := newSender(t, as("admin", "admin", waitLimit)).Send(context.Background(), message(1, "order", "key-1", `{}`))
 	require.NoError(t, err, "the superuser writes")
 
-	err = newSender(t, as("reader", "secret")).Send(context.Background(), message(2, "order", "key-1", `{}`))
+	err = newSender(t, as("reader", "secret", waitLimit)).Send(context.Background(), message(2, "order", "key-1", `{}`))
 	t.Log(err)
 	require.True(t, relay.IsPermanent(err), "%v", err)
 	require.True(t, errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed), "%v", err)
 
-	err = newSender(t, as("admin", "wrong")).Send(context.Background(), message(3, "order", "key-1", `{}`))
+	// kgo keeps trying to authenticate until the sender's Timeout.
+	err = newSender(t, as("admin", "wrong", 2*time.Second)).Send(context.Background(), message(3, "order", "key-1", `{}`))
 	t.Log(err)
 	require.Error(t, err)
 	require.False(t, relay.IsPermanent(err), "%v", err)
@@ -116,8 +118,8 @@ func TestRetryableErrors(t *testing.T) {
 
 	t.Run("BrokerDown", func(t *testing.T) {
 		t.Parallel()
-		err := send(t, []string{fmt.Sprintf("127.0.0.1:%d", freePort(t))}, 300*time.Millisecond)
-		require.ErrorContains(t, err, "no acknowledgement from the brokers within 300ms")
+		err := send(t, []string{fmt.Sprintf("127.0.0.1:%d", freePort(t))}, time.Second)
+		require.ErrorContains(t, err, "no acknowledgement from the brokers within 1s")
 		require.ErrorContains(t, err, "connection refused")
 	})
 	for _, refusal := range []*kerr.Error{kerr.NotEnoughReplicas, kerr.NotLeaderForPartition, kerr.RequestTimedOut,
@@ -126,12 +128,16 @@ func TestRetryableErrors(t *testing.T) {
 			t.Parallel()
 			c := newCluster(t, kfake.SeedTopics(1, "orders"))
 			c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "orders", Err: refusal, Count: -1})
-			err := send(t, c.ListenAddrs(), 500*time.Millisecond)
-			if !refusal.Retriable {
-				// kgo gives up on what Kafka calls not retriable at once;
-				// the relay still retries it.
-				require.ErrorIs(t, err, refusal)
+			if refusal.Retriable {
+				// kgo retries these itself, until the sender's Timeout.
+				err := send(t, c.ListenAddrs(), 500*time.Millisecond)
+				require.ErrorContains(t, err, "no acknowledgement from the brokers within 500ms")
+				return
 			}
+			// kgo gives up at once on what Kafka calls not retriable; the
+			// relay still retries it.
+			err := send(t, c.ListenAddrs(), waitLimit)
+			require.ErrorIs(t, err, refusal)
 		})
 	}
 }

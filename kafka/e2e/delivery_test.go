@@ -26,10 +26,13 @@ func TestDeliveryThroughTheRelay(t *testing.T) {
 	b.cfg.BatchSize = 25
 	b.cfg.Concurrency = 4
 
+	// A Timeout longer than any wait of a busy machine: a record given up on
+	// and produced again would be a duplicate, which this test counts.
 	brokers := c.ListenAddrs()
-	created := newSender(t, kafka.Config{Type: "order.created", Topic: "orders", Brokers: brokers})
-	cancelled := newSender(t, kafka.Config{Type: "order.cancelled", Topic: "orders", Brokers: brokers})
-	invoices := newSender(t, kafka.Config{Type: "invoice.issued", Brokers: brokers})
+	created := newSender(t, kafka.Config{Type: "order.created", Topic: "orders", Brokers: brokers, Timeout: waitLimit})
+	cancelled := newSender(t, kafka.Config{Type: "order.cancelled", Topic: "orders", Brokers: brokers, Timeout: waitLimit})
+	invoices := newSender(t, kafka.Config{Type: "invoice.issued", Brokers: brokers, Timeout: waitLimit})
+	b.cfg.SendTimeout = waitLimit
 
 	for round := range 4 {
 		for k := range 20 {
