@@ -35,7 +35,7 @@ func TestRecord(t *testing.T) {
 }
 
 // TestSendWithoutBroker checks, without a broker, that a Send nobody answers
-// fails after Timeout with a retryable error naming the refused connection.
+// fails, within Timeout, with a retryable error naming the refused connection.
 func TestSendWithoutBroker(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -53,8 +53,10 @@ func TestSendWithoutBroker(t *testing.T) {
 	if err == nil || relay.IsPermanent(err) {
 		t.Fatalf("Send = %v, want a retryable error", err)
 	}
-	for _, want := range []string{`kafka: produce to topic "orders": no acknowledgement from the brokers within 1s`,
-		"last connection error: " + addr, "connection refused"} {
+	// Either the sender's Timeout ends the wait ("no acknowledgement from the
+	// brokers within 1s ...; last connection error: <addr>: ...") or kgo gives
+	// up on the record after failed dials: both name the refused address.
+	for _, want := range []string{`kafka: produce to topic "orders": `, addr, "connection refused"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not contain %q", err, want)
 		}

@@ -54,15 +54,17 @@ func TestBrokerOutage(t *testing.T) {
 		}
 		return len(failing) == keys
 	})
+	// kgo gives up on the record itself after failed dials, or the sender's
+	// Timeout does: either way the error says the broker refused.
 	for _, r := range rs {
 		if r.Status == "ERROR" {
-			require.Contains(t, r.LastError, `kafka: produce to topic "orders": no acknowledgement from the brokers within 500ms`, "row %d", r.ID)
+			require.Contains(t, r.LastError, `kafka: produce to topic "orders": `, "row %d", r.ID)
+			require.True(t, strings.Contains(r.LastError, "connection refused") ||
+				strings.Contains(r.LastError, "no acknowledgement from the brokers within 500ms"), "row %d: %s", r.ID, r.LastError)
 		}
 	}
-	logged := b.logs.lines("relay: send failed; will retry", "no acknowledgement from the brokers within 500ms")
+	logged := b.logs.lines("relay: send failed; will retry", `kafka: produce to topic \"orders\"`, "connection refused")
 	require.NotEmpty(t, logged, "a log line says why the rows failed")
-	require.True(t, strings.Contains(strings.Join(logged, "\n"), "connection refused"),
-		"the log names the broker's refusal:\n%s", strings.Join(logged, "\n"))
 
 	c = up()
 	rs = b.waitRows(t, "every row SENT once the broker is back", func(rs []row) bool {
