@@ -118,8 +118,9 @@ func TestRetryableErrors(t *testing.T) {
 
 	t.Run("BrokerDown", func(t *testing.T) {
 		t.Parallel()
+		// The sender's Timeout ends the wait, or kgo gives up on the record
+		// after failed dials: both say the broker refused.
 		err := send(t, []string{fmt.Sprintf("127.0.0.1:%d", freePort(t))}, time.Second)
-		require.ErrorContains(t, err, "no acknowledgement from the brokers within 1s")
 		require.ErrorContains(t, err, "connection refused")
 	})
 	for _, refusal := range []*kerr.Error{kerr.NotEnoughReplicas, kerr.NotLeaderForPartition, kerr.RequestTimedOut,
