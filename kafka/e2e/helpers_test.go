@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -309,5 +308,3 @@ func (l *logBuffer) lines(subs ...string) []string {
 	}
 	return out
 }
-
-var _ = fmt.Sprintf
