@@ -1,0 +1,90 @@
+package e2e_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/xadm/relay/kafka"
+)
+
+// TestOrderAcrossRejections has the broker refuse the produces of two of the
+// topic's three partitions for a while: their rows go ERROR and are retried,
+// the later messages of their keys wait unsent behind them, the keys of the
+// third partition are delivered meanwhile; once the broker accepts again,
+// delivery resumes by itself, and the consumer sees every key in id order.
+func TestOrderAcrossRejections(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(3, "orders"))
+	b := setup(t)
+	b.cfg.Concurrency = 8
+	b.cfg.MaxAttempts = 1000 // nothing dies while the broker refuses
+	s := newSender(t, kafka.Config{Type: "order", Topic: "orders", Brokers: c.ListenAddrs(), Timeout: time.Second})
+
+	refusal := c.Fault(kfake.Fault{
+		Keys:       []kmsg.Key{kmsg.Produce},
+		Topic:      "orders",
+		Partitions: []int32{0, 1},
+		Err:        kerr.NotEnoughReplicas, // retriable: the client retries it until the sender's Timeout
+		Count:      -1,
+	})
+	t.Cleanup(refusal.Remove)
+
+	const keys, perKey = 24, 4
+	for i := range perKey {
+		for k := range keys {
+			b.enqueue(t, "order", fmt.Sprintf("key-%d", k), map[string]int{"key": k, "seq": i})
+		}
+	}
+	start(t, b.relay(t, s))
+
+	// While the broker refuses: each key of a refused partition has its first
+	// message in ERROR, retried again and again, and the others untouched.
+	rs := b.waitRows(t, "the refused keys retried and the others delivered", func(rs []row) bool {
+		requireHeldBack(t, rs)
+		retried, sent := 0, 0
+		for _, r := range rs {
+			if r.Status == "ERROR" && r.Attempts >= 3 {
+				retried++
+			}
+			if r.Status == "SENT" {
+				sent++
+			}
+		}
+		return retried > 0 && retried+sent/perKey == keys
+	})
+	for _, r := range rs {
+		if r.Status == "ERROR" {
+			require.Contains(t, r.LastError, "no acknowledgement from the brokers within 1s", "row %d", r.ID)
+		}
+	}
+
+	refusal.Remove()
+	rs = b.waitRows(t, "every row SENT once the broker accepts again", func(rs []row) bool {
+		requireHeldBack(t, rs)
+		return allSent(rs)
+	})
+	requireKeyOrder(t, consume(t, c, "orders"), rs)
+}
+
+// requireHeldBack checks that no key has a message sent after one of its
+// earlier messages that is not.
+func requireHeldBack(t *testing.T, rs []row) {
+	t.Helper()
+	unsent := map[string]int64{} // the first id of each key that is not SENT
+	for _, r := range rs {       // in id order
+		if first, ok := unsent[r.Key]; ok {
+			require.NotEqual(t, "SENT", r.Status, "row %d of key %s SENT while row %d is not", r.ID, r.Key, first)
+			require.Zero(t, r.Attempts, "row %d of key %s tried while row %d is not SENT", r.ID, r.Key, first)
+			continue
+		}
+		if r.Status != "SENT" {
+			unsent[r.Key] = r.ID
+		}
+	}
+}

@@ -1,0 +1,75 @@
+package e2e_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/xadm/relay/kafka"
+)
+
+// TestBrokerOutage stops the only broker while the relay runs: the rows
+// written meanwhile go ERROR with a last_error and a log line that say what
+// happened, the later messages of their keys wait; the broker comes back on
+// the same address with its log intact, and delivery resumes by itself, each
+// key in id order on the topic.
+func TestBrokerOutage(t *testing.T) {
+	t.Parallel()
+	port, dir := freePort(t), t.TempDir()
+	up := func() *kfake.Cluster {
+		t.Helper()
+		return newCluster(t, kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SeedTopics(3, "orders"))
+	}
+	c := up()
+	b := setup(t)
+	b.cfg.Concurrency = 4
+	b.cfg.MaxAttempts = 1000 // nothing dies during the outage
+	s := newSender(t, kafka.Config{Type: "order", Topic: "orders", Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)},
+		Timeout: 500 * time.Millisecond})
+	start(t, b.relay(t, s))
+
+	const keys = 8
+	for k := range keys {
+		b.enqueue(t, "order", fmt.Sprintf("key-%d", k), map[string]any{"key": k, "phase": "before"})
+	}
+	b.waitRows(t, "the first messages SENT", allSent)
+
+	c.Close()
+	for i := range 3 {
+		for k := range keys {
+			b.enqueue(t, "order", fmt.Sprintf("key-%d", k), map[string]any{"key": k, "phase": "during", "seq": i})
+		}
+	}
+	rs := b.waitRows(t, "every key's next message retried while the broker is down", func(rs []row) bool {
+		requireHeldBack(t, rs)
+		failing := map[string]bool{}
+		for _, r := range rs {
+			if r.Status == "ERROR" && r.Attempts >= 2 {
+				failing[r.Key] = true
+			}
+		}
+		return len(failing) == keys
+	})
+	// kgo gives up on the record itself after failed dials, or the sender's
+	// Timeout does: either way the error says the broker refused.
+	for _, r := range rs {
+		if r.Status == "ERROR" {
+			require.Contains(t, r.LastError, `kafka: produce to topic "orders": `, "row %d", r.ID)
+			require.True(t, strings.Contains(r.LastError, "connection refused") ||
+				strings.Contains(r.LastError, "no acknowledgement from the brokers within 500ms"), "row %d: %s", r.ID, r.LastError)
+		}
+	}
+	logged := b.logs.lines("relay: send failed; will retry", `kafka: produce to topic \"orders\"`, "connection refused")
+	require.NotEmpty(t, logged, "a log line says why the rows failed")
+
+	c = up()
+	rs = b.waitRows(t, "every row SENT once the broker is back", func(rs []row) bool {
+		requireHeldBack(t, rs)
+		return allSent(rs)
+	})
+	requireKeyOrder(t, consume(t, c, "orders"), rs)
+}
