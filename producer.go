@@ -41,6 +41,18 @@ const errEnqueue = "relay: enqueue: "
 // transaction commits, and never if it rolls back. Through a pool, the row is
 // committed at once, on its own.
 //
+// The relay delivers a key's messages in id order, and ids are drawn at
+// INSERT, not at commit: two transactions writing messages of one key at once
+// could commit in the other order. So Enqueue first takes the key's order
+// lock, a transaction-scoped advisory lock on (table, key), in the same
+// statement: a second transaction writing the same key waits until the first
+// commits or rolls back, and ids follow commits. Transactions that write
+// several keys should write them in a consistent order (sorted, say), as with
+// any row locks, or two of them can deadlock, and PostgreSQL aborts one
+// (SQLSTATE 40P01). A producer that writes by plain SQL keeps the order by
+// taking the same lock first (docs/architecture.md), or by locking the
+// aggregate's own row (SELECT … FOR UPDATE) before it writes the message.
+//
 // Enqueue validates table and m before it writes anything: table must be a
 // name as [Config.Table] takes it, Type and Key must not be empty or blank,
 // and Payload must be one valid JSON document. The error names the field it

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
@@ -216,4 +218,72 @@ func exampleDatabase() (*pgxpool.Pool, func()) {
 		_, err = conn.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
 		must(err)
 	}
+}
+
+// TestPerKeyOrderFollowsCommits: ids are drawn at INSERT, not at commit. Two
+// producers writing one key at once could commit out of id order, and the
+// relay would deliver the later-committed, lower id after the other. Enqueue
+// takes the key's order lock before it draws the id, so the second producer
+// waits for the first to commit, and ids follow commits. A plain-SQL producer
+// that does not take the lock shows the hazard it closes.
+func TestPerKeyOrderFollowsCommits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	msg := func(n int) relay.Outgoing {
+		return relay.Outgoing{Type: "t", Key: "order-1", Payload: fmt.Appendf(nil, `{"n": %d}`, n)}
+	}
+	// waiting reports whether a session of the pool waits on an advisory lock.
+	waiting := func(b *bundle) bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1`,
+			b.pool.Config().ConnConfig.RuntimeParams["application_name"]).Scan(&n))
+		return n > 0
+	}
+
+	t.Run("EnqueueSerialisesAKeysWriters", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		first, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		firstID, err := relay.Enqueue(ctx, first, b.table, msg(1))
+		require.NoError(t, err)
+
+		secondID := make(chan int64, 1)
+		go func() {
+			id, err := relay.Enqueue(ctx, b.pool, b.table, msg(2)) // commits on its own
+			assert.NoError(t, err)
+			secondID <- id
+		}()
+		require.Eventually(t, func() bool { return waiting(b) }, 10*time.Second, 5*time.Millisecond,
+			"the second writer of the key waits for the first")
+		require.NoError(t, first.Commit(ctx))
+		second := <-secondID
+		require.Greater(t, second, firstID, "the later commit has the later id")
+
+		rec := newRecorder("t", nil)
+		_, err = b.newRelay(t, b.cfg, rec).Run(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []int64{firstID, second}, rec.ids())
+	})
+
+	t.Run("AProducerWithoutTheLockCanOvertake", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		insert := `INSERT INTO ` + pgx.Identifier{b.table}.Sanitize() + ` (type, natural_key, payload) VALUES ('t', 'order-1', '{}') RETURNING id`
+		first, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		var firstID, secondID int64
+		require.NoError(t, first.QueryRow(ctx, insert).Scan(&firstID))
+		require.NoError(t, b.pool.QueryRow(ctx, insert).Scan(&secondID)) // commits at once
+		rec := newRecorder("t", nil)
+		r := b.newRelay(t, b.cfg, rec)
+		_, err = r.Run(ctx)
+		require.NoError(t, err)
+		require.NoError(t, first.Commit(ctx))
+		_, err = r.Run(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []int64{secondID, firstID}, rec.ids(),
+			"without the lock the key's messages arrive in commit order, not id order")
+	})
 }

@@ -511,12 +511,27 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 
 // enqueue inserts one outbound PENDING row and returns its id. The payload
 // goes as text cast to jsonb, which works in every pgx query mode.
+//
+// It first takes the key's order lock (keyOrderLockSQL) in the same statement,
+// before the id is drawn: two transactions writing messages of one key get
+// their ids in the order they commit.
 func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing) (int64, error) {
 	var id int64
 	err := q.QueryRow(ctx, `INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts)
-VALUES ('OUT', $1, $2, $3::jsonb, 'PENDING', 0) RETURNING id`, m.Type, m.Key, string(m.Payload)).Scan(&id)
+SELECT 'OUT', $1, $2, $3::jsonb, 'PENDING', 0
+FROM (SELECT `+keyOrderLockSQL+`) AS key_order
+RETURNING id`, m.Type, m.Key, string(m.Payload), table[len(table)-1]).Scan(&id)
 	return id, err
 }
+
+// keyOrderLockSQL is the lock a producer takes, in its transaction, before it
+// writes a message of key $2 into table $4 (its name without schema), so that
+// ids of one key are drawn in commit order. It is transaction-scoped and
+// two-int, apart from the elections' one-bigint session locks. A producer that
+// writes by plain SQL takes the same lock:
+//
+//	SELECT pg_advisory_xact_lock(hashtext('relay:' || 'mensagem_m2m'), hashtext(<key>));
+const keyOrderLockSQL = `pg_advisory_xact_lock(hashtext('relay:' || $4), hashtext($2))`
 
 // adminRepository holds the statements of Admin for one table. A dead row is
 // an outbound ERROR row whose attempts reached the ceiling ($1 everywhere).
