@@ -3,6 +3,7 @@
 //
 //	cd natsjs && go run ./cmd/natsbench                 # 20,000 rows, 3 rounds, about a minute
 //	go run ./cmd/natsbench -rows 50000 -rounds 5 -storage memory
+//	go run ./cmd/natsbench -rtt 1ms                     # as across a network: 1ms more per round trip
 //
 // It uses the PostgreSQL in DATABASE_URL if that is set, and otherwise starts a
 // throwaway local cluster with PostgreSQL's durability defaults (as
@@ -27,6 +28,10 @@
 // ratio to the no-op sink with the same outcomes, and nats' ratio to nats-sync.
 // The targets of issue 10: nats ≥ 0.7 × no-op with grouped outcomes at
 // BatchSize 1000, and nats ≥ 5 × nats-sync.
+//
+// With -rtt, the relay reaches the server through a proxy that delays every
+// byte by half that much each way, as a network between them would: one
+// round trip per message then weighs what it weighs in production.
 //
 // The last line says whether the engine called SendBatch: while it calls Send
 // only, "nats" is per-message too and equals "nats-sync".
@@ -65,6 +70,7 @@ var (
 	roundsFlag  = flag.Int("rounds", 3, "rounds; the table shows medians")
 	concFlag    = flag.Int("concurrency", 1, "Config.Concurrency")
 	storageFlag = flag.String("storage", "file", "JetStream storage of the stream: file or memory")
+	rttFlag     = flag.Duration("rtt", 0, "round-trip time added between the relay and the server, as a network would (0: none, the server is in-process)")
 )
 
 const benchType = "bench"
@@ -126,7 +132,16 @@ func run(ctx context.Context) error {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	}()
-	nc, err := nats.Connect(ns.ClientURL())
+	url := ns.ClientURL()
+	if *rttFlag > 0 {
+		proxy, err := startLatencyProxy(ns.Addr().String(), *rttFlag/2)
+		if err != nil {
+			return err
+		}
+		defer proxy.Close()
+		url = "nats://" + proxy.Addr()
+	}
+	nc, err := nats.Connect(url)
 	if err != nil {
 		return err
 	}
@@ -142,14 +157,19 @@ func run(ctx context.Context) error {
 	}
 	counted.inner = sender
 
-	if err := senderAlone(ctx, js, storage, sender); err != nil {
+	rtt, err := measureRTT(nc)
+	if err != nil {
 		return err
 	}
 
 	fmt.Printf("natsbench: %d rows per run, BatchSize %d, Concurrency %d, %d rounds (medians); %s, %d CPUs\n",
 		*rowsFlag, *batchFlag, *concFlag, *roundsFlag, runtime.Version(), runtime.NumCPU())
-	fmt.Printf("PostgreSQL: %s (durable settings unless DATABASE_URL); nats-server %s embedded, JetStream %s storage\n\n",
-		pg.Kind, server.VERSION, *storageFlag)
+	fmt.Printf("PostgreSQL: %s (durable settings unless DATABASE_URL); nats-server %s embedded, JetStream %s storage; added round trip %s, measured %s (median PING/PONG)\n\n",
+		pg.Kind, server.VERSION, *storageFlag, *rttFlag, rtt.Round(time.Microsecond))
+
+	if err := senderAlone(ctx, js, storage, sender); err != nil {
+		return err
+	}
 
 	modes := []outcomes{{"default", 0}, {fmt.Sprintf("group %d", *groupFlag), *groupFlag}}
 	rates := make(map[string][]float64)
@@ -267,6 +287,19 @@ func senderAlone(ctx context.Context, js jetstream.JetStream, storage jetstream.
 	fmt.Printf("sender alone (no database): SendBatch of %d: %.0f msg/s; Send one at a time: %.0f msg/s; ratio %.1f\n\n",
 		batch, b, one, b/one)
 	return nil
+}
+
+// measureRTT is the median of 21 PING/PONG round trips to the server.
+func measureRTT(nc *nats.Conn) (time.Duration, error) {
+	var rtts []float64
+	for range 21 {
+		d, err := nc.RTT()
+		if err != nil {
+			return 0, err
+		}
+		rtts = append(rtts, float64(d))
+	}
+	return time.Duration(median(rtts)), nil
 }
 
 // startNATS starts an embedded JetStream server on a free port of 127.0.0.1.
