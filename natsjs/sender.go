@@ -254,8 +254,7 @@ func (s *Sender) SendBatch(ctx context.Context, ms []relay.Message) []error {
 		// Publishing now would only fill the client's reconnect buffer and
 		// wait for the deadline: fail at once, retryably.
 		for i, m := range ms {
-			errs[i] = fmt.Errorf("natsjs: message %d not published: the NATS connection is %s (is the server down?); "+
-				"the relay retries it", m.ID, strings.ToLower(st.String()))
+			errs[i] = fmt.Errorf("natsjs: message %d not published: %s; the relay retries it", m.ID, notConnected(st))
 		}
 		return errs
 	}
@@ -270,6 +269,18 @@ func (s *Sender) SendBatch(ctx context.Context, ms []relay.Message) []error {
 		}
 	}
 	return errs
+}
+
+// notConnected says why a connection in status st cannot publish.
+func notConnected(st nats.Status) string {
+	switch st {
+	case nats.CLOSED:
+		return "the NATS connection is closed (Close was called, or it ran out of reconnect attempts)"
+	case nats.RECONNECTING, nats.CONNECTING, nats.DISCONNECTED:
+		return "the NATS connection is " + strings.ToLower(st.String()) + ": the server is down or unreachable"
+	default:
+		return "the NATS connection is " + strings.ToLower(st.String())
+	}
 }
 
 // batch is one SendBatch call in progress.

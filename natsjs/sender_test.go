@@ -218,3 +218,28 @@ func TestSendHonoursAnEndedContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.False(t, relay.IsPermanent(err))
 }
+
+func TestConnectWhileTheServerIsDownThenClose(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t)
+	n.stop()
+	s, err := natsjs.Connect(n.URL(), natsjs.Config{Type: "order", Logger: testLogger(&syncBuffer{})}, nats.ReconnectWait(20*time.Millisecond))
+	require.NoError(t, err, "a service starts while NATS is down")
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = s.Send(ctx, message(1, "order", "a", `{}`))
+	require.ErrorContains(t, err, "the server is down or unreachable")
+	require.False(t, relay.IsPermanent(err))
+
+	n.start()
+	createStream(t, n.jetStream(t), jetstream.StreamConfig{Name: "RELAY", Subjects: []string{"relay.>"}})
+	eventually(t, "a send to succeed once the server is up", func() bool {
+		return s.Send(ctx, message(1, "order", "a", `{}`)) == nil
+	})
+
+	s.Close()
+	err = s.Send(ctx, message(2, "order", "a", `{}`))
+	require.ErrorContains(t, err, "the NATS connection is closed")
+	require.False(t, relay.IsPermanent(err))
+}
