@@ -179,6 +179,7 @@ func TestErrorClassification(t *testing.T) {
 		{"PublishPermissionDenied", natsjs.Config{Type: "denied"}, `{}`, true, "Permissions Violation for Publish"},
 		{"BoundToAnotherStream", natsjs.Config{Type: "order", Stream: "SMALL"}, `{}`, true, "another stream than Config.Stream"},
 		{"CustomSubjectWithWildcard", natsjs.Config{Type: "order", Subject: func(relay.Message) string { return "relay.*" }}, `{}`, true, "wildcard"},
+		{"CustomSubjectPanics", natsjs.Config{Type: "order", Subject: func(relay.Message) string { panic("boom") }}, `{}`, true, "Config.Subject panicked"},
 		{"StreamFullWithDiscardNew", natsjs.Config{Type: "order", SubjectPrefix: "full"}, `{}`, false, "maximum messages exceeded"},
 	} {
 		id++

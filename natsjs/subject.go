@@ -121,7 +121,10 @@ func unhex(c byte) (byte, bool) {
 // "<prefix>.<Token(type)>.<Token(key)>".
 func (s *Sender) subjectOf(m relay.Message) (string, error) {
 	if s.subject != nil {
-		subj := s.subject(m)
+		subj, err := s.customSubject(m)
+		if err != nil {
+			return "", err
+		}
 		if err := checkSubject(subj); err != nil {
 			return "", fmt.Errorf("natsjs: Config.Subject returned %.200q for message %d: %w", subj, m.ID, err)
 		}
@@ -133,6 +136,16 @@ func (s *Sender) subjectOf(m relay.Message) (string, error) {
 			"shorten the natural key or publish to a Config.Subject of your own", m.ID, len(subj), subjectMax)
 	}
 	return subj, nil
+}
+
+// customSubject calls Config.Subject, a panic in it failing only m.
+func (s *Sender) customSubject(m relay.Message) (subj string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("natsjs: Config.Subject panicked for message %d: %v", m.ID, p)
+		}
+	}()
+	return s.subject(m), nil
 }
 
 // checkSubject reports what makes subj unpublishable: empty, an empty token, a
