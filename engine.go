@@ -102,7 +102,10 @@ func (e *engine) halted() bool {
 		return true
 	}
 	if err := leaseValid(e.ctx); err != nil {
-		e.rec.keep(err)
+		if e.rec.keep(err) == err { // the first to notice says so
+			e.r.logger.LogAttrs(e.ctx, slog.LevelWarn, "relay: the election's lease ran out; starting no new message",
+				slog.String("error", err.Error()))
+		}
 		return true
 	}
 	select {
