@@ -171,12 +171,15 @@ func TestDuplicateWindowDiscardsARedelivery(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.Run(context.Background())
 	require.Error(t, err, "the pass could not record the outcome of the crashed message")
-	require.Contains(t, b.logs.String(), "outcome not recorded; the message will be delivered again")
+	require.Contains(t, b.logs.String(), "outcome not recorded; the message is not sent again before its backoff step")
 	require.Equal(t, "PENDING", b.rows(t)[ids[1]].Status, "the outcome of the published message was lost")
 
-	// The relay comes back, as a restarted process would, with new sessions.
+	// The relay comes back, as a restarted process would: new sessions, and
+	// none of the old process's memory of the lost outcome.
 	down.Store(false)
 	b.pool.Reset()
+	r, err = relay.New(b.pool, b.cfg, sender)
+	require.NoError(t, err)
 	drain(t, r)
 
 	sender.mu.Lock()
