@@ -24,7 +24,7 @@
 // Every periodic pass runs under pg_try_advisory_lock(hashtext(AppName ||
 // '_relay_m2m')), held on one dedicated connection for the whole pass and
 // released on that same connection (decision 0035). The replica that does not
-// get it skips the pass; the next tick tries again. A JVM relay of the same app
+// get it skips the pass; the next pass tries again. A JVM relay of the same app
 // takes the same key, so the two exclude each other. [Config.ClusterLock] =
 // false turns the election off (the escape hatch).
 //
