@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,5 +109,5 @@ func TestZombieLeader(t *testing.T) {
 	require.LessOrEqual(t, dups, 1, "only the message in flight at the cut is delivered twice")
 	require.Len(t, byID, 40)
 	require.True(t, lockFree(t, b.cfg.AppName))
-	t.Log(fmt.Sprintf("leader sent %d, standby sent %d, %d delivered twice", len(sends["a"]), len(sends["b"]), dups))
+	t.Logf("leader sent %d, standby sent %d, %d delivered twice", len(sends["a"]), len(sends["b"]), dups)
 }

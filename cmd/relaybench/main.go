@@ -223,7 +223,6 @@ type line struct {
 	ratioC1        float64
 	ratioC8        float64 // 0 = not shown
 	target, status string
-	note           string
 }
 
 func printTable(lines []line) {

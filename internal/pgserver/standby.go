@@ -2,7 +2,6 @@ package pgserver
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -47,6 +46,3 @@ func (s *Server) StartStandby(ctx context.Context) (*Server, error) {
 	}
 	return &Server{URL: pgURL("postgres", c.port, "postgres"), Kind: "local", local: c}, nil
 }
-
-// errNotLocal is returned for operations only a local cluster supports.
-var errNotLocal = errors.New("pgserver: only a local cluster supports this")
