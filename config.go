@@ -25,6 +25,7 @@ const (
 	ConcurrencyDefault  = 1
 	AsyncCommitDefault  = true
 	BatchBytesDefault   = 64 << 20
+	WakeOnCommitDefault = true
 
 	// RetryBackoffMax caps the wait before an ERROR row is retried, however
 	// many attempts it has.
@@ -136,6 +137,15 @@ type Config struct {
 	// (docs/performance.md). Defaults to true; false waits for every flush.
 	AsyncCommit bool
 
+	// WakeOnCommit makes the started relay LISTEN for the NOTIFY that [Enqueue]
+	// (or [WakeTriggerSQL]'s trigger) sends when a producer commits a message,
+	// and pass at once instead of at the next Interval: milliseconds from a
+	// commit to its Send. It needs a connection of its own (one more than
+	// Concurrency + 2) and session pooling; behind a transaction-pooling
+	// proxy the relay finds out, says so once, and polls. Passes still run
+	// every Interval, for rows written without a NOTIFY. Defaults to true.
+	WakeOnCommit bool
+
 	// Logger receives the relay's logs. Defaults to [slog.Default].
 	Logger *slog.Logger
 
@@ -162,6 +172,7 @@ func DefaultConfig() Config {
 		BatchSize:    BatchSizeDefault,
 		MaxAttempts:  MaxAttemptsDefault,
 		BatchBytes:   BatchBytesDefault,
+		WakeOnCommit: WakeOnCommitDefault,
 		RetryBackoff: RetryBackoffDefault,
 		SendTimeout:  SendTimeoutDefault,
 		Concurrency:  ConcurrencyDefault,
@@ -260,6 +271,7 @@ const (
 	EnvConcurrency   = "RELAY_CONCURRENCY"
 	EnvGroupOutcomes = "RELAY_GROUP_OUTCOMES"
 	EnvAsyncCommit   = "RELAY_ASYNC_COMMIT"
+	EnvWakeOnCommit  = "RELAY_WAKE_ON_COMMIT"
 )
 
 // ConfigFromEnv returns [DefaultConfig] with every RELAY_* variable that is set
@@ -287,6 +299,7 @@ func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	envVar(&e, EnvConcurrency, &cfg.Concurrency, strconv.Atoi, "an integer")
 	envVar(&e, EnvGroupOutcomes, &cfg.GroupOutcomes, strconv.Atoi, "an integer")
 	envVar(&e, EnvAsyncCommit, &cfg.AsyncCommit, strconv.ParseBool, "a boolean (use true or false)")
+	envVar(&e, EnvWakeOnCommit, &cfg.WakeOnCommit, strconv.ParseBool, "a boolean (use true or false)")
 	errs := e.errs
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)

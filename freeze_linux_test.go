@@ -25,8 +25,8 @@ import (
 // does: the server keeps its session, which no keepalive can end since the
 // kernel still answers for it. The lease ends the frozen holder's lock session
 // 10s after its last heartbeat, the other replica takes over within
-// takeoverBound, and when the frozen process wakes up it sends nothing more:
-// its lease is past, so it starts no new message.
+// takeoverBound, and when the frozen process wakes up it starts no new
+// message: its lease is past.
 //
 // The frozen replica is this test binary run again as a child
 // (TestFrozenLeaderChild), delivering by HTTP to a receiver of this test, with
@@ -59,6 +59,7 @@ func TestFrozenLeader(t *testing.T) {
 		childByID[id]++
 		if !thawedAt.IsZero() {
 			childAfter++
+			t.Logf("a request after the child woke: id %s, attempt %s", id, r.Header.Get("Relay-Attempt"))
 		}
 		freeze := frozenAt.IsZero() && len(childByID) == 5
 		if freeze {
@@ -121,8 +122,8 @@ func TestFrozenLeader(t *testing.T) {
 	t.Logf("the standby delivered %s after the leader froze (bound %s)", takeover.Round(time.Millisecond), takeoverBound)
 	require.Less(t, takeover, takeoverBound)
 
-	// The frozen replica wakes up: it finishes the send it was in, records
-	// nothing over the standby's outcome, and starts nothing new.
+	// The frozen replica wakes up: it finishes the sends it was in, records
+	// nothing over the standby's outcomes, and starts nothing new.
 	require.NoError(t, child.Process.Signal(syscall.SIGCONT))
 	require.Eventually(t, func() bool { return lockFree(t, b.cfg.AppName) || len(electionHolders(t, b.cfg.AppName)) > 0 },
 		5*time.Second, 10*time.Millisecond)
@@ -134,7 +135,10 @@ func TestFrozenLeader(t *testing.T) {
 	proxy.Thaw()
 	mu.Lock()
 	defer mu.Unlock()
-	require.Zero(t, childAfter, "the replica that woke up past its lease sent nothing")
+	// A worker that had decided to send just before the freeze sends when it
+	// wakes: at most one per worker. Without the lease they would go on
+	// through the 25 rows left of their batch.
+	require.LessOrEqual(t, childAfter, 4, "the replica that woke up past its lease started nothing new")
 	dups := 0
 	for _, n := range standbyByID {
 		dups += n - 1

@@ -29,14 +29,23 @@ const (
 
 // loop is one run of the scheduling loop, from Start to Stop.
 type loop struct {
-	cancel context.CancelFunc // hard stop: cancels the sends in flight
-	halt   chan struct{}      // closed on Stop: no new message, batch or pass
-	halted sync.Once
-	wake   chan struct{} // a pass is wanted now (buffered: wake-ups coalesce)
-	done   chan struct{} // closed when the loop has returned: its last pass unwound
+	cancel    context.CancelFunc // hard stop: cancels the sends in flight
+	halt      chan struct{}      // closed on Stop: no new message, batch or pass
+	halted    sync.Once
+	wake      chan struct{} // a pass is wanted now (buffered: wake-ups coalesce)
+	listening chan struct{} // closed when the wake-up listener has returned (at once without one)
+	done      chan struct{} // closed when the loop has returned: its last pass unwound
 }
 
 func (l *loop) stop() { l.halted.Do(func() { close(l.halt) }) }
+
+// wakeUp asks for a pass now; wake-ups that come while one is pending merge.
+func (l *loop) wakeUp() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
 
 // Start starts the periodic pass in the background and returns at once. The
 // first pass starts at once; each next one starts Interval after the previous
@@ -56,8 +65,14 @@ func (r *Relay) Start(ctx context.Context) error {
 		}
 	}
 	passCtx, cancel := context.WithCancel(ctx)
-	l := &loop{cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	l := &loop{cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1),
+		listening: make(chan struct{}), done: make(chan struct{})}
 	r.loop = l
+	if r.cfg.WakeOnCommit && r.cfg.Enabled {
+		go r.listen(passCtx, l)
+	} else {
+		close(l.listening)
+	}
 	go r.run(passCtx, l)
 	r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: started",
 		slog.Bool("enabled", r.cfg.Enabled), slog.Bool("cluster_lock", r.cfg.ClusterLock),
@@ -101,13 +116,21 @@ func (r *Relay) Stop(ctx context.Context) error {
 
 // run is the loop: wait for the timer, a wake-up or a stop; pass; schedule the
 // next pass Interval after this one ended, at once while a backlog remains,
-// or later, doubling, while passes fail.
+// soon after a woken pass that delivered (for rows whose producers did not
+// notify), or later, doubling, while passes fail.
+//
+// A replica whose last pass coalesced is a standby: another holds the
+// election and is awake to the same notifications, so the standby leaves
+// them to it and only polls, once every Interval: one statement.
 func (r *Relay) run(ctx context.Context, l *loop) {
 	defer close(l.done)
+	defer func() { <-l.listening }()
 	defer l.cancel()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	standby := false
 	for {
+		woken := false
 		select {
 		case <-ctx.Done():
 			return
@@ -115,18 +138,26 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 			return
 		case <-timer.C:
 		case <-l.wake:
+			if standby {
+				continue
+			}
+			woken = true
 		}
 		if !r.cfg.Enabled {
 			timer.Stop()
 			continue // only a stop ends the wait now
 		}
-		timer.Reset(r.periodic(ctx, l))
+		next, coalesced := r.periodic(ctx, l, woken)
+		standby = coalesced
+		timer.Reset(next)
 	}
 }
 
-// periodic runs the periodic pass, recovering from a panic, and returns the delay
-// until the next one.
-func (r *Relay) periodic(ctx context.Context, l *loop) (next time.Duration) {
+// periodic runs the periodic pass, recovering from a panic, and returns the
+// delay until the next one and whether it coalesced. A pass the timer
+// started begins with the idle poll; one a wake-up started goes straight to
+// the election.
+func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Duration, coalesced bool) {
 	next = r.cfg.Interval
 	defer func() {
 		if p := recover(); p != nil {
@@ -134,12 +165,74 @@ func (r *Relay) periodic(ctx context.Context, l *loop) (next time.Duration) {
 				slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 		}
 	}()
-	res, _ := r.runIfElected(ctx, passOpts{halt: l.halt, drain: true})
+	o := passOpts{halt: l.halt, drain: true}
+	var res passResult
+	if woken || !r.pollable() {
+		res, _ = r.runIfElected(ctx, o)
+	} else {
+		res = r.poll(ctx, o)
+	}
 	switch n := r.failing(); {
 	case res.backlog && res.err == nil:
 		next = 0
+	case woken && res.processed() > 0 && res.err == nil:
+		next = wakeFollowUp
 	case n > 0:
 		next = min(r.cfg.Interval<<min(n-1, 16), max(r.cfg.Interval, loopBackoffMax))
 	}
-	return next
+	return next, res.coalesced()
+}
+
+// pollable reports whether the idle poll can stand in for the election: it
+// takes the same advisory lock, so only with the relay's own PostgresGuard.
+func (r *Relay) pollable() bool {
+	g, ok := r.guard.(*PostgresGuard)
+	return r.cfg.ClusterLock && ok && g.pool == r.pool
+}
+
+// poll is the timer's pass: one statement that wins the election for its own
+// length and looks for work (repository.go, pollSQL). Without work, it is the
+// whole pass, elected or coalesced: an idle replica costs one statement per
+// Interval. With work, the pass takes the election for real.
+func (r *Relay) poll(ctx context.Context, o passOpts) passResult {
+	start := time.Now()
+	select {
+	case r.pass <- struct{}{}:
+	default:
+		r.passDone(passResult{}, start) // this relay's own pass holds the election
+		return passResult{}
+	}
+	res, work := r.pollOnce(ctx)
+	<-r.pass
+	if work {
+		res, _ = r.runIfElected(ctx, o)
+		return res
+	}
+	r.passDone(res, start)
+	return res
+}
+
+// pollOnce runs the idle poll's statement: the pass it was, unless there is
+// work, which the caller hands to the elected pass.
+func (r *Relay) pollOnce(ctx context.Context) (res passResult, work bool) {
+	if err := r.learnTable(ctx); err != nil {
+		return passResult{err: err}, false
+	}
+	pctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+	defer cancel()
+	c, err := acquire(pctx, r.pool, "poll for work")
+	if err != nil {
+		return passResult{err: err}, false
+	}
+	defer c.Release()
+	readOnly, won, work, err := r.repo.poll(pctx, c, r.cfg.MaxAttempts, r.types, r.key)
+	switch {
+	case err != nil:
+		return passResult{err: fmt.Errorf("relay: poll %s for work: %w", r.cfg.Table, err)}, false
+	case readOnly:
+		return passResult{err: fmt.Errorf("%w: not electing %q on it: a lock taken on a standby excludes nobody on the primary", ErrReadOnly, r.key)}, false
+	case !won:
+		return passResult{}, false // coalesced
+	}
+	return passResult{ran: true}, work
 }

@@ -57,7 +57,17 @@ const errEnqueue = "relay: enqueue: "
 // name as [Config.Table] takes it, Type and Key must not be empty or blank,
 // and Payload must be one valid JSON document. The error names the field it
 // refuses ("Outgoing.Key must not be empty ...").
-func Enqueue(ctx context.Context, q Querier, table string, m Outgoing) (int64, error) {
+//
+// By default Enqueue also wakes the relays of table when the transaction
+// commits (a NOTIFY in the same statement), so the message reaches its Sender
+// within milliseconds instead of at the next poll; see [WithoutWakeUp].
+func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...EnqueueOption) (int64, error) {
+	var o enqueueOptions
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
 	id, err := parseTable(table)
 	if err != nil {
 		return 0, errors.New(errEnqueue + err.Error())
@@ -68,12 +78,31 @@ func Enqueue(ctx context.Context, q Querier, table string, m Outgoing) (int64, e
 	if q == nil {
 		return 0, errors.New(errEnqueue + "nil Querier: pass the transaction (pgx.Tx) the message must commit with")
 	}
-	newID, err := enqueue(ctx, q, id, m)
+	channel := ""
+	if !o.noWake && wakeDue(wakeChannel(id), m.Type) {
+		channel = wakeChannel(id)
+	}
+	newID, err := enqueue(ctx, q, id, m, channel)
 	if err != nil {
 		return 0, fmt.Errorf(errEnqueue+"insert a message of type %q, key %q into %s: %w", m.Type, m.Key, table, err)
 	}
 	return newID, nil
 }
+
+// EnqueueOption changes what [Enqueue] does.
+type EnqueueOption func(*enqueueOptions)
+
+type enqueueOptions struct {
+	noWake bool
+}
+
+// WithoutWakeUp makes [Enqueue] write the message without waking the relays:
+// they find it at their next poll, within Config.Interval. A wake-up is a
+// NOTIFY, and PostgreSQL commits notifying transactions one at a time; Enqueue
+// already sends at most one per type and table every wakeUpWindow (2 ms) from
+// this process, which keeps producers' commits concurrent, so this option is
+// for producers that want no NOTIFY at all (bulk loads, say).
+func WithoutWakeUp() EnqueueOption { return func(o *enqueueOptions) { o.noWake = true } }
 
 // validate names the first field of m that Enqueue refuses.
 func (m *Outgoing) validate() error {

@@ -14,6 +14,7 @@ import (
 
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -34,6 +35,7 @@ type Relay struct {
 	cfg      Config
 	logger   *slog.Logger
 	repo     *repository
+	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
 	guard    Guard
@@ -103,6 +105,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 	if err != nil {
 		return nil, &FieldError{Field: "Table", msg: err.Error()}
 	}
+	tableID, _ := parseTable(cfg.Table) // valid: newRepository checked it
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -115,6 +118,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		cfg:      cfg,
 		logger:   logger,
 		repo:     repo,
+		tableID:  tableID,
 		senders:  byType,
 		types:    slices.Sorted(maps.Keys(byType)),
 		guard:    cfg.Guard,

@@ -139,6 +139,7 @@ type repository struct {
 	table      string // quoted
 	name       string // as configured, for to_regclass
 	fetchSQL   string
+	pollSQL    string
 	payloadSQL string
 	sentSQL    string
 	errorSQL   string
@@ -207,18 +208,34 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
       AND NOT ` + waiting("m") + heldBack + `
     OFFSET 0) e ORDER BY e.id LIMIT $3)`
 	}
-	r.fetchSQL = `SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
-  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= ` + fmt.Sprint(inlinePayloadMax) + ` THEN m.payload::text END
-FROM ` + t + ` m
-WHERE m.id = ANY(ARRAY(SELECT c.id FROM (
+	// The candidates: ids of deliverable rows, at most $3 of each part.
+	candidates := `
   SELECT p.id FROM unnest($2::text[]) AS ty(type) CROSS JOIN LATERAL (
     SELECT m.id FROM ` + t + ` m
     WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
       AND coalesce(m.attempts, 0) < $1` + heldBack + `
     ORDER BY m.type, m.id LIMIT $3) p` +
-		failed("m.attempts < $1") + failed("m.attempts IS NULL") + `
+		failed("m.attempts < $1") + failed("m.attempts IS NULL")
+	r.fetchSQL = `SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
+  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= ` + fmt.Sprint(inlinePayloadMax) + ` THEN m.payload::text END
+FROM ` + t + ` m
+WHERE m.id = ANY(ARRAY(SELECT c.id FROM (` + candidates + `
   ) c ORDER BY c.id LIMIT $3))
 ORDER BY m.id`
+	// The idle poll, one statement: is the server writable, does this
+	// session win the election for the statement's own length (a
+	// transaction-scoped lock, gone when the statement ends: nobody waits on
+	// it, a JVM replica trying at that instant coalesces), and is there
+	// anything to deliver? Only a poll that finds work takes the election for
+	// real. $3 is 1; the key is the last parameter.
+	key := "$4"
+	if r.backoff != 0 {
+		key = "$6"
+	}
+	r.pollSQL = `SELECT l.read_only, l.won, l.won AND EXISTS (` + candidates + `)
+FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext(` + key + `)) AS won
+  FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
+  OFFSET 0) l`
 	if r.backoff == 0 {
 		// Keep the parameters' numbering: $4 and $5 are not sent.
 		r.fetchSQL = strings.ReplaceAll(r.fetchSQL, "$4", "0")
@@ -471,6 +488,16 @@ func (r *repository) states(ctx context.Context, db querier, ids []int64) (map[i
 	return out, err
 }
 
+// poll runs the idle poll (pollSQL) for the election key.
+func (r *repository) poll(ctx context.Context, db querier, maxAttempts int, types []string, key string) (readOnly, won, work bool, err error) {
+	args := []any{maxAttempts, types, 1}
+	if r.backoff != 0 {
+		args = append(args, r.backoff, r.backoffMax)
+	}
+	err = db.QueryRow(ctx, r.pollSQL, append(args, key)...).Scan(&readOnly, &won, &work)
+	return readOnly, won, work, err
+}
+
 // tableInfo is what the relay learns of its table before the first pass.
 type tableInfo struct {
 	qualified string // "schema.table", as Message.IdempotencyKey names it
@@ -515,12 +542,18 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 // It first takes the key's order lock (keyOrderLockSQL) in the same statement,
 // before the id is drawn: two transactions writing messages of one key get
 // their ids in the order they commit.
-func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing) (int64, error) {
+func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, wakeChannel string) (int64, error) {
+	// The NOTIFY, when there is one, rides in the same statement: it is sent
+	// when the producer's transaction commits, and never if it rolls back.
+	wake, args := "", []any{m.Type, m.Key, string(m.Payload), table[len(table)-1]}
+	if wakeChannel != "" {
+		wake, args = ", pg_notify($5, $1)", append(args, wakeChannel)
+	}
 	var id int64
 	err := q.QueryRow(ctx, `INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts)
 SELECT 'OUT', $1, $2, $3::jsonb, 'PENDING', 0
-FROM (SELECT `+keyOrderLockSQL+`) AS key_order
-RETURNING id`, m.Type, m.Key, string(m.Payload), table[len(table)-1]).Scan(&id)
+FROM (SELECT `+keyOrderLockSQL+wake+`) AS key_order
+RETURNING id`, args...).Scan(&id)
 	return id, err
 }
 

@@ -1,0 +1,235 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file is the wake-up on commit: producers NOTIFY when they write a
+// message (Enqueue does, and a trigger can for producers it does not write
+// for), and each started relay LISTENs on a connection of its own, so a
+// message reaches its Sender within milliseconds of its commit instead of at
+// the next poll. Polling every Interval stays underneath: rows written without
+// a NOTIFY (the JVM, plain SQL), and relays behind a transaction-pooling proxy
+// where LISTEN cannot work, are still delivered within one Interval.
+//
+// PostgreSQL commits the transactions that NOTIFY one at a time, so each
+// notification costs producers some of their commits' concurrency. Two things
+// keep that cost small: a producer process notifies at most once per type and
+// table every wakeUpWindow (the rows written in between are found by the
+// relay's follow-up poll, wakeFollowUp after a woken pass), and the trigger
+// lets one transaction at a time carry the NOTIFY.
+
+// Timings of the wake-up.
+const (
+	// wakeUpWindow is the least time between two NOTIFYs of one type and
+	// table from one producer process.
+	wakeUpWindow = 2 * time.Millisecond
+	// wakeFollowUp is how soon after a woken pass that delivered rows the
+	// relay looks again, for rows whose producers did not notify because
+	// another had just done so.
+	wakeFollowUp = 5 * time.Millisecond
+	// listenProbeTimeout bounds the wait for the listener's own test
+	// notification, which does not come back through a transaction-pooling
+	// proxy.
+	listenProbeTimeout = 2 * time.Second
+	// listenRetryMax caps the wait before the listener connects again.
+	listenRetryMax = 30 * time.Second
+)
+
+// wakeChannel is the NOTIFY channel of table: "relay:" and the table's name
+// without its schema (producers and relays may name it either way), cut
+// with a hash of the whole past PostgreSQL's 63 bytes.
+func wakeChannel(table pgx.Identifier) string {
+	name := "relay:" + table[len(table)-1]
+	if len(name) > 63 {
+		h := fnv.New32a()
+		h.Write([]byte(name))
+		tag := fmt.Sprintf("_%08x", h.Sum32())
+		name = name[:63-len(tag)] + tag
+	}
+	return name
+}
+
+// wakeClock is this process's monotonic clock for wakeDue.
+var wakeClock = time.Now()
+
+// lastWake is, per channel and type, when this process last notified
+// (nanoseconds on wakeClock).
+var lastWake sync.Map // string → *atomic.Int64
+
+// wakeDue reports whether a producer of this process should notify channel
+// for typ now: no more than once every wakeUpWindow.
+func wakeDue(channel, typ string) bool {
+	v, _ := lastWake.LoadOrStore(channel+"\x00"+typ, new(atomic.Int64))
+	last := v.(*atomic.Int64)
+	now := int64(time.Since(wakeClock))
+	prev := last.Load()
+	if prev != 0 && now-prev < int64(wakeUpWindow) {
+		return false
+	}
+	return last.CompareAndSwap(prev, now)
+}
+
+// WakeTriggerSQL returns the DDL of a trigger that wakes the relays of table
+// (optionally schema-qualified) whenever rows are inserted by any producer,
+// for producers that do not call [Enqueue] (a JVM service, plain SQL). It is
+// idempotent. One statement notifies once per type it inserted; of several
+// transactions inserting at once, only one carries the NOTIFY (a
+// transaction-scoped try-lock decides which), so the producers' commits stay
+// concurrent. Its price is one more function call per INSERT statement.
+func WakeTriggerSQL(table string) (string, error) {
+	id, err := parseTable(table)
+	if err != nil {
+		return "", fmt.Errorf("relay: %w", err)
+	}
+	fn := append(pgx.Identifier{}, id...)
+	fn[len(fn)-1] = strings.Trim(indexName(id[len(id)-1], "_relay_wake"), `"`)
+	channel := wakeChannel(id)
+	return `CREATE OR REPLACE FUNCTION ` + fn.Sanitize() + `() RETURNS trigger LANGUAGE plpgsql AS $relay$
+BEGIN
+  IF pg_try_advisory_xact_lock(hashtext('relay:wake'), hashtext(` + quoteLiteral(channel) + `)) THEN
+    PERFORM pg_notify(` + quoteLiteral(channel) + `, t.type) FROM (SELECT DISTINCT type FROM relay_new_rows WHERE direction = 'OUT') t;
+  END IF;
+  RETURN NULL;
+END
+$relay$;
+DROP TRIGGER IF EXISTS relay_wake ON ` + id.Sanitize() + `;
+CREATE TRIGGER relay_wake AFTER INSERT ON ` + id.Sanitize() + `
+  REFERENCING NEW TABLE AS relay_new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + fn.Sanitize() + `();
+`, nil
+}
+
+// CreateWakeTrigger installs [WakeTriggerSQL]'s trigger on table.
+func CreateWakeTrigger(ctx context.Context, db Beginner, table string) error {
+	ddl, err := WakeTriggerSQL(table)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "relay_schema:"+table); err != nil {
+			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
+		}
+		if _, err := tx.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
+		}
+		return nil
+	})
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// listen is the started relay's listener: a connection of its own on which it
+// LISTENs for its table's channel, waking the loop for each notification of
+// a type it delivers. It first checks that its own test notification comes
+// back: through a transaction-pooling proxy it does not, and the relay then
+// says so once and polls. A lost connection is replaced, with a backoff; the
+// loop is woken after each reconnection, for what was missed meanwhile.
+func (r *Relay) listen(ctx context.Context, l *loop) {
+	defer close(l.listening)
+	channel := wakeChannel(r.tableID)
+	wait, reconnect := time.Second, false
+	for ctx.Err() == nil {
+		conn, err := r.openListener(ctx, channel)
+		switch {
+		case errors.Is(err, errListenUnreachable):
+			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: wake-ups on commit are off: a notification to this session never came back "+
+				"(a transaction-pooling proxy?); passes run every Interval", slog.String("channel", channel), durationAttr("interval", r.cfg.Interval))
+			return
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: cannot listen for wake-ups; passes run every Interval until it can",
+				slog.String("channel", channel), durationAttr("retry_in", wait), slog.String("error", err.Error()))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, listenRetryMax)
+			continue
+		}
+		if wait > time.Second || reconnect {
+			l.wakeUp() // what was committed while nobody listened
+		}
+		wait, reconnect = time.Second, true
+		err = r.waitForWakeUps(ctx, conn, l)
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = conn.Close(closeCtx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the wake-up listener's connection was lost; connecting again",
+			slog.String("channel", channel), slog.String("error", err.Error()))
+	}
+}
+
+// errListenUnreachable says the listener's own notification did not come back.
+var errListenUnreachable = errors.New("relay: notifications do not reach the listening session")
+
+// openListener takes a connection out of the pool, LISTENs on it and checks
+// that a notification comes back.
+func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, error) {
+	pc, err := acquire(ctx, r.pool, "listen for wake-ups")
+	if err != nil {
+		return nil, err
+	}
+	conn := pc.Hijack() // ours until closed: it never goes back to the pool
+	fail := func(err error) (*pgx.Conn, error) {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+		return nil, err
+	}
+	lctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
+	defer cancel()
+	quoted := pgx.Identifier{channel}.Sanitize()
+	if _, err := conn.Exec(lctx, "LISTEN "+quoted); err != nil {
+		return fail(err)
+	}
+	var token [8]byte
+	_, _ = rand.Read(token[:])
+	probe := "probe:" + hex.EncodeToString(token[:])
+	if _, err := conn.Exec(lctx, "SELECT pg_notify($1, $2)", channel, probe); err != nil {
+		return fail(err)
+	}
+	for {
+		n, err := conn.WaitForNotification(lctx)
+		switch {
+		case err != nil && ctx.Err() == nil && lctx.Err() != nil:
+			return fail(errListenUnreachable)
+		case err != nil:
+			return fail(err)
+		case n.Payload == probe:
+			return conn, nil
+		}
+	}
+}
+
+// waitForWakeUps wakes the loop for each notification of a type this relay
+// delivers, until ctx ends or the connection fails.
+func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop) error {
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		if n.Payload == "" || slices.Contains(r.types, n.Payload) {
+			l.wakeUp()
+		}
+	}
+}
