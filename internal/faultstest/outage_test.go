@@ -44,7 +44,7 @@ func requireLocal(t *testing.T) {
 // ignoreServer are the goroutines of the server's own process, which Halt
 // ends and Resume starts anew.
 var ignoreServer = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/xadm/relay/internal/pgserver.spawn.func2"),
+	goleak.IgnoreAnyFunction("github.com/xadm/relay/internal/pgserver.(*child).wait"),
 	goleak.IgnoreAnyFunction("os/exec.(*Cmd).watchCtx"),
 }
 

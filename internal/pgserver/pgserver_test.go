@@ -53,7 +53,7 @@ func TestHaltResumeStop(t *testing.T) {
 	t.Cleanup(func() { s.Stop() })
 	require.True(t, s.Local())
 	require.Equal(t, "local", s.Kind)
-	require.FileExists(t, filepath.Join(s.BinDir(), "pgbench"))
+	require.FileExists(t, filepath.Join(s.BinDir(), "pgbench"+exe))
 
 	conn := connect(t, s.URL, pgx.QueryExecModeCacheStatement)
 	_, err = conn.Exec(t.Context(), "CREATE TABLE kept (v int); INSERT INTO kept VALUES (7)")
