@@ -397,9 +397,11 @@ func TestOutcomeLostToAnOutage(t *testing.T) {
 			dest.before = func(ctx context.Context, m relay.Message) error {
 				if m.Key == "d" && halted.CompareAndSwap(false, true) {
 					faulted.Store(m.ID)
+					start := time.Now()
 					if err := server().Halt(); err != nil {
 						t.Errorf("halt: %v", err)
 					}
+					t.Logf("the halt took %s", time.Since(start).Round(time.Millisecond))
 				}
 				return nil
 			}
