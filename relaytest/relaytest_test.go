@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -253,7 +252,7 @@ func TestServerDiesWithTheTestBinary(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServerDiesWithTheTestBinary$", "-test.v",
 		"-test.timeout="+(startTimeout+time.Minute).String())
 	cmd.Env = append(withoutEnv(os.Environ(), relaytest.EnvDatabaseURL), childEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // the child never outlives this test
+	dieWithThisTest(cmd)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,7 +45,7 @@ func requireLocal(t *testing.T) {
 // ignoreServer are the goroutines of the server's own process, which Halt
 // ends and Resume starts anew.
 var ignoreServer = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/xadm/relay/internal/pgserver.spawn.func2"),
+	goleak.IgnoreAnyFunction("github.com/xadm/relay/internal/pgserver.(*child).wait"),
 	goleak.IgnoreAnyFunction("os/exec.(*Cmd).watchCtx"),
 }
 
@@ -130,7 +131,7 @@ func (w *world) countNot(t *testing.T, status string) int {
 // destination is a Sender that counts the deliveries it accepted per row.
 type destination struct {
 	delay  time.Duration
-	before func(ctx context.Context, m relay.Message) // runs before accepting, if set
+	before func(ctx context.Context, m relay.Message) error // runs before accepting, if set; an error refuses m
 
 	mu       sync.Mutex
 	accepted map[int64]int
@@ -149,7 +150,9 @@ func (d *destination) Send(ctx context.Context, m relay.Message) error {
 		return context.Cause(ctx)
 	}
 	if d.before != nil {
-		d.before(ctx, m)
+		if err := d.before(ctx, m); err != nil {
+			return err
+		}
 	}
 	d.mu.Lock()
 	d.accepted[m.ID]++
@@ -211,11 +214,16 @@ func (l *logLines) count(t *testing.T, msg, level string) int {
 	return n
 }
 
-// TestOutage halts PostgreSQL for two seconds under a running ticker while a
-// producer writes and rows are pending: the passes fail and are logged at a
-// backoff (Error for the 1st, 2nd, 4th, 8th… failure of the streak, Debug for
-// the rest, Info once when they succeed again), nothing crashes or leaks, and
-// delivery resumes by itself, every row at least once.
+// TestOutage halts PostgreSQL under a running ticker while a producer writes
+// and rows are pending, until at least 20 passes and one of the producer's
+// writes have failed: the passes fail and are logged at a backoff (Error for
+// the 1st, 2nd, 4th, 8th… failure of the streak, Debug for the rest, Info once
+// when they succeed again), nothing crashes or leaks, and delivery resumes by
+// itself, every row at least once.
+//
+// Every step waits on what it needs, never on a duration, so that the test
+// holds on a loaded machine: the outage lasts until its failures are seen, and
+// the rows pending at the halt are held back by the destination until then.
 func TestOutage(t *testing.T) { testOutage(t, false) }
 
 // TestOutageAsyncCommit is TestOutage with AsyncCommit on, the default: the
@@ -231,6 +239,22 @@ func testOutage(t *testing.T, asyncCommit bool) {
 	w := newWorld(t)
 	var logs logLines
 	dest := newDestination(2 * time.Millisecond)
+	// The burst's rows wait at the destination until the server is halted, so
+	// that they are certainly pending when it goes, however slowly this test
+	// gets from the burst to the halt. The one in flight then is interrupted
+	// (its context ends with the election) and delivered after the outage.
+	halted := make(chan struct{})
+	dest.before = func(ctx context.Context, m relay.Message) error {
+		if !strings.HasPrefix(m.Key, "burst") {
+			return nil
+		}
+		select {
+		case <-halted:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
 	cfg := w.config(logs.logger())
 	cfg.AsyncCommit = asyncCommit
 	r, err := relay.New(w.pool, cfg, dest)
@@ -240,7 +264,7 @@ func testOutage(t *testing.T, asyncCommit bool) {
 	// A producer writing a row every 5ms; while the database is down its
 	// writes fail, as the service's own transactions would.
 	var stopWriting atomic.Bool
-	var writeFailures atomic.Int64
+	var writes, writeFailures atomic.Int64
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
@@ -251,11 +275,13 @@ func testOutage(t *testing.T, asyncCommit bool) {
 			cancel()
 			if err != nil {
 				writeFailures.Add(1)
+			} else {
+				writes.Add(1)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	require.Eventually(t, func() bool { return len(dest.counts()) >= 20 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return len(dest.counts()) >= 20 }, time.Minute, 5*time.Millisecond,
 		"the relay delivers before the outage")
 
 	// A burst, so that rows are pending when the database goes.
@@ -265,17 +291,26 @@ func testOutage(t *testing.T, asyncCommit bool) {
 	var pendingAtHalt int
 	require.NoError(t, w.check.QueryRow(ctx, "SELECT count(*) FROM "+w.table()+" WHERE status = 'PENDING'").Scan(&pendingAtHalt))
 	require.NoError(t, server().Halt())
-	time.Sleep(2 * time.Second)
+	close(halted)
+	// The outage lasts until the relay has failed 6 passes (Interval is 20ms,
+	// doubling with each failure: about 1.3s) and the producer one write,
+	// whatever time that takes on this machine.
+	require.Eventually(t, func() bool {
+		return logs.count(t, "relay: pass failed", "") >= 6 && writeFailures.Load() > 0
+	}, time.Minute, 20*time.Millisecond, "passes and writes fail during the outage")
 	failedDuringOutage := logs.count(t, "relay: pass failed", "")
 	require.NoError(t, server().Resume(ctx))
 	w.check.Reset() // the test's own sessions died with the server; the relay's pool must cope by itself
 
-	time.Sleep(200 * time.Millisecond)
+	// The producer writes after the outage too before it stops.
+	writesAtResume := writes.Load()
+	require.Eventually(t, func() bool { return writes.Load() > writesAtResume+10 }, time.Minute, 5*time.Millisecond,
+		"the producer writes again after the outage")
 	stopWriting.Store(true)
 	<-writerDone
-	require.Eventually(t, func() bool { return w.countNot(t, "SENT") == 0 }, 15*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return w.countNot(t, "SENT") == 0 }, time.Minute, 10*time.Millisecond,
 		"delivery resumes by itself")
-	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	require.NoError(t, r.Stop(stopCtx))
 	require.NoError(t, r.Stats().LastPassErr)
@@ -300,10 +335,18 @@ func testOutage(t *testing.T, asyncCommit bool) {
 	// The log: one streak of failures, logged at a backoff, and one recovery.
 	failed := logs.count(t, "relay: pass failed", "")
 	errorLines := logs.count(t, "relay: pass failed", "ERROR")
-	// Passes fail and back off: Interval doubles with each failure in a row,
-	// so a 2s outage costs a handful of passes, not 2s/20ms = 100.
-	require.GreaterOrEqual(t, failedDuringOutage, 3, "a 2s outage with Interval 20ms fails passes")
-	require.LessOrEqual(t, failedDuringOutage, 15, "failed passes back off")
+	require.GreaterOrEqual(t, failedDuringOutage, 6, "the outage failed passes")
+	// Failed passes back off: Interval (20ms) doubles with each failure in a
+	// row, so the sixth comes at least 20ms×2^4 = 320ms after the fifth.
+	var failedAt []time.Time
+	for _, rec := range logs.records(t) {
+		if rec["msg"] == "relay: pass failed" {
+			at, err := time.Parse(time.RFC3339Nano, rec["time"].(string))
+			require.NoError(t, err)
+			failedAt = append(failedAt, at)
+		}
+	}
+	require.GreaterOrEqual(t, failedAt[5].Sub(failedAt[4]), 300*time.Millisecond, "failed passes back off")
 	require.Equal(t, 1, logs.count(t, "relay: passes succeed again", "INFO"), "one recovery line")
 	require.Equal(t, bits.Len(uint(failed)), errorLines,
 		"Error lines for the 1st, 2nd, 4th, 8th… failure only (%d failed passes)", failed)
@@ -337,6 +380,14 @@ func testOutage(t *testing.T, asyncCommit bool) {
 // attempt. A row's outcome was either recorded (then it is never delivered
 // again) or not (then it is delivered again): nothing is lost, nothing is
 // duplicated that need not be.
+//
+// The destination halts the server inside Send and returns only once the halt
+// is complete, so the outcome is written to a server that is gone, however long
+// the halt takes. The faulted pass is therefore a direct one ([relay.Relay.Run]):
+// under the election, the lock's session dying at the halt's first moment would
+// cancel the pass, and the relay would abandon the send 100ms later, before
+// the destination had accepted it, whenever the halt took longer than that (a
+// loaded machine). The passes after the outage run under the election.
 func TestOutcomeLostToAnOutage(t *testing.T) {
 	requireLocal(t)
 	for _, tc := range []struct {
@@ -355,24 +406,30 @@ func TestOutcomeLostToAnOutage(t *testing.T) {
 			dest := newDestination(time.Millisecond)
 			var halted atomic.Bool
 			var faulted atomic.Int64
-			dest.before = func(ctx context.Context, m relay.Message) {
+			dest.before = func(ctx context.Context, m relay.Message) error {
 				if m.Key == "d" && halted.CompareAndSwap(false, true) {
 					faulted.Store(m.ID)
+					start := time.Now()
 					if err := server().Halt(); err != nil {
 						t.Errorf("halt: %v", err)
 					}
+					t.Logf("the halt took %s", time.Since(start).Round(time.Millisecond))
 				}
+				return nil
 			}
 			var logs logLines
 			cfg := w.config(logs.logger())
 			cfg.GroupOutcomes = tc.groupOutcomes
 			cfg.Concurrency = tc.concurrency
+			// The halt inside Send ignores ctx and takes what it takes (pgserver
+			// bounds it at about 10s): the relay must wait for it, not time it out.
+			cfg.SendTimeout = time.Minute
 			r, err := relay.New(w.pool, cfg, dest)
 			require.NoError(t, err)
 
-			ran, err := r.RunIfElected(ctx)
-			require.True(t, ran)
+			_, err = r.Run(ctx)
 			require.Error(t, err, "the pass reports the outcome it could not record")
+			require.NotZero(t, faulted.Load(), "the destination halted the server")
 			firstPass := dest.counts()
 			require.NoError(t, server().Resume(ctx))
 			w.check.Reset() // the test's own sessions died with the server; the relay's pool must cope by itself
@@ -386,7 +443,7 @@ func TestOutcomeLostToAnOutage(t *testing.T) {
 				}
 			}
 
-			deadline := time.Now().Add(10 * time.Second)
+			deadline := time.Now().Add(time.Minute)
 			for w.countNot(t, "SENT") > 0 {
 				require.True(t, time.Now().Before(deadline), "rows still undelivered")
 				if _, err := r.RunIfElected(ctx); err != nil {

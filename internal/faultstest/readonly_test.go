@@ -32,10 +32,11 @@ func TestReadOnlyCutover(t *testing.T) {
 	var mu sync.Mutex
 	sends := map[int64][]time.Time{}
 	dest := newDestination(5 * time.Millisecond)
-	dest.before = func(_ context.Context, m relay.Message) {
+	dest.before = func(_ context.Context, m relay.Message) error {
 		mu.Lock()
 		sends[m.ID] = append(sends[m.ID], time.Now())
 		mu.Unlock()
+		return nil
 	}
 	cfg := w.config(logs.logger())
 	cfg.Concurrency = 4

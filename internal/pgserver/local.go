@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,37 +19,67 @@ type cluster struct {
 	binDir string
 	dir    string
 	port   int
-	cred   *syscall.Credential // the postgres OS user when running as root, else nil
-	pg     *child              // the running postmaster; nil while halted
+	user   *osUser // the postgres OS user when running as root on Unix, else nil
+	pg     *child  // the running postmaster; nil while halted
 	// settings are the server settings, each passed as -c.
 	settings []string
 }
 
 // findBinDir returns the directory of the local PostgreSQL server binaries, looking at
-// $PG_BIN, pg_config --bindir, /usr/lib/postgresql/*/bin (highest version first) and
-// PATH, or "" if there are none.
+// $PG_BIN, pg_config --bindir, the directories where the OS's packages put them
+// (binDirGlobs, highest version first) and PATH, or "" if there are none.
 func findBinDir(ctx context.Context) string {
 	var dirs []string
 	dirs = append(dirs, os.Getenv("PG_BIN"))
 	if out, err := exec.CommandContext(ctx, "pg_config", "--bindir").Output(); err == nil {
 		dirs = append(dirs, strings.TrimSpace(string(out)))
 	}
-	debian, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	version := func(dir string) float64 {
-		v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(dir)), 64)
-		return v
+	var packaged []string
+	for _, pattern := range binDirGlobs() {
+		found, _ := filepath.Glob(pattern)
+		packaged = append(packaged, found...)
 	}
-	sort.Slice(debian, func(i, j int) bool { return version(debian[i]) > version(debian[j]) })
-	dirs = append(dirs, debian...)
+	sort.SliceStable(packaged, func(i, j int) bool { return binDirVersion(packaged[i]) > binDirVersion(packaged[j]) })
+	dirs = append(dirs, packaged...)
 	if p, err := exec.LookPath("postgres"); err == nil {
 		dirs = append(dirs, filepath.Dir(p))
 	}
 	for _, dir := range dirs {
-		if isFile(filepath.Join(dir, "postgres")) && isFile(filepath.Join(dir, "initdb")) {
+		if isFile(filepath.Join(dir, "postgres"+exe)) && isFile(filepath.Join(dir, "initdb"+exe)) {
 			return dir
 		}
 	}
 	return ""
+}
+
+// binDirGlobs are the patterns of the directories where the usual packages of
+// this OS put PostgreSQL's server binaries, one directory per major version.
+func binDirGlobs() []string {
+	switch runtime.GOOS {
+	case "darwin":
+		return []string{
+			"/opt/homebrew/opt/postgresql@*/bin", // Homebrew on Apple silicon
+			"/usr/local/opt/postgresql@*/bin",    // Homebrew on Intel
+			"/Applications/Postgres.app/Contents/Versions/*/bin",
+		}
+	case "windows":
+		if pf := os.Getenv("ProgramFiles"); pf != "" {
+			return []string{filepath.Join(pf, "PostgreSQL", "*", "bin")} // the EDB installer
+		}
+		return nil
+	}
+	return []string{"/usr/lib/postgresql/*/bin"} // Debian, Ubuntu
+}
+
+// binDirVersion is the major version in the name of a binDirGlobs directory's
+// parent ("15", "postgresql@16"), or 0.
+func binDirVersion(dir string) float64 {
+	name := filepath.Base(filepath.Dir(dir))
+	if _, v, ok := strings.Cut(name, "@"); ok {
+		name = v
+	}
+	v, _ := strconv.ParseFloat(name, 64)
+	return v
 }
 
 // isFile reports whether path names a regular file.
@@ -64,16 +95,16 @@ func startLocal(ctx context.Context, binDir string) (*Server, error) {
 
 // startLocalWith is startLocal with opt's settings.
 func startLocalWith(ctx context.Context, binDir string, opt Options) (*Server, error) {
-	cred, err := runAs()
+	user, err := runAs()
 	if err != nil {
 		return nil, err
 	}
 	removeStale()
-	dir, err := tempDir("pgserver-", cred)
+	dir, err := tempDir("pgserver-", user)
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{binDir: binDir, dir: dir, cred: cred, settings: opt.settings()}
+	c := &cluster{binDir: binDir, dir: dir, user: user, settings: opt.settings()}
 	err = c.initdb(ctx)
 	if err == nil {
 		err = onFreePort(func(port int) error {
@@ -99,7 +130,7 @@ func (c *cluster) initdb(ctx context.Context) error {
 	}
 	defer logFile.Close()
 	args := []string{"-D", c.dataDir(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"}
-	if err := command(ctx, filepath.Join(c.binDir, "initdb"), args, c.dir, logFile, c.cred).Run(); err != nil {
+	if err := command(ctx, filepath.Join(c.binDir, "initdb"+exe), args, c.dir, logFile, c.user).Run(); err != nil {
 		return startErr("initdb", err, c.logPath(), offset)
 	}
 	return nil
@@ -116,13 +147,18 @@ func (c *cluster) start(ctx context.Context) error {
 		return err
 	}
 	defer logFile.Close()
-	args := []string{"-D", c.dataDir(), "-p", strconv.Itoa(c.port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + c.dir}
+	args := []string{"-D", c.dataDir(), "-p", strconv.Itoa(c.port), "-c", "listen_addresses=127.0.0.1"}
+	if runtime.GOOS != "windows" {
+		// The socket in the cluster's own directory: the default one may not be
+		// writable. On Windows there is none by default, and nothing needs one.
+		args = append(args, "-c", "unix_socket_directories="+c.dir)
+	}
 	for _, s := range c.settings {
 		args = append(args, "-c", s)
 	}
-	// SIGQUIT is PostgreSQL's immediate shutdown: the data is thrown away or only halted.
-	pg, err := spawn(filepath.Join(c.binDir, "postgres"), args, c.dir, logFile, c.cred, syscall.SIGQUIT)
+	// SIGQUIT is PostgreSQL's immediate shutdown: the data is thrown away or only
+	// halted. (On Windows the postmaster is killed, which has the same effect.)
+	pg, err := spawn(filepath.Join(c.binDir, "postgres"+exe), args, c.dir, logFile, c.user, syscall.SIGQUIT)
 	if err != nil {
 		return err
 	}
@@ -155,7 +191,7 @@ const staleAfter = 6 * time.Hour
 // removeStale removes the directories of local clusters whose test binary was
 // killed before it could clean up (SIGKILL, a go test timeout): older than
 // staleAfter, and with no postmaster alive in them. The server itself already
-// died with its binary (Pdeathsig); only its files were left.
+// died with its binary (see spawn); only its files were left.
 func removeStale() {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "pgserver-*"))
 	for _, dir := range dirs {
@@ -165,7 +201,7 @@ func removeStale() {
 		}
 		if pidFile, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid")); err == nil {
 			first, _, _ := strings.Cut(string(pidFile), "\n")
-			if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && syscall.Kill(pid, 0) == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && processAlive(pid) {
 				continue // a server still runs there
 			}
 		}

@@ -47,21 +47,21 @@ func StartPgBouncer(ctx context.Context, s *Server, mode string) (*PgBouncer, er
 	if err != nil {
 		return nil, err
 	}
-	cred, err := runAs()
+	user, err := runAs()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := tempDir("pgbouncer-", cred)
+	dir, err := tempDir("pgbouncer-", user)
 	if err != nil {
 		return nil, err
 	}
 	b := &PgBouncer{dir: dir}
 	authFile := filepath.Join(dir, "userlist.txt")
-	err = writeFile(authFile, quote(cfg.User, '"')+" "+quote(cfg.Password, '"')+"\n", cred)
+	err = writeFile(authFile, quote(cfg.User, '"')+" "+quote(cfg.Password, '"')+"\n", user)
 	if err == nil {
 		err = onFreePort(func(port int) error {
 			b.URL = pgURL(cfg.User, port, cfg.Database)
-			return b.start(ctx, bin, cred, iniFile(cfg, authFile, port, mode))
+			return b.start(ctx, bin, user, iniFile(cfg, authFile, port, mode))
 		})
 	}
 	if err != nil {
@@ -115,19 +115,19 @@ func quote(s string, q rune) string {
 	return qs + strings.ReplaceAll(s, qs, qs+qs) + qs
 }
 
-// writeFile writes a file readable only by cred's user (the current user if nil).
-func writeFile(path, content string, cred *syscall.Credential) error {
+// writeFile writes a file readable only by user (the current user if nil).
+func writeFile(path, content string, user *osUser) error {
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		return err
 	}
-	return chown(path, cred)
+	return chown(path, user)
 }
 
 // start writes the configuration ini and runs pgbouncer with it until it accepts connections.
-func (b *PgBouncer) start(ctx context.Context, bin string, cred *syscall.Credential, ini string) error {
+func (b *PgBouncer) start(ctx context.Context, bin string, user *osUser, ini string) error {
 	iniPath := filepath.Join(b.dir, "pgbouncer.ini")
 	logPath := filepath.Join(b.dir, "pgbouncer.log")
-	if err := writeFile(iniPath, ini, cred); err != nil {
+	if err := writeFile(iniPath, ini, user); err != nil {
 		return err
 	}
 	logFile, offset, err := openLog(logPath)
@@ -136,7 +136,7 @@ func (b *PgBouncer) start(ctx context.Context, bin string, cred *syscall.Credent
 	}
 	defer logFile.Close()
 	// SIGTERM shuts pgbouncer down without waiting for clients (up to pgbouncer 1.22).
-	proc, err := spawn(bin, []string{iniPath}, b.dir, logFile, cred, syscall.SIGTERM)
+	proc, err := spawn(bin, []string{iniPath}, b.dir, logFile, user, syscall.SIGTERM)
 	if err != nil {
 		return err
 	}

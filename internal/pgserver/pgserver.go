@@ -87,7 +87,8 @@ func StartWith(ctx context.Context, envVar string, opt Options) (*Server, error)
 	if binDir := findBinDir(ctx); binDir != "" {
 		return startLocalWith(ctx, binDir, opt)
 	}
-	hint := "start a Docker engine, or install the PostgreSQL server (Debian: apt-get install -y postgresql)"
+	hint := "start a Docker engine, or install the PostgreSQL server (Debian: apt-get install -y postgresql; " +
+		"macOS: brew install postgresql@16; Windows: the EDB installer, or set PG_BIN to its bin directory)"
 	if envVar != "" {
 		hint = "set " + envVar + ", " + hint
 	}

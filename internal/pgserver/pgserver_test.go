@@ -53,7 +53,7 @@ func TestHaltResumeStop(t *testing.T) {
 	t.Cleanup(func() { s.Stop() })
 	require.True(t, s.Local())
 	require.Equal(t, "local", s.Kind)
-	require.FileExists(t, filepath.Join(s.BinDir(), "pgbench"))
+	require.FileExists(t, filepath.Join(s.BinDir(), "pgbench"+exe))
 
 	conn := connect(t, s.URL, pgx.QueryExecModeCacheStatement)
 	_, err = conn.Exec(t.Context(), "CREATE TABLE kept (v int); INSERT INTO kept VALUES (7)")
@@ -229,4 +229,17 @@ func TestRemoveStale(t *testing.T) {
 	require.NoDirExists(t, deadOld, "an old directory whose server is gone is removed")
 	require.DirExists(t, aliveOld, "a directory whose postmaster still runs is kept")
 	require.DirExists(t, deadYoung, "a young directory may be a cluster being set up: kept")
+}
+
+func TestBinDirVersion(t *testing.T) {
+	t.Parallel()
+	for dir, want := range map[string]float64{
+		"/usr/lib/postgresql/15/bin":                               15,
+		"/opt/homebrew/opt/postgresql@16/bin":                      16,
+		"/Applications/Postgres.app/Contents/Versions/17/bin":      17,
+		"/Applications/Postgres.app/Contents/Versions/latest/bin":  0,
+		filepath.Join("Program Files", "PostgreSQL", "9.6", "bin"): 9.6,
+	} {
+		require.Equal(t, want, binDirVersion(filepath.FromSlash(dir)), dir)
+	}
 }

@@ -8,8 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
-	"strconv"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -20,54 +19,37 @@ import (
 // errPortTaken marks a start that failed because another process took the port first.
 var errPortTaken = errors.New("port already in use")
 
-// runAs returns the credentials of the postgres OS user when this process runs as
-// root, since PostgreSQL and PgBouncer refuse to run as root; nil otherwise.
-func runAs() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("pgserver: as root, PostgreSQL must run as the postgres OS user: %w", err)
-	}
-	uid, err := strconv.ParseUint(u.Uid, 10, 32)
-	if err != nil {
-		return nil, err
-	}
-	gid, err := strconv.ParseUint(u.Gid, 10, 32)
-	if err != nil {
-		return nil, err
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
+// osUser is the OS account a server process runs as. A nil *osUser means this
+// process's own account; on Unix, as root, it is the postgres user (see runAs).
+type osUser struct{ uid, gid int }
 
-// tempDir makes a fresh temporary directory owned by cred's user (the current user if nil).
-func tempDir(prefix string, cred *syscall.Credential) (string, error) {
+// tempDir makes a fresh temporary directory owned by user (the current user if nil).
+func tempDir(prefix string, user *osUser) (string, error) {
 	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		return "", err
 	}
-	if err := chown(dir, cred); err != nil {
+	if err := chown(dir, user); err != nil {
 		os.RemoveAll(dir)
 		return "", err
 	}
 	return dir, nil
 }
 
-// chown gives path to cred's user; nil cred leaves it alone.
-func chown(path string, cred *syscall.Credential) error {
-	if cred == nil {
+// chown gives path to user; nil user leaves it alone.
+func chown(path string, user *osUser) error {
+	if user == nil {
 		return nil
 	}
-	return os.Chown(path, int(cred.Uid), int(cred.Gid))
+	return os.Chown(path, user.uid, user.gid)
 }
 
-// command prepares name to run as cred in dir, its output appended to logFile.
-func command(ctx context.Context, name string, args []string, dir string, logFile *os.File, cred *syscall.Credential) *exec.Cmd {
+// command prepares name to run as user in dir, its output appended to logFile.
+func command(ctx context.Context, name string, args []string, dir string, logFile *os.File, user *osUser) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd.SysProcAttr = sysProcAttr(user)
 	return cmd
 }
 
@@ -88,33 +70,51 @@ func openLog(path string) (*os.File, int64, error) {
 
 // child is a long-running server process (postgres or pgbouncer).
 type child struct {
-	cancel context.CancelFunc
-	done   chan struct{} // closed once the process has exited
+	cmd     *exec.Cmd
+	cancel  context.CancelFunc
+	release func()        // ends the watchdog or job object that would kill the server if this process died
+	done    chan struct{} // closed once the process has exited
 }
 
-// spawn starts a server process as cred in dir, its output appended to logFile.
-// Stopping it sends it sig, and so does this process dying (strictly, the OS thread
-// that started it, which Go ends only under a goroutine that exits locked to it);
-// it is killed if it has not exited 10s after a stop.
-func spawn(name string, args []string, dir string, logFile *os.File, cred *syscall.Credential, sig syscall.Signal) (*child, error) {
+// spawn starts a server process as user in dir, its output appended to logFile,
+// in a process group of its own: a Ctrl-C in the terminal goes to the program,
+// which stops gracefully while the server is still there to answer. Stopping it
+// sends it sig (on Windows, which has no signals, it is killed); it is killed if
+// it has not exited 10s after a stop.
+//
+// The server dies with this process, however this process ends (SIGKILL and a go
+// test timeout included), by the means each OS has: on Linux the kernel sends it
+// sig (Pdeathsig; strictly when the OS thread that started it ends, which Go does
+// only under a goroutine that exits locked to it); on the other Unix systems a
+// watchdog process sends it sig (see startWatchdog); on Windows it is assigned to
+// a job object that the system kills when this process's handle to it closes.
+func spawn(name string, args []string, dir string, logFile *os.File, user *osUser, sig syscall.Signal) (*child, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := command(ctx, name, args, dir, logFile, cred)
-	cmd.SysProcAttr.Pdeathsig = sig
-	// Its own process group: a Ctrl-C in the terminal goes to the program,
-	// which stops gracefully while the server is still there to answer.
-	cmd.SysProcAttr.Setpgid = true
-	cmd.Cancel = func() error { return cmd.Process.Signal(sig) }
+	cmd := command(ctx, name, args, dir, logFile, user)
+	ownProcessGroup(cmd.SysProcAttr)
+	dieWithParent(cmd.SysProcAttr, sig)
+	cmd.Cancel = func() error { return interrupt(cmd.Process, sig) }
 	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
 		cancel()
 		return nil, err
 	}
-	c := &child{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		cmd.Wait() // the exit status of a signalled server says nothing useful
-		close(c.done)
-	}()
+	release, err := watchParent(cmd.Process, sig)
+	if err != nil {
+		cancel() // nothing watches it: stop it rather than risk leaving it behind
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("pgserver: make %s die with this process: %w", filepath.Base(name), err)
+	}
+	c := &child{cmd: cmd, cancel: cancel, release: release, done: make(chan struct{})}
+	go c.wait()
 	return c, nil
+}
+
+// wait waits for the process to exit, then releases what would have killed it.
+func (c *child) wait() {
+	_ = c.cmd.Wait() // the exit status of a signalled server says nothing useful
+	c.release()
+	close(c.done)
 }
 
 // stop signals the process and waits until it has exited.

@@ -18,18 +18,18 @@ func (s *Server) StartStandby(ctx context.Context) (*Server, error) {
 		return nil, err
 	}
 	primary := s.local
-	dir, err := tempDir("pgserver-", primary.cred)
+	dir, err := tempDir("pgserver-", primary.user)
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{binDir: primary.binDir, dir: dir, cred: primary.cred, settings: primary.settings}
+	c := &cluster{binDir: primary.binDir, dir: dir, user: primary.user, settings: primary.settings}
 	logFile, offset, err := openLog(c.logPath())
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
 	args := []string{"-D", c.dataDir(), "-R", "-X", "stream", "-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", "postgres", "--no-sync"}
-	err = command(ctx, filepath.Join(c.binDir, "pg_basebackup"), args, dir, logFile, c.cred).Run()
+	err = command(ctx, filepath.Join(c.binDir, "pg_basebackup"+exe), args, dir, logFile, c.user).Run()
 	logFile.Close()
 	if err != nil {
 		os.RemoveAll(dir)
