@@ -12,3 +12,11 @@ func FetchSQLForTest(table string, backoff time.Duration) string {
 	}
 	return r.fetchSQL
 }
+
+// SetWakeUpWindowForTest sets how long a producer process goes without a
+// NOTIFY the wake-up token did not grant, and returns the restore.
+func SetWakeUpWindowForTest(d time.Duration) (restore func()) {
+	old := wakeUpWindow
+	wakeUpWindow = d
+	return func() { wakeUpWindow = old }
+}

@@ -78,11 +78,12 @@ func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...E
 	if q == nil {
 		return 0, errors.New(errEnqueue + "nil Querier: pass the transaction (pgx.Tx) the message must commit with")
 	}
-	channel := ""
-	if !o.noWake && wakeDue(wakeChannel(id), m.Type) {
+	channel, due := "", false
+	if !o.noWake {
 		channel = wakeChannel(id)
+		due = wakeDue(channel, m.Type)
 	}
-	newID, err := enqueue(ctx, q, id, m, channel)
+	newID, err := enqueue(ctx, q, id, m, channel, due)
 	if err != nil {
 		return 0, fmt.Errorf(errEnqueue+"insert a message of type %q, key %q into %s: %w", m.Type, m.Key, table, err)
 	}
@@ -99,9 +100,9 @@ type enqueueOptions struct {
 // WithoutWakeUp makes [Enqueue] write the message without waking the relays:
 // they find it at their next poll, within Config.Interval. A wake-up is a
 // NOTIFY, and PostgreSQL commits notifying transactions one at a time; Enqueue
-// already sends at most one per type and table every wakeUpWindow (2 ms) from
-// this process, which keeps producers' commits concurrent, so this option is
-// for producers that want no NOTIFY at all (bulk loads, say).
+// already lets only one transaction at a time carry it (wake.go), which keeps
+// producers' commits concurrent, so this option is for producers that want no
+// NOTIFY at all (bulk loads, say).
 func WithoutWakeUp() EnqueueOption { return func(o *enqueueOptions) { o.noWake = true } }
 
 // validate names the first field of m that Enqueue refuses.

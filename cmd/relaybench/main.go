@@ -41,6 +41,8 @@
 //	slow20-c16-b160  the same with BatchSize 160, a multiple of Concurrency
 //	guard          round trips and time of an empty pass: direct, elected, coalesced
 //	history        an empty pass with 10,000 vs -history-rows SENT rows (target ≤ 1.5×)
+//	notify-cost    commits/s of 8 producers with and without the wake-up's NOTIFY (target ≥ 0.9×)
+//	latency        commit → Send at -latency-rate, wake-ups vs polling only (target p50 ≤ 5 ms, p99 ≤ 50 ms)
 package main
 
 import (
@@ -153,7 +155,7 @@ func want(name string) bool {
 func run(ctx context.Context) error {
 	for s := range strings.SplitSeq(*scenarioFlag, ",") {
 		s = strings.TrimSpace(s)
-		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" ||
+		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" ||
 			slices.ContainsFunc(drainScenarios, func(d scenario) bool { return d.name == s })
 		if !known {
 			return fmt.Errorf("unknown scenario %q", s)
@@ -208,6 +210,16 @@ func run(ctx context.Context) error {
 	if want("history") {
 		if err := runHistory(ctx, srv.URL, admin); err != nil {
 			return fmt.Errorf("scenario history: %w", err)
+		}
+	}
+	if want("notify-cost") {
+		if err := runNotifyCost(ctx, srv); err != nil {
+			return fmt.Errorf("scenario notify-cost: %w", err)
+		}
+	}
+	if want("latency") {
+		if err := runLatency(ctx, srv); err != nil {
+			return fmt.Errorf("scenario latency: %w", err)
 		}
 	}
 	fmt.Printf("\ntotal %.0fs\n", time.Since(begin).Seconds())

@@ -1,0 +1,22 @@
+package relay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestWakeWindow: without the token, a producer process notifies a type and
+// table at most once per wakeUpWindow.
+func TestWakeWindow(t *testing.T) {
+	t.Parallel()
+	ch := "relay:" + t.Name()
+	ms := int64(time.Millisecond)
+	w := int64(wakeUpWindow)
+	require.True(t, wakeDueAt(ch, "t", 1*ms), "the first is due")
+	require.False(t, wakeDueAt(ch, "t", 1*ms+w-1), "within the window")
+	require.True(t, wakeDueAt(ch, "u", 1*ms+1), "another type has its own window")
+	require.True(t, wakeDueAt(ch, "t", 1*ms+w), "the window has passed")
+	require.False(t, wakeDueAt(ch, "t", 1*ms+w+1))
+}

@@ -1,0 +1,251 @@
+package relay_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// TestWakeOnCommit: with an Interval of an hour, only the wake-up can deliver
+// what producers commit after the first pass.
+func TestWakeOnCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	started := func(t *testing.T, b *bundle, rec *recorder) *relay.Relay {
+		t.Helper()
+		cfg := b.cfg
+		cfg.Interval = time.Hour
+		r := b.newRelay(t, cfg, rec)
+		require.NoError(t, r.Start(ctx))
+		t.Cleanup(func() { require.NoError(t, r.Stop(ctx)) })
+		// The first pass runs at once; after it, nothing but a wake-up passes.
+		require.Eventually(t, func() bool { return r.Stats().PassesElected+r.Stats().PassesCoalesced >= 1 },
+			10*time.Second, 5*time.Millisecond)
+		waitListening(t, b)
+		return r
+	}
+
+	t.Run("EnqueueWakesTheRelay", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		rec := newRecorder("t", nil)
+		started(t, b, rec)
+		for i := range 3 {
+			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`)})
+				return err
+			}))
+			require.Eventually(t, func() bool { return rec.count() == i+1 }, 10*time.Second, time.Millisecond,
+				"message %d is delivered on its commit, not at the next Interval", i)
+		}
+	})
+
+	t.Run("TheTriggerWakesItForPlainSQL", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, relay.CreateWakeTrigger(ctx, b.pool, b.table))
+		require.NoError(t, relay.CreateWakeTrigger(ctx, b.pool, b.table), "idempotent")
+		rec := newRecorder("t", nil)
+		started(t, b, rec)
+		b.insert(t, "t", "a") // plain SQL, as the JVM writes
+		require.Eventually(t, func() bool { return rec.count() == 1 }, 10*time.Second, time.Millisecond)
+	})
+}
+
+// waitListening waits until a session of the bundle's app LISTENs.
+func waitListening(t *testing.T, b *bundle) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'`,
+			appNameOf(b.pool)).Scan(&n))
+		return n > 0
+	}, 10*time.Second, 5*time.Millisecond, "the relay listens")
+}
+
+// TestEnqueueNotifies: Enqueue's NOTIFY, carried by one transaction at a
+// time, and none WithoutWakeUp.
+func TestEnqueueNotifies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	listener := listenOn(t, "relay:"+b.table)
+
+	_, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "quiet", Key: "k", Payload: []byte(`{}`)}, relay.WithoutWakeUp())
+	require.NoError(t, err)
+	_, err = relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "loud", Key: "k", Payload: []byte(`{}`)})
+	require.NoError(t, err)
+	n, err := listener.WaitForNotification(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "loud", n.Payload, "notifications arrive in commit order: the quiet one sent none")
+
+	// Concurrent transactions: only the one holding the wake-up token
+	// notifies (the producer's own window, which would let another through
+	// after 10ms, is stretched to an hour here).
+	t.Cleanup(relay.SetWakeUpWindowForTest(time.Hour))
+	enqueueIn := func(tx pgx.Tx, key string) {
+		t.Helper()
+		_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: key, Payload: []byte(`{}`)}) // a key each: no order lock between them
+		require.NoError(t, err)
+	}
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	enqueueIn(holder, "holder")
+	second, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	enqueueIn(second, "silenced")
+	require.NoError(t, second.Commit(ctx))
+	require.NoError(t, holder.Commit(ctx))
+	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", "relay:"+b.table)
+	require.NoError(t, err)
+	got := 0
+	for {
+		n, err := listener.WaitForNotification(ctx)
+		require.NoError(t, err)
+		if n.Payload == "sentinel" {
+			break
+		}
+		t.Logf("notification %q from backend %d", n.Payload, n.PID)
+		got++
+	}
+	require.Equal(t, 1, got, "the token holder's; the other sent none")
+}
+
+// TestWakeTriggerOneNotifierAtATime: of two transactions inserting at once,
+// only the first carries the trigger's NOTIFY, so the producers' commits are
+// not serialised on it.
+func TestWakeTriggerOneNotifierAtATime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	require.NoError(t, relay.CreateWakeTrigger(ctx, b.pool, b.table))
+	listener := listenOn(t, "relay:"+b.table)
+	insert := "INSERT INTO " + pgx.Identifier{b.table}.Sanitize() + " (type, natural_key, payload) VALUES ($1, 'k', '{}')"
+
+	first, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = first.Exec(ctx, insert, "first")
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, insert, "second") // commits at once, while first holds the token
+	require.NoError(t, err)
+	require.NoError(t, first.Commit(ctx))
+	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", "relay:"+b.table)
+	require.NoError(t, err)
+	var got []string
+	for {
+		n, err := listener.WaitForNotification(ctx)
+		require.NoError(t, err)
+		if n.Payload == "sentinel" {
+			break
+		}
+		got = append(got, n.Payload)
+	}
+	require.Equal(t, []string{"first"}, got)
+}
+
+// listenOn opens a session of the test's own that LISTENs on channel.
+func listenOn(t *testing.T, channel string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), server().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	_, err = conn.Exec(context.Background(), "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	require.NoError(t, err)
+	return conn
+}
+
+// TestWakeUpsBehindATransactionPooler: LISTEN cannot work through a
+// transaction-pooling proxy; the relay finds out, says so once, and polls.
+func TestWakeUpsBehindATransactionPooler(t *testing.T) {
+	t.Parallel()
+	pgserver.RequirePgBouncer(t)
+	ctx := context.Background()
+	b := setup(t)
+	bouncer := startBouncer(t, "transaction")
+	pool := bouncerPool(t, bouncer.URL, 4, pgx.QueryExecModeExec)
+	var logs logBuffer
+	cfg := b.cfg
+	cfg.ClusterLock = false // the election needs session pooling; the wake-up is what this test is about
+	cfg.Interval = 50 * time.Millisecond
+	cfg.Logger = logs.logger()
+	rec := newRecorder("t", nil)
+	r, err := relay.New(pool, cfg, rec)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "wake-ups on commit are off") },
+		20*time.Second, 10*time.Millisecond)
+	b.insert(t, "t", "a", "b")
+	require.Eventually(t, func() bool { return rec.count() == 2 }, 10*time.Second, 5*time.Millisecond, "polling delivers")
+	require.NoError(t, r.Stop(ctx))
+	require.Equal(t, 1, strings.Count(logs.String(), "wake-ups on commit are off"), "said once")
+}
+
+// TestIdleCost: three idle replicas, one statement per pass each (the idle
+// poll), whoever holds the election, counted by a tracer on their pools.
+func TestIdleCost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	cfg := b.cfg
+	cfg.Interval = 50 * time.Millisecond
+	type replica struct {
+		r     *relay.Relay
+		trips *statementCounter
+	}
+	var replicas []replica
+	for range 3 {
+		trips := &statementCounter{}
+		pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trips })
+		r, err := relay.New(pool, cfg, newRecorder("t", nil))
+		require.NoError(t, err)
+		require.NoError(t, r.Start(ctx))
+		t.Cleanup(func() { _ = r.Stop(ctx) })
+		replicas = append(replicas, replica{r, trips})
+	}
+	passes := func(r *relay.Relay) int64 {
+		s := r.Stats()
+		return s.PassesElected + s.PassesCoalesced + s.PassesFailed
+	}
+	for _, rep := range replicas { // past start-up: the table learned, the listener's LISTEN
+		require.Eventually(t, func() bool { return passes(rep.r) >= 3 }, 10*time.Second, 5*time.Millisecond)
+	}
+	type mark struct{ passes, statements int64 }
+	before := make([]mark, len(replicas))
+	for i, rep := range replicas {
+		before[i] = mark{passes(rep.r), rep.trips.n.Load()}
+	}
+	for _, rep := range replicas {
+		require.Eventually(t, func() bool { return passes(rep.r) >= before[0].passes+20 }, 30*time.Second, 5*time.Millisecond)
+	}
+	for i, rep := range replicas {
+		p, s := passes(rep.r)-before[i].passes, rep.trips.n.Load()-before[i].statements
+		t.Logf("replica %d: %d statements in %d idle passes", i, s, p)
+		require.LessOrEqual(t, s, p+1, "replica %d: at most one statement per idle pass", i) // +1: a pass may straddle the marks
+		require.Zero(t, rep.r.Stats().Sent)
+	}
+}
+
+// statementCounter is a pgx tracer counting statements and batches.
+type statementCounter struct{ n atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
