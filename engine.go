@@ -178,7 +178,7 @@ func (e *engine) run() {
 			if e.rec.grouped && inFlight == 0 {
 				// Grouped outcomes are written on the recorder's connection:
 				// hold it before anything is sent.
-				if e.rec.ready(e.ctx, nil) != nil {
+				if e.rec.ready(e.ctx) != nil {
 					queue = nil
 					continue
 				}
@@ -223,11 +223,11 @@ func (e *engine) run() {
 // pool is too small to give each its connection next to the election's and
 // the select's (New warns of it).
 func (r *Relay) workers() int {
-	return min(r.cfg.Concurrency, max(1, int(r.pool.Config().MaxConns)-2))
+	return min(r.cfg.Concurrency, max(1, r.maxConns-2))
 }
 
 // poolFull reports whether the pool has no idle connection and may open no more.
-func poolFull(p interface{ Stat() *pgxpool.Stat }) bool {
+func poolFull(p *pgxpool.Pool) bool {
 	st := p.Stat()
 	return st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns()
 }
@@ -287,18 +287,31 @@ func (r *Relay) plan(rows []row, busy map[string]bool, now time.Time) (tasks []t
 	return tasks, skipped
 }
 
-// worker takes tasks until the pass ends, holding the connection its
-// outcomes are written on from before its first send.
+// worker takes tasks until the pass ends. Its writer holds the connection its
+// outcomes are written on from before its first send, and writes each
+// outcome while the worker sends the next message.
 func (e *engine) worker() {
 	defer e.workers.Done()
-	conn := heldConn{pool: e.r.pool}
-	defer conn.release()
+	var w *writer
+	defer func() {
+		if w != nil {
+			w.close()
+		}
+	}()
 	for t := range e.work {
+		if w == nil {
+			var err error
+			if w, err = e.rec.newWriter(e.ctx); err != nil {
+				w = nil
+			}
+		}
 		var failed bool
-		if len(t) == 1 {
-			failed = e.deliverKey(t[0], &conn)
-		} else {
-			failed = e.deliverRounds(t, &conn)
+		switch {
+		case w == nil: // no connection for the outcomes: send nothing
+		case len(t) == 1:
+			failed = e.deliverKey(t[0], w)
+		default:
+			failed = e.deliverRounds(t, w)
 		}
 		if failed {
 			select {
@@ -306,12 +319,15 @@ func (e *engine) worker() {
 			default:
 			}
 		}
-		conn.release() // a worker waiting for work holds no connection
 		keys := make([]string, len(t))
 		for i, g := range t {
 			keys[i] = g[0].Key
 		}
-		e.done <- keys
+		if w != nil {
+			w.finish(keys, e.done) // once the task's outcomes are recorded
+		} else {
+			e.done <- keys
+		}
 	}
 }
 
@@ -319,12 +335,9 @@ func (e *engine) worker() {
 // time, and records each outcome. It stops at the first message that is not
 // sent: the rest of that key wait for a later pass instead of overtaking it.
 // It reports whether a message failed.
-func (e *engine) deliverKey(g group, conn *heldConn) (failed bool) {
-	for _, m := range g {
+func (e *engine) deliverKey(g group, w *writer) (failed bool) {
+	for i, m := range g {
 		if e.halted() {
-			return false
-		}
-		if e.rec.ready(e.ctx, conn) != nil {
 			return false
 		}
 		d := e.deliverOne(m)
@@ -332,7 +345,8 @@ func (e *engine) deliverKey(g group, conn *heldConn) (failed bool) {
 			e.halt()
 			return false
 		}
-		if e.rec.add(d, conn) != nil {
+		more := i < len(g)-1 && (d.out == outcomeSent || m.bad != "")
+		if w.record([]delivery{d}, more) != nil {
 			return false
 		}
 		if d.out != outcomeSent && m.bad == "" {
@@ -344,12 +358,13 @@ func (e *engine) deliverKey(g group, conn *heldConn) (failed bool) {
 
 // deliverRounds delivers the keys of one [BatchSender]'s type: each round
 // sends the next message of every key still going in one SendBatch call, and
-// a key whose message failed goes no further in this pass.
-func (e *engine) deliverRounds(t task, conn *heldConn) (failed bool) {
+// a key whose message failed goes no further in this pass. A round starts
+// once the last one's outcomes are written.
+func (e *engine) deliverRounds(t task, w *writer) (failed bool) {
 	s := e.r.senders[t[0][0].Type].(BatchSender)
 	next := make([]int, len(t)) // per key, the index of its next message
 	for {
-		if e.halted() || e.rec.ready(e.ctx, conn) != nil {
+		if e.halted() {
 			return failed
 		}
 		var round []*row
@@ -364,21 +379,25 @@ func (e *engine) deliverRounds(t task, conn *heldConn) (failed bool) {
 			return failed
 		}
 		ds := e.r.deliverMany(e.ctx, s, round)
+		recorded := ds[:0:0]
+		more := false
 		for i, d := range ds {
 			if d.out == outcomeInterrupted {
 				e.halt()
-				return failed
+				break
 			}
-			if e.rec.add(d, conn) != nil {
-				return failed
-			}
+			recorded = append(recorded, d)
 			k := keys[i]
 			if d.out == outcomeSent {
 				next[k]++
+				more = more || next[k] < len(t[k])
 			} else {
 				next[k] = len(t[k]) // the rest of this key waits for a later pass
 				failed = true
 			}
+		}
+		if len(recorded) > 0 && w.record(recorded, more) != nil {
+			return failed
 		}
 	}
 }

@@ -293,57 +293,78 @@ func TestAppNameRefusedWhenItWouldSplitTheElection(t *testing.T) {
 	require.Contains(t, logs.String(), `AppName is the default \"app\"`)
 }
 
-// TestStarvedPool: the service's own code holds the pool's connections while
-// the relay delivers. A send starts only once the connection its outcome
-// will be written on is held, so nothing is delivered twice, and the pass
-// says the pool is what stopped it.
+// TestStarvedPool: the service's own code holds the pool's connections. A
+// send starts only once the connection its outcome will be written on is
+// held, so a starved pool costs no duplicate: a pass, or a worker, that cannot
+// get its connection sends nothing, and the pass says the pool is what
+// stopped it.
 func TestStarvedPool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
 	ids := b.insert(t, "t", distinctKeys("k", 16)...)
 	pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 4)
-	var starve sync.Once
-	grabbed := make(chan *pgxpool.Conn, 4)
-	release := make(chan struct{})
+	var release sync.Once
+	released := make(chan struct{})
+	t.Cleanup(func() { release.Do(func() { close(released) }) }) // before the pool closes
 	var serviceDone sync.WaitGroup
+	// The service's own code takes connections as they come free and keeps them.
+	starve := func(n int) {
+		for range n {
+			serviceDone.Add(1)
+			go func() {
+				defer serviceDone.Done()
+				c, err := pool.Acquire(context.Background())
+				if err != nil {
+					return
+				}
+				<-released
+				c.Release()
+			}()
+		}
+	}
 	l := newLedger()
 	cfg := b.cfg
 	cfg.Concurrency = 8
 	cfg.Observer = l
+	var first sync.Once
 	r, err := relay.New(pool, cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
 		return l.send(ctx, m, func(context.Context, relay.Message) error {
-			starve.Do(func() {
-				// The service's own code takes three of the pool's four
-				// connections, each as soon as it is free, and keeps them.
-				for range 3 {
-					serviceDone.Add(1)
-					go func() {
-						defer serviceDone.Done()
-						c, err := pool.Acquire(context.Background())
-						if err != nil {
-							return
-						}
-						grabbed <- c
-						<-release
-						c.Release()
-					}()
-				}
-			})
+			first.Do(func() { starve(4) }) // mid-pass: the pass keeps the connections it holds
 			return nil
 		})
 	}))
 	require.NoError(t, err)
 	_, err = r.RunIfElected(ctx)
+	if err != nil { // a worker started after the starvation got no connection for its outcomes, and sent nothing
+		require.ErrorIs(t, err, relay.ErrPoolExhausted)
+	}
+	for _, c := range l.calls() {
+		require.Equal(t, "SENT", b.state(t, c.id).Status, "row %d: every message sent had its outcome recorded", c.id)
+	}
+	require.Eventually(t, func() bool { return poolFullyTaken(pool) }, 10*time.Second, 5*time.Millisecond)
+
+	// The next pass finds every connection taken: it sends nothing, and says why.
+	more := b.insert(t, "t", distinctKeys("more", 4)...)
+	ids = append(ids, more...)
+	before := len(l.calls())
+	_, err = r.RunIfElected(ctx)
 	require.ErrorIs(t, err, relay.ErrPoolExhausted, "the pass says the pool starved it")
 	require.ErrorContains(t, err, "all 4 connections of the pool are in use")
-	close(release)
+	require.Len(t, l.calls(), before, "nothing is sent without a connection for its outcome")
+
+	release.Do(func() { close(released) })
 	serviceDone.Wait()
-	require.Len(t, grabbed, 3)
 	drainElected(t, b, r)
 	for _, id := range ids {
 		require.Equal(t, 1, l.accepted()[id], "row %d is delivered exactly once", id)
 	}
+}
+
+// poolFullyTaken reports whether every connection the pool may open is acquired.
+func poolFullyTaken(p *pgxpool.Pool) bool {
+	st := p.Stat()
+	return st.AcquiredConns() == st.MaxConns()
 }
 
 // TestErrorsKeepTheirChain: a pass's error wraps the server's *pgconn.PgError,

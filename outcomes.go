@@ -67,6 +67,11 @@ const (
 	// for it before it sends, so a starved pool delays delivery, and says so,
 	// but never costs a duplicate.
 	acquireTimeout = 5 * time.Second
+	// outcomePipeline is how many of a worker's outcomes may wait to be
+	// written while it sends on, and so how many its writer writes in one
+	// round trip (each in its own transaction). It is also what a crash of the
+	// relay re-delivers at most, per worker, beyond the messages in flight.
+	outcomePipeline = 8
 )
 
 // ErrPoolExhausted says the relay's pool had no free connection within a few
@@ -158,24 +163,136 @@ func (r *Relay) newRecorder(ctx context.Context, res *passResult) *recorder {
 	}
 }
 
-// ready holds the connection an outcome will be written on before the send
-// that produces it: the worker's own, or the recorder's when grouped.
-//
-// When grouped, the dispatcher calls it once, before the pass's first send,
-// and a worker's call only reports whether the pass may go on: a group write
-// whose connection died gets a fresh one itself.
-func (rc *recorder) ready(ctx context.Context, worker *heldConn) error {
+// ready holds, before the pass's first send, the connection the grouped
+// outcomes will be written on. Without grouping each worker's writer holds
+// its own (newWriter).
+func (rc *recorder) ready(ctx context.Context) error {
 	if !rc.grouped {
-		_, err := worker.get(ctx)
-		return rc.keep(err)
-	}
-	if worker != nil {
 		return rc.errorOf()
 	}
 	rc.flushing.Lock()
 	defer rc.flushing.Unlock()
 	_, err := rc.conn.get(ctx)
 	return rc.keep(err)
+}
+
+// writer writes one worker's outcomes on a goroutine of its own, so that the
+// worker sends its next message while the last one's outcome is being
+// written: the send and the write's round trip overlap. It holds the
+// connection the outcomes are written on (one transaction each) from before
+// the worker's first send; with GroupOutcomes it hands them to the recorder's
+// group instead. It also says when a task's keys are done — once their
+// outcomes are recorded, never before, so that the engine never selects a
+// row whose outcome is on its way as if it were still waiting.
+type writer struct {
+	rc   *recorder
+	conn heldConn
+	in   chan submission
+	done chan struct{}
+}
+
+// submission is outcomes to record; once they are, ack (if set) is closed and
+// keys (if set) go to finished.
+type submission struct {
+	ds       []delivery
+	ack      chan struct{}
+	keys     []string
+	finished chan<- []string
+}
+
+// newWriter starts a worker's writer, holding its connection first.
+func (rc *recorder) newWriter(ctx context.Context) (*writer, error) {
+	// Room for outcomePipeline outcomes (and their tasks' keys): the worker
+	// sends on while they are written.
+	w := &writer{rc: rc, conn: heldConn{pool: rc.r.pool}, in: make(chan submission, outcomePipeline), done: make(chan struct{})}
+	if !rc.grouped {
+		if _, err := w.conn.get(ctx); err != nil {
+			return nil, rc.keep(err)
+		}
+	}
+	go w.run()
+	return w, nil
+}
+
+func (w *writer) run() {
+	defer close(w.done)
+	for s := range w.in {
+		// Whatever else is waiting goes in the same round trip, each outcome
+		// in its own transaction.
+		batch := []submission{s}
+		n := len(s.ds)
+	more:
+		for n < outcomePipeline {
+			select {
+			case next, ok := <-w.in:
+				if !ok {
+					break more
+				}
+				batch = append(batch, next)
+				n += len(next.ds)
+			default:
+				break more
+			}
+		}
+		var ds []delivery
+		for _, b := range batch {
+			ds = append(ds, b.ds...)
+		}
+		if len(ds) > 0 {
+			_ = w.rc.addAll(ds, &w.conn) // a failure stops the pass through rc.err
+		}
+		for _, b := range batch {
+			if b.ack != nil {
+				close(b.ack)
+			}
+			if b.finished != nil {
+				b.finished <- b.keys
+			}
+		}
+	}
+}
+
+// addAll records ds: each in its own transaction, all in one round trip, or
+// into the group.
+func (rc *recorder) addAll(ds []delivery, conn *heldConn) error {
+	if !rc.grouped {
+		return rc.keep(rc.writeEach(ds, conn, true))
+	}
+	for _, d := range ds {
+		if err := rc.add(d, conn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// record hands ds to the writer; with wait, it returns once they are
+// recorded (a key's next message is sent only after its previous outcome is
+// written, so a lost write can never let it overtake). It returns the pass's
+// stopping failure, if any.
+func (w *writer) record(ds []delivery, wait bool) error {
+	s := submission{ds: ds}
+	if wait {
+		s.ack = make(chan struct{})
+	}
+	w.in <- s
+	if wait {
+		<-s.ack
+	}
+	return w.rc.errorOf()
+}
+
+// finish has the writer send keys to finished once every outcome handed to it
+// before is recorded.
+func (w *writer) finish(keys []string, finished chan<- []string) {
+	w.in <- submission{keys: keys, finished: finished}
+}
+
+// close waits for the last outcome and gives the connection back.
+func (w *writer) close() {
+	close(w.in)
+	<-w.done
+	w.conn.release()
 }
 
 // add records d, at once on the worker's connection or as part of a group. It
@@ -250,15 +367,26 @@ func (rc *recorder) errorOf() error { return rc.keep(nil) }
 // a shorter failure text when the text did not fit its column. Any other
 // error (read-only server, permission, constraint) is not retried: the
 // messages are held back from re-sending and the pass stops, saying why.
-func (rc *recorder) write(ds []delivery, conn *heldConn) error {
+func (rc *recorder) write(ds []delivery, conn *heldConn) error { return rc.writeEach(ds, conn, false) }
+
+// writeEach is write; with each, ds are written one transaction each, in one
+// round trip (repository.recordEach), and a statement that fails alone is
+// written again on its own, as write would write it.
+func (rc *recorder) writeEach(ds []delivery, conn *heldConn, each bool) error {
 	r := rc.r
 	ctx, cancel := context.WithTimeout(rc.ctx, outcomeTimeout)
 	defer cancel()
 	width := r.table().errWidth
+	var failed map[int64]error
 	record := func() (map[int64]bool, error) {
 		c, err := conn.get(ctx)
 		if err != nil {
 			return nil, err
+		}
+		if each && len(ds) > 1 {
+			var stale map[int64]bool
+			stale, failed, err = r.repo.recordEach(ctx, c, ds, r.cfg.MaxAttempts, width)
+			return stale, err
 		}
 		return r.repo.record(ctx, c, ds, r.cfg.MaxAttempts, width)
 	}
@@ -286,9 +414,13 @@ func (rc *recorder) write(ds []delivery, conn *heldConn) error {
 	if err != nil {
 		return rc.unrecorded(ctx, ds, err)
 	}
+	var again []delivery // statements that failed alone, in a pipeline
 	rc.mu.Lock()
-	defer rc.mu.Unlock()
 	for _, d := range ds {
+		if failed[d.m.ID] != nil {
+			again = append(again, d)
+			continue
+		}
 		r.held.forget(d.m.ID)
 		if stale[d.m.ID] {
 			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: outcome not recorded: the row changed while it was sent",
@@ -298,7 +430,14 @@ func (rc *recorder) write(ds []delivery, conn *heldConn) error {
 		}
 		rc.report(d)
 	}
-	return nil
+	rc.mu.Unlock()
+	var first error
+	for _, d := range again {
+		if err := rc.write([]delivery{d}, conn); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // ownEarlierWrite looks at the rows whose retried outcome found them moved

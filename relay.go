@@ -32,6 +32,7 @@ const (
 // overlap within one process.
 type Relay struct {
 	pool     *pgxpool.Pool
+	maxConns int // the pool's, read once: pool.Config() copies the whole configuration
 	cfg      Config
 	logger   *slog.Logger
 	repo     *repository
@@ -115,6 +116,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 	logger = slog.New(newSafeHandler(logger.Handler())).With(slog.String("component", "relay"), slog.String("app", cfg.AppName))
 	r := &Relay{
 		pool:     pool,
+		maxConns: int(pool.Config().MaxConns),
 		cfg:      cfg,
 		logger:   logger,
 		repo:     repo,

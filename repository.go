@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Every SQL statement of the package lives in this file (and schema.sql).
@@ -464,6 +467,104 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 		delete(stale, id)
 	}
 	return stale, nil
+}
+
+// recordEach writes each outcome of ds in its own implicit transaction, as
+// record does one, but all of them in one round trip: a pipeline with a Sync
+// after each statement, so that each commits (or fails) alone. It returns the
+// rows whose fence found them moved on, and the rows whose own statement
+// failed (a value that does not fit, a trigger); err is for the connection
+// or the pipeline as a whole, after which nothing is known.
+//
+// It needs named prepared statements; on a connection whose pgx mode does not
+// prepare statements (configured for a transaction-pooling proxy), it writes
+// them one by one.
+func (r *repository) recordEach(ctx context.Context, c *pgxpool.Conn, ds []delivery, maxAttempts, errWidth int) (stale map[int64]bool, failed map[int64]error, err error) {
+	stale, failed = map[int64]bool{}, map[int64]error{}
+	conn := c.Conn()
+	if mode := conn.Config().DefaultQueryExecMode; mode != pgx.QueryExecModeCacheStatement && mode != pgx.QueryExecModeCacheDescribe {
+		for _, d := range ds {
+			st, err := r.record(ctx, c, []delivery{d}, maxAttempts, errWidth)
+			if err != nil {
+				if sqlState(err) == "" || connectionFailed(err) {
+					return nil, nil, err
+				}
+				failed[d.m.ID] = err
+			}
+			maps.Copy(stale, st)
+		}
+		return stale, failed, nil
+	}
+	sent, err := conn.Prepare(ctx, statementName(r.sentSQL), r.sentSQL)
+	if err != nil {
+		return nil, nil, err
+	}
+	failure, err := conn.Prepare(ctx, statementName(r.errorSQL), r.errorSQL)
+	if err != nil {
+		return nil, nil, err
+	}
+	text := func(v *int64) []byte {
+		if v == nil {
+			return nil
+		}
+		return strconv.AppendInt(nil, *v, 10)
+	}
+	var status []byte
+	p := conn.PgConn().StartPipeline(ctx)
+	for _, d := range ds {
+		status = nil
+		if d.m.status != nil {
+			status = []byte(*d.m.status)
+		}
+		id := strconv.AppendInt(nil, d.m.ID, 10)
+		if d.out == outcomeSent {
+			p.SendQueryStatement(sent, [][]byte{id, status, text(d.m.attempts)}, nil, nil)
+		} else {
+			n := d.newAttempts(maxAttempts)
+			p.SendQueryStatement(failure, [][]byte{id, status, text(d.m.attempts), text(&n), []byte(d.errorText(errWidth))}, nil, nil)
+		}
+		p.SendPipelineSync()
+	}
+	if err := p.Flush(); err != nil {
+		p.Close()
+		return nil, nil, err
+	}
+	for _, d := range ds {
+		res, err := p.GetResults()
+		if err == nil {
+			rr, ok := res.(*pgconn.ResultReader)
+			if !ok {
+				p.Close()
+				return nil, nil, fmt.Errorf("relay: pipeline: unexpected %T", res)
+			}
+			var tag pgconn.CommandTag
+			if tag, err = rr.Close(); err == nil && tag.RowsAffected() != 1 {
+				stale[d.m.ID] = true
+			}
+		}
+		if err != nil {
+			if sqlState(err) == "" || connectionFailed(err) {
+				p.Close()
+				return nil, nil, err
+			}
+			failed[d.m.ID] = err // its own transaction failed; the others are unaffected
+		}
+		if res, err = p.GetResults(); err != nil {
+			p.Close()
+			return nil, nil, err
+		} else if _, ok := res.(*pgconn.PipelineSync); !ok {
+			p.Close()
+			return nil, nil, fmt.Errorf("relay: pipeline: want the Sync of id %d, got %T", d.m.ID, res)
+		}
+	}
+	return stale, failed, p.Close()
+}
+
+// statementName names a statement the relay prepares itself, by its text.
+func statementName(sql string) string {
+	h := fnv.New64a()
+	h.Write([]byte(sql))
+	return fmt.Sprintf("relay_%016x", h.Sum64())
 }
 
 // rowState is a row's (status, attempts) as the table holds it now.

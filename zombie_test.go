@@ -24,8 +24,9 @@ const takeoverBound = 15 * time.Second
 // whose kernel answers the server's keepalives, looks to the server. The
 // server ends the leader's lock session once its lease runs out (no heartbeat
 // for 10s), and the other replica, connected directly, takes over within
-// takeoverBound. The cut-off leader starts no new send, and only the message
-// it had in flight is delivered twice.
+// takeoverBound. The cut-off leader starts no new send once its lease is past,
+// and only the messages it had in flight (sent, their outcomes not yet
+// written) are delivered twice.
 func TestZombieLeader(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -88,7 +89,7 @@ func TestZombieLeader(t *testing.T) {
 	mu.Unlock()
 	t.Logf("the standby delivered %s after the leader was cut off (bound %s)", takeover.Round(time.Millisecond), takeoverBound)
 	require.Less(t, takeover, takeoverBound)
-	require.Zero(t, leaderAfter, "the cut-off leader starts no new send")
+	require.LessOrEqual(t, leaderAfter, 8, "the cut-off leader sends at most what its writer's pipeline holds, then nothing")
 
 	// The standby delivers everything; the leader comes back and stays out.
 	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 40 }, 20*time.Second, 10*time.Millisecond)
@@ -106,7 +107,9 @@ func TestZombieLeader(t *testing.T) {
 		require.LessOrEqual(t, n, 2, "row %d", id)
 		dups += n - 1
 	}
-	require.LessOrEqual(t, dups, 1, "only the message in flight at the cut is delivered twice")
+	// What was in flight at the cut: the message being sent, and the sent
+	// ones whose outcomes waited for the writer (outcomes.go, outcomePipeline: 8).
+	require.LessOrEqual(t, dups, 1+8, "only the messages in flight at the cut are delivered twice")
 	require.Len(t, byID, 40)
 	require.True(t, lockFree(t, b.cfg.AppName))
 	t.Logf("leader sent %d, standby sent %d, %d delivered twice", len(sends["a"]), len(sends["b"]), dups)

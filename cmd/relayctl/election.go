@@ -133,8 +133,12 @@ func runPause(ctx context.Context, e *env) int {
 		}
 	}
 
+	// Held: an interrupt from now on releases it (hold, below), so this
+	// statement runs whatever ctx says.
 	var pid uint32
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer pcancel()
+	if err := conn.QueryRow(pctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		return e.fail(err)
 	}
 	start := time.Now()
