@@ -43,9 +43,19 @@ func (p *passResult) coalesced() bool { return !p.ran && p.err == nil }
 // group is one natural key's messages of a batch, in id order.
 type group []*row
 
-// task is what a worker takes at a time: one key's messages, or, for a
-// [BatchSender], the keys of one type that it delivers in rounds.
-type task []group
+// task is what a worker takes at a time: a run of keys, each delivered in
+// turn, or, for a [BatchSender], the keys of one type that it delivers in
+// rounds. Handing keys over a few at a time, not one by one, keeps the
+// hand-offs between the engine and its workers off each message's path.
+type task struct {
+	groups []group
+	rounds bool
+}
+
+// tasksPerWorker is how many tasks a batch's keys are cut into per worker:
+// enough for a slow key not to leave the other workers idle, few enough that
+// a hand-off serves many messages.
+const tasksPerWorker = 4
 
 // engine is one pass's dispatch: it selects batches outside any transaction,
 // splits them by natural key, and hands the keys to at most Concurrency
@@ -192,7 +202,7 @@ func (e *engine) run() {
 		}
 		select {
 		case send <- next:
-			for _, g := range next {
+			for _, g := range next.groups {
 				busy[g[0].Key] = true
 			}
 			inFlight++
@@ -273,16 +283,25 @@ func (r *Relay) plan(rows []row, busy map[string]bool, now time.Time) (tasks []t
 		groups[g] = append(groups[g], m)
 	}
 	batched := make(map[string]int) // type → index of its task
+	var single []group
 	for _, g := range groups {
 		typ := g[0].Type
-		if _, ok := r.senders[typ].(BatchSender); ok && len(g) > 0 && g[0].bad == "" {
+		if _, ok := r.senders[typ].(BatchSender); ok && g[0].bad == "" {
 			if t, ok := batched[typ]; ok {
-				tasks[t] = append(tasks[t], g)
+				tasks[t].groups = append(tasks[t].groups, g)
 				continue
 			}
 			batched[typ] = len(tasks)
+			tasks = append(tasks, task{groups: []group{g}, rounds: true})
+			continue
 		}
-		tasks = append(tasks, task{g})
+		single = append(single, g)
+	}
+	size := max(1, (len(single)+r.workers()*tasksPerWorker-1)/(r.workers()*tasksPerWorker))
+	for len(single) > 0 {
+		n := min(size, len(single))
+		tasks = append(tasks, task{groups: single[:n:n]})
+		single = single[n:]
 	}
 	return tasks, skipped
 }
@@ -308,10 +327,15 @@ func (e *engine) worker() {
 		var failed bool
 		switch {
 		case w == nil: // no connection for the outcomes: send nothing
-		case len(t) == 1:
-			failed = e.deliverKey(t[0], w)
+		case t.rounds:
+			failed = e.deliverRounds(t.groups, w)
 		default:
-			failed = e.deliverRounds(t, w)
+			for _, g := range t.groups {
+				if e.halted() {
+					break
+				}
+				failed = e.deliverKey(g, w) || failed
+			}
 		}
 		if failed {
 			select {
@@ -319,8 +343,8 @@ func (e *engine) worker() {
 			default:
 			}
 		}
-		keys := make([]string, len(t))
-		for i, g := range t {
+		keys := make([]string, len(t.groups))
+		for i, g := range t.groups {
 			keys[i] = g[0].Key
 		}
 		if w != nil {
@@ -360,7 +384,7 @@ func (e *engine) deliverKey(g group, w *writer) (failed bool) {
 // sends the next message of every key still going in one SendBatch call, and
 // a key whose message failed goes no further in this pass. A round starts
 // once the last one's outcomes are written.
-func (e *engine) deliverRounds(t task, w *writer) (failed bool) {
+func (e *engine) deliverRounds(t []group, w *writer) (failed bool) {
 	s := e.r.senders[t[0][0].Type].(BatchSender)
 	next := make([]int, len(t)) // per key, the index of its next message
 	for {

@@ -185,10 +185,11 @@ func (rc *recorder) ready(ctx context.Context) error {
 // outcomes are recorded, never before, so that the engine never selects a
 // row whose outcome is on its way as if it were still waiting.
 type writer struct {
-	rc   *recorder
-	conn heldConn
-	in   chan submission
-	done chan struct{}
+	rc    *recorder
+	conn  heldConn
+	in    chan submission
+	slots chan struct{} // one per outcome handed over and not yet recorded: at most outcomePipeline
+	done  chan struct{}
 }
 
 // submission is outcomes to record; once they are, ack (if set) is closed and
@@ -202,9 +203,10 @@ type submission struct {
 
 // newWriter starts a worker's writer, holding its connection first.
 func (rc *recorder) newWriter(ctx context.Context) (*writer, error) {
-	// Room for outcomePipeline outcomes (and their tasks' keys): the worker
-	// sends on while they are written.
-	w := &writer{rc: rc, conn: heldConn{pool: rc.r.pool}, in: make(chan submission, outcomePipeline), done: make(chan struct{})}
+	// The worker sends on while up to outcomePipeline outcomes wait to be
+	// written (slots), in submissions that also carry its tasks' keys.
+	w := &writer{rc: rc, conn: heldConn{pool: rc.r.pool}, in: make(chan submission, 2*outcomePipeline),
+		slots: make(chan struct{}, outcomePipeline), done: make(chan struct{})}
 	if !rc.grouped {
 		if _, err := w.conn.get(ctx); err != nil {
 			return nil, rc.keep(err)
@@ -240,6 +242,9 @@ func (w *writer) run() {
 		}
 		if len(ds) > 0 {
 			_ = w.rc.addAll(ds, &w.conn) // a failure stops the pass through rc.err
+			for range ds {
+				<-w.slots
+			}
 		}
 		for _, b := range batch {
 			if b.ack != nil {
@@ -271,13 +276,24 @@ func (rc *recorder) addAll(ds []delivery, conn *heldConn) error {
 // written, so a lost write can never let it overtake). It returns the pass's
 // stopping failure, if any.
 func (w *writer) record(ds []delivery, wait bool) error {
-	s := submission{ds: ds}
-	if wait {
-		s.ack = make(chan struct{})
-	}
-	w.in <- s
-	if wait {
-		<-s.ack
+	for len(ds) > 0 || wait {
+		n := min(len(ds), outcomePipeline)
+		s := submission{ds: ds[:n:n]}
+		ds = ds[n:]
+		last := len(ds) == 0
+		if wait && last {
+			s.ack = make(chan struct{})
+		}
+		for range s.ds {
+			w.slots <- struct{}{} // waits while outcomePipeline outcomes wait
+		}
+		w.in <- s
+		if s.ack != nil {
+			<-s.ack
+		}
+		if last {
+			break
+		}
 	}
 	return w.rc.errorOf()
 }

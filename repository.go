@@ -267,13 +267,17 @@ WHERE id = $1 AND status IS NOT DISTINCT FROM $2 AND attempts IS NOT DISTINCT FR
 	r.errorSQL = `UPDATE ` + t + ` SET status = 'ERROR', attempts = $4, last_error = $5, updated_at = now()` + async + fence
 	// Grouped outcomes (Config.GroupOutcomes): one statement, each row still
 	// fenced on its own read state; a failure still marks only its own row.
+	// "m.id = ANY($1)" says again what the join says, in the form the planner
+	// turns into a primary-key probe: without it, the first plans hashed the
+	// whole table.
 	r.groupSQL = `UPDATE ` + t + ` AS m SET status = o.new_status, attempts = o.new_attempts,
   last_error = CASE WHEN o.new_status = 'SENT' THEN m.last_error ELSE o.err END,
   sent_at = CASE WHEN o.new_status = 'SENT' THEN now() ELSE m.sent_at END,
   updated_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
   AS o(id, status, attempts, new_status, new_attempts, err)` + asyncItem + `
-WHERE m.id = o.id AND m.status IS NOT DISTINCT FROM o.status AND m.attempts IS NOT DISTINCT FROM o.attempts
+WHERE m.id = o.id AND m.id = ANY($1::bigint[])
+  AND m.status IS NOT DISTINCT FROM o.status AND m.attempts IS NOT DISTINCT FROM o.attempts
 RETURNING m.id`
 	// The state of rows whose fenced outcome touched nothing: was it this
 	// relay's own earlier write, whose answer was lost?
