@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -77,6 +78,12 @@ type engine struct {
 	res passResult
 	rec *recorder
 
+	// blocked are the keys whose earliest row this pass left behind: their
+	// later rows wait behind it. True: the key was in flight, and a select
+	// from the start will find the row; false: the row is held back (its
+	// outcome could not be recorded) past this pass.
+	blocked map[string]bool
+
 	work    chan task
 	done    chan []string // the keys of a finished task
 	failed  chan struct{} // a task saw a message fail: stop taking batches
@@ -89,10 +96,11 @@ type engine struct {
 func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
 	e := &engine{
 		r: r, ctx: ctx, o: o,
-		work:   make(chan task),
-		done:   make(chan []string, r.cfg.Concurrency),
-		failed: make(chan struct{}, 1),
-		stop:   make(chan struct{}),
+		work:    make(chan task),
+		blocked: make(map[string]bool),
+		done:    make(chan []string, r.cfg.Concurrency),
+		failed:  make(chan struct{}, 1),
+		stop:    make(chan struct{}),
 	}
 	e.rec = r.newRecorder(ctx, &e.res)
 	if err := r.learnTable(ctx); err != nil {
@@ -139,6 +147,14 @@ func (e *engine) run() {
 		more     = true  // select again when the queue runs dry
 		waitDone = false // the last select found only keys in flight: wait for one to finish first
 		first    = true
+		// After a full batch, the next is selected past its last id, at
+		// once: the outcomes of the one before need not be written first,
+		// since none of its rows can come back. A row left behind (a key in
+		// flight) is found by a select from the start, once the drain has
+		// nothing new: then the outcomes are flushed first.
+		after    = int64(math.MinInt64)
+		fromZero = true
+		behind   = false // rows were left behind since the last select from the start
 	)
 	for {
 		select {
@@ -155,10 +171,14 @@ func (e *engine) run() {
 			waitDone = true
 		}
 		if len(queue) == 0 && more && !waitDone {
-			if e.rec.flush() != nil {
-				break
+			from := after
+			if fromZero {
+				if e.rec.flush() != nil {
+					break
+				}
+				from, behind = math.MinInt64, false
 			}
-			f, err := r.fetch(e.ctx, first)
+			f, err := r.fetch(e.ctx, first, from)
 			if err != nil {
 				e.rec.keep(err)
 				break
@@ -171,13 +191,29 @@ func (e *engine) run() {
 				e.res.lag = lagOf(f)
 			}
 			first = false
+			if from == math.MinInt64 {
+				clear(e.blocked) // a select from the start finds every row left behind
+			}
 			var skipped bool
-			queue, skipped = r.plan(f.rows, busy, time.Now())
-			more = e.o.drain && (f.full || skipped) && (len(queue) > 0 || len(busy) > 0)
+			queue, skipped = r.plan(f.rows, busy, e.blocked, time.Now())
+			if n := len(f.rows); n > 0 {
+				after = f.rows[n-1].ID // onwards from here, whether this select was from the start or not
+			}
+			behind = behind || skipped
+			switch {
+			case !e.o.drain:
+				more = false
+			case f.full: // onwards, past this batch
+				more, fromZero = true, false
+			case behind: // nothing new past it: back for what was left behind
+				more, fromZero = true, true
+			default:
+				more = false
+			}
 			if more && time.Since(start) > drainMax {
 				more, e.res.backlog = false, true
 			}
-			waitDone = len(queue) == 0 && len(busy) > 0
+			waitDone = len(queue) == 0 && len(busy) > 0 && fromZero
 		}
 		if len(queue) == 0 && inFlight == 0 && !(more && !waitDone) {
 			break
@@ -253,25 +289,28 @@ func lagOf(f fetched) time.Duration {
 	return 0
 }
 
-// plan splits a batch, in id order, into tasks: a task per key, in the order
-// of each key's first id, except that the keys of a [BatchSender]'s type go
+// plan splits a batch, in id order, into tasks: runs of keys, in the order of
+// each key's first id, except that the keys of a [BatchSender]'s type go
 // together in one task. A key in flight is left out (skipped reports it: the
-// rows are selected again once the key is idle), and so is a key whose first
-// row here is held back because its last outcome could not be recorded.
-func (r *Relay) plan(rows []row, busy map[string]bool, now time.Time) (tasks []task, skipped bool) {
+// rows are selected again, from the start, once the key is idle), and so is
+// a key whose row here is held back because its last outcome could not be
+// recorded. Either way the key is blocked: its later rows, in this batch or
+// the next ones selected past it, wait behind the row left out.
+func (r *Relay) plan(rows []row, busy map[string]bool, blocked map[string]bool, now time.Time) (tasks []task, skipped bool) {
 	index := make(map[string]int, len(rows))
-	blocked := make(map[string]bool)
 	var groups []group
 	for i := range rows {
 		m := &rows[i]
-		switch {
-		case blocked[m.Key]:
+		if again, ok := blocked[m.Key]; ok {
+			skipped = skipped || again
 			continue
+		}
+		switch {
 		case busy[m.Key]:
-			skipped = true
+			blocked[m.Key], skipped = true, true // selected again once idle; its later rows wait behind this one
 			continue
 		case r.held.waiting(m.ID, now):
-			blocked[m.Key] = true // its later messages wait behind it
+			blocked[m.Key] = false // waits out its backoff; its later rows wait behind it
 			continue
 		}
 		g, ok := index[m.Key]
@@ -312,10 +351,12 @@ func (r *Relay) plan(rows []row, busy map[string]bool, now time.Time) (tasks []t
 func (e *engine) worker() {
 	defer e.workers.Done()
 	var w *writer
+	c := e.r.newCaller()
 	defer func() {
 		if w != nil {
 			w.close()
 		}
+		c.close()
 	}()
 	for t := range e.work {
 		if w == nil {
@@ -334,7 +375,7 @@ func (e *engine) worker() {
 				if e.halted() {
 					break
 				}
-				failed = e.deliverKey(g, w) || failed
+				failed = e.deliverKey(g, w, c) || failed
 			}
 		}
 		if failed {
@@ -359,12 +400,12 @@ func (e *engine) worker() {
 // time, and records each outcome. It stops at the first message that is not
 // sent: the rest of that key wait for a later pass instead of overtaking it.
 // It reports whether a message failed.
-func (e *engine) deliverKey(g group, w *writer) (failed bool) {
+func (e *engine) deliverKey(g group, w *writer, c *caller) (failed bool) {
 	for i, m := range g {
 		if e.halted() {
 			return false
 		}
-		d := e.deliverOne(m)
+		d := e.deliverOne(m, c)
 		if d.out == outcomeInterrupted {
 			e.halt()
 			return false
@@ -428,12 +469,12 @@ func (e *engine) deliverRounds(t []group, w *writer) (failed bool) {
 
 // deliverOne sends one message, or marks it dead unsent when it cannot be
 // delivered, and says what became of it; recording it is the recorder's job.
-func (e *engine) deliverOne(m *row) delivery {
+func (e *engine) deliverOne(m *row, c *caller) delivery {
 	if m.bad != "" {
 		return delivery{m: m, out: outcomeDead, sendErr: errors.New(m.bad)}
 	}
 	start := time.Now()
-	err := e.r.send(e.ctx, e.r.senders[m.Type], m.Message)
+	err := e.r.send(e.ctx, c, e.r.senders[m.Type], m.Message)
 	return e.r.outcomeOf(e.ctx, m, err, time.Since(start))
 }
 

@@ -3,8 +3,8 @@ package relay
 import "time"
 
 // FetchSQLForTest is the select of a batch as a relay of table with backoff
-// runs it ($1 ceiling, $2 types, $3 limit, $4 backoff base, $5 backoff cap),
-// for tests that look at its plan.
+// runs it ($1 ceiling, $2 types, $3 limit, $4 after this id, $5 backoff base,
+// $6 backoff cap), for tests that look at its plan.
 func FetchSQLForTest(table string, backoff time.Duration) string {
 	r, err := newRepository(table, backoff, false)
 	if err != nil {

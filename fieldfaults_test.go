@@ -462,7 +462,7 @@ func TestPassCostIgnoresDeadAndForeignRows(t *testing.T) {
 	// walk of them would touch several hundred).
 	b.insert(t, "t", distinctKeys("again", 10)...)
 	for _, backoff := range []time.Duration{0, 2 * time.Second} {
-		args := []any{b.cfg.MaxAttempts, []string{"t"}, 100}
+		args := []any{b.cfg.MaxAttempts, []string{"t"}, 100, int64(math.MinInt64)}
 		if backoff > 0 {
 			args = append(args, backoff.Seconds(), relay.RetryBackoffMax.Seconds())
 		}

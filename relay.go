@@ -312,12 +312,12 @@ func (r *Relay) Stats() Stats { return r.stats.snapshot() }
 // fetch selects one batch, outside any transaction, on a connection it takes
 // for the select alone. A connection that died in a failover fails its first
 // statement: the select, which changes nothing, is tried once more on another.
-func (r *Relay) fetch(ctx context.Context, preflight bool) (fetched, error) {
+func (r *Relay) fetch(ctx context.Context, preflight bool, after int64) (fetched, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	args := fetchArgs{
 		maxAttempts: r.cfg.MaxAttempts, types: r.types, limit: r.cfg.BatchSize, maxBytes: r.cfg.BatchBytes,
-		preflight: preflight, source: r.table().qualified,
+		after: after, preflight: preflight, source: r.table().qualified,
 	}
 	once := func() (fetched, error) {
 		c, err := acquire(fctx, r.pool, "select a batch")

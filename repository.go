@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -139,18 +140,19 @@ const inlinePayloadMax = 8 << 10
 
 // repository holds the statements of one table, built once by newRepository.
 type repository struct {
-	table      string // quoted
-	name       string // as configured, for to_regclass
-	fetchSQL   string
-	pollSQL    string
-	payloadSQL string
-	sentSQL    string
-	errorSQL   string
-	groupSQL   string
-	stateSQL   string
-	probeSQL   string
-	backoff    float64 // seconds; 0 = no backoff
-	backoffMax float64
+	table        string // quoted
+	name         string // as configured, for to_regclass
+	fetchSQL     string
+	pollSQL      string
+	payloadSQL   string
+	sentSQL      string
+	errorSQL     string
+	groupSQL     string
+	groupSentSQL string
+	stateSQL     string
+	probeSQL     string
+	backoff      float64 // seconds; 0 = no backoff
+	backoffMax   float64
 }
 
 // preflightSQL is sent with the first select of a pass, in the same round
@@ -168,7 +170,8 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 	t := id.Sanitize()
 	r := &repository{table: t, name: t, backoff: backoff.Seconds(), backoffMax: RetryBackoffMax.Seconds()}
 
-	// $1 ceiling, $2 types, $3 limit, $4 backoff base (s), $5 backoff cap (s).
+	// $1 ceiling, $2 types, $3 limit, $4 after this id, $5 backoff base (s),
+	// $6 backoff cap (s).
 	//
 	// Each part walks an index of its own types only (schema.sql): the waiting
 	// rows by (type, id), one type at a time, and the failed rows by (type,
@@ -190,8 +193,8 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 		// The exponent is clamped (2^40 s is far past the cap), so no number
 		// of attempts overflows; a NULL updated_at does not wait.
 		waiting = func(a string) string {
-			return `coalesce(` + a + `.updated_at > now() - make_interval(secs => least($4::float8 * power(2::float8, least(greatest(coalesce(` +
-				a + `.attempts, 0), 1) - 1, 40)), $5::float8)), false)`
+			return `coalesce(` + a + `.updated_at > now() - make_interval(secs => least($5::float8 * power(2::float8, least(greatest(coalesce(` +
+				a + `.attempts, 0), 1) - 1, 40)), $6::float8)), false)`
 		}
 	}
 	// A row waits while an earlier failed row of its key waits out its
@@ -207,7 +210,7 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 		return `
   UNION ALL
   (SELECT e.id FROM (SELECT m.id FROM ` + t + ` m
-    WHERE m.type = ANY($2::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR' AND ` + attempts + `
+    WHERE m.type = ANY($2::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR' AND ` + attempts + ` AND m.id > $4
       AND NOT ` + waiting("m") + heldBack + `
     OFFSET 0) e ORDER BY e.id LIMIT $3)`
 	}
@@ -216,7 +219,7 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
   SELECT p.id FROM unnest($2::text[]) AS ty(type) CROSS JOIN LATERAL (
     SELECT m.id FROM ` + t + ` m
     WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
-      AND coalesce(m.attempts, 0) < $1` + heldBack + `
+      AND coalesce(m.attempts, 0) < $1 AND m.id > $4` + heldBack + `
     ORDER BY m.type, m.id LIMIT $3) p` +
 		failed("m.attempts < $1") + failed("m.attempts IS NULL")
 	r.fetchSQL = `SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
@@ -230,19 +233,16 @@ ORDER BY m.id`
 	// transaction-scoped lock, gone when the statement ends: nobody waits on
 	// it, a JVM replica trying at that instant coalesces), and is there
 	// anything to deliver? Only a poll that finds work takes the election for
-	// real. $3 is 1; the key is the last parameter.
-	key := "$4"
+	// real. $3 is 1, $4 the least id; the key is the last parameter.
+	key := "$5"
 	if r.backoff != 0 {
-		key = "$6"
+		key = "$7"
 	}
 	r.pollSQL = `SELECT l.read_only, l.won, l.won AND EXISTS (` + candidates + `)
 FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext(` + key + `)) AS won
   FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
   OFFSET 0) l`
-	if r.backoff == 0 {
-		// Keep the parameters' numbering: $4 and $5 are not sent.
-		r.fetchSQL = strings.ReplaceAll(r.fetchSQL, "$4", "0")
-	}
+
 	// A large payload, measured before it is sent: above $2 bytes only its
 	// size comes back, and the row is marked dead instead.
 	r.payloadSQL = `SELECT s.n, CASE WHEN s.n <= $2 THEN s.p END
@@ -279,6 +279,12 @@ FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6
 WHERE m.id = o.id AND m.id = ANY($1::bigint[])
   AND m.status IS NOT DISTINCT FROM o.status AND m.attempts IS NOT DISTINCT FROM o.attempts
 RETURNING m.id`
+	// The common group: every message sent, every row read as PENDING with
+	// no attempt. One array, one fence for all, and the planner probes the
+	// primary key: half the server's time of the general statement.
+	r.groupSentSQL = `UPDATE ` + t + ` SET status = 'SENT', sent_at = now(), updated_at = now()` + async + `
+WHERE id = ANY($1::bigint[]) AND status = 'PENDING' AND attempts = 0
+RETURNING id`
 	// The state of rows whose fenced outcome touched nothing: was it this
 	// relay's own earlier write, whose answer was lost?
 	r.stateSQL = `SELECT id, status::text, attempts::bigint FROM ` + t + ` WHERE id = ANY($1::bigint[])`
@@ -300,6 +306,7 @@ type fetchArgs struct {
 	types       []string
 	limit       int
 	maxBytes    int
+	after       int64  // only rows past this id: a drain's next batch, while the last one's outcomes are written
 	preflight   bool   // the pass's first select: ask whether the server is writable
 	source      string // the schema-qualified table, for Message.IdempotencyKey
 }
@@ -318,7 +325,7 @@ type fetched struct {
 // exceeds it comes back marked bad.
 func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetched, error) {
 	var f fetched
-	args := []any{a.maxAttempts, a.types, a.limit}
+	args := []any{a.maxAttempts, a.types, a.limit, a.after}
 	if r.backoff != 0 {
 		args = append(args, r.backoff, r.backoffMax)
 	}
@@ -443,6 +450,17 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 	}
 
 	n := len(ds)
+	if allSentFresh(ds) {
+		ids := make([]int64, n)
+		for i := range ds {
+			ids[i] = ds[i].m.ID
+		}
+		rows, err := db.Query(ctx, r.groupSentSQL, ids)
+		if err != nil {
+			return nil, err
+		}
+		return staleOf(rows, ids)
+	}
 	ids, statuses, attempts := make([]int64, n), make([]*string, n), make([]*int64, n)
 	newStatuses, newAttempts, errs := make([]string, n), make([]int64, n), make([]*string, n)
 	for i := range ds {
@@ -459,18 +477,39 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 	if err != nil {
 		return nil, err
 	}
+	return staleOf(rows, ids)
+}
+
+// staleOf reads the ids a grouped outcome returned, and returns those of ids
+// it did not: the rows whose fence found them moved on.
+func staleOf(rows pgx.Rows, ids []int64) (map[int64]bool, error) {
 	recorded, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		return nil, err
 	}
-	stale = make(map[int64]bool, n)
-	for _, id := range ids {
-		stale[id] = true
-	}
+	stale := make(map[int64]bool, len(ids)-len(recorded))
+	done := make(map[int64]bool, len(recorded))
 	for _, id := range recorded {
-		delete(stale, id)
+		done[id] = true
+	}
+	for _, id := range ids {
+		if !done[id] {
+			stale[id] = true
+		}
 	}
 	return stale, nil
+}
+
+// allSentFresh reports whether every delivery of ds was sent from a row read
+// as PENDING with no attempt: the common group, which has its own statement.
+func allSentFresh(ds []delivery) bool {
+	for i := range ds {
+		m := ds[i].m
+		if ds[i].out != outcomeSent || m.status == nil || *m.status != statusPending || m.attempts == nil || *m.attempts != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // recordEach writes each outcome of ds in its own implicit transaction, as
@@ -595,7 +634,7 @@ func (r *repository) states(ctx context.Context, db querier, ids []int64) (map[i
 
 // poll runs the idle poll (pollSQL) for the election key.
 func (r *repository) poll(ctx context.Context, db querier, maxAttempts int, types []string, key string) (readOnly, won, work bool, err error) {
-	args := []any{maxAttempts, types, 1}
+	args := []any{maxAttempts, types, 1, int64(math.MinInt64)}
 	if r.backoff != 0 {
 		args = append(args, r.backoff, r.backoffMax)
 	}
