@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -645,9 +646,9 @@ func (h *heldBack) forget(id int64) {
 }
 
 // orNULL is a nullable column's text for a log line.
-func orNULL(s *string) string {
-	if s == nil {
+func orNULL(s pgtype.Text) string {
+	if !s.Valid {
 		return "NULL"
 	}
-	return *s
+	return s.String
 }

@@ -119,8 +119,8 @@ type querier interface {
 // cannot be delivered, why.
 type row struct {
 	Message
-	status   *string // as read; nil: NULL (read as PENDING)
-	attempts *int64  // as read; nil: NULL (read as 0)
+	status   pgtype.Text // as read; not Valid: NULL (read as PENDING)
+	attempts pgtype.Int8 // as read; not Valid: NULL (read as 0)
 	bad      string  // the column that makes the row undeliverable, and how; "" if none
 	size     int     // payload bytes; for a row fetched without its payload, what it will take
 	large    bool    // its payload is loaded apart, after the batch, within BatchBytes
@@ -340,31 +340,26 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			var (
 				m       row
 				typ     string
-				key     *string
+				key     pgtype.Text
 				created pgtype.Timestamptz
-				stored  *int32
+				stored  pgtype.Int4
 				payload []byte
 			)
 			if err := rows.Scan(&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload); err != nil {
 				return err
 			}
-			m.Type, m.source = typ, a.source
-			if key != nil {
-				m.Key = *key
-			}
-			if m.attempts != nil {
-				m.Attempts = int(*m.attempts)
-			}
+			m.Type, m.source, m.Key = typ, a.source, key.String
+			m.Attempts = int(m.attempts.Int64) // 0 when NULL
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
 				m.CreatedAt = created.Time
 			}
 			switch {
-			case key == nil:
+			case !key.Valid:
 				m.bad = "natural_key is NULL: a message needs its natural key"
-			case stored == nil:
+			case !stored.Valid:
 				m.bad = "payload is NULL"
 			case payload == nil:
-				m.large, m.size = true, int(*stored) // loaded below, within the budget
+				m.large, m.size = true, int(stored.Int32) // loaded below, within the budget
 			default:
 				m.Payload, m.size = payload, len(payload)
 				if m.size > a.maxBytes {
@@ -461,7 +456,7 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 		}
 		return staleOf(rows, ids)
 	}
-	ids, statuses, attempts := make([]int64, n), make([]*string, n), make([]*int64, n)
+	ids, statuses, attempts := make([]int64, n), make([]pgtype.Text, n), make([]pgtype.Int8, n)
 	newStatuses, newAttempts, errs := make([]string, n), make([]int64, n), make([]*string, n)
 	for i := range ds {
 		d := &ds[i]
@@ -505,7 +500,7 @@ func staleOf(rows pgx.Rows, ids []int64) (map[int64]bool, error) {
 func allSentFresh(ds []delivery) bool {
 	for i := range ds {
 		m := ds[i].m
-		if ds[i].out != outcomeSent || m.status == nil || *m.status != statusPending || m.attempts == nil || *m.attempts != 0 {
+		if ds[i].out != outcomeSent || !m.status.Valid || m.status.String != statusPending || !m.attempts.Valid || m.attempts.Int64 != 0 {
 			return false
 		}
 	}
@@ -546,25 +541,25 @@ func (r *repository) recordEach(ctx context.Context, c *pgxpool.Conn, ds []deliv
 	if err != nil {
 		return nil, nil, err
 	}
-	text := func(v *int64) []byte {
-		if v == nil {
+	text := func(v pgtype.Int8) []byte {
+		if !v.Valid {
 			return nil
 		}
-		return strconv.AppendInt(nil, *v, 10)
+		return strconv.AppendInt(nil, v.Int64, 10)
 	}
 	var status []byte
 	p := conn.PgConn().StartPipeline(ctx)
 	for _, d := range ds {
 		status = nil
-		if d.m.status != nil {
-			status = []byte(*d.m.status)
+		if d.m.status.Valid {
+			status = []byte(d.m.status.String)
 		}
 		id := strconv.AppendInt(nil, d.m.ID, 10)
 		if d.out == outcomeSent {
 			p.SendQueryStatement(sent, [][]byte{id, status, text(d.m.attempts)}, nil, nil)
 		} else {
-			n := d.newAttempts(maxAttempts)
-			p.SendQueryStatement(failure, [][]byte{id, status, text(d.m.attempts), text(&n), []byte(d.errorText(errWidth))}, nil, nil)
+			n := pgtype.Int8{Int64: d.newAttempts(maxAttempts), Valid: true}
+			p.SendQueryStatement(failure, [][]byte{id, status, text(d.m.attempts), text(n), []byte(d.errorText(errWidth))}, nil, nil)
 		}
 		p.SendPipelineSync()
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -30,11 +31,11 @@ func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
 		require.NoError(t, err)
 		var id int64
 		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+table+" (type, natural_key, payload) VALUES ('t', 'k', '{}') RETURNING id").Scan(&id))
-		pending, zero := statusPending, int64(0)
-		m := &row{Message: Message{ID: id}, status: &pending, attempts: &zero}
+		pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
+		m := &row{Message: Message{ID: id}, status: pending, attempts: zero}
 		for _, ds := range [][]delivery{
 			{{m: m, out: outcomeSent}}, // one outcome
-			{{m: m, out: outcomeSent}, {m: &row{Message: Message{ID: -1}, status: &pending}, out: outcomeSent}}, // a group
+			{{m: m, out: outcomeSent}, {m: &row{Message: Message{ID: -1}, status: pending}, out: outcomeSent}}, // a group
 		} {
 			var inside string
 			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
