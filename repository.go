@@ -121,9 +121,9 @@ type row struct {
 	Message
 	status   pgtype.Text // as read; not Valid: NULL (read as PENDING)
 	attempts pgtype.Int8 // as read; not Valid: NULL (read as 0)
-	bad      string  // the column that makes the row undeliverable, and how; "" if none
-	size     int     // payload bytes; for a row fetched without its payload, what it will take
-	large    bool    // its payload is loaded apart, after the batch, within BatchBytes
+	bad      string      // the column that makes the row undeliverable, and how; "" if none
+	size     int         // payload bytes; for a row fetched without its payload, what it will take
+	large    bool        // its payload is loaded apart, after the batch, within BatchBytes
 }
 
 // Row statuses.
