@@ -1,16 +1,20 @@
 package relay
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
-// FetchSQLForTest is the select of a batch as a relay of table with backoff
-// runs it ($1 ceiling, $2 types, $3 limit, $4 after this id, $5 backoff base,
-// $6 backoff cap), for tests that look at its plan.
-func FetchSQLForTest(table string, backoff time.Duration) string {
+// FetchForTest is the select of a batch of at most limit rows of types as a
+// relay of table with backoff runs it, with its arguments, for tests that
+// look at its plan.
+func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []string, limit int) (string, []any) {
 	r, err := newRepository(table, backoff, false)
 	if err != nil {
 		panic(err)
 	}
-	return r.fetchSQL
+	return r.fetchSQL.sql, r.fetchSQL.args(map[string]any{"max": maxAttempts, "types": types, "limit": limit,
+		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
 }
 
 // SetWakeUpWindowForTest sets how long a producer process goes without a

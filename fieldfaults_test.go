@@ -462,10 +462,7 @@ func TestPassCostIgnoresDeadAndForeignRows(t *testing.T) {
 	// walk of them would touch several hundred).
 	b.insert(t, "t", distinctKeys("again", 10)...)
 	for _, backoff := range []time.Duration{0, 2 * time.Second} {
-		args := []any{b.cfg.MaxAttempts, []string{"t"}, 100, int64(math.MinInt64)}
-		if backoff > 0 {
-			args = append(args, backoff.Seconds(), relay.RetryBackoffMax.Seconds())
-		}
+		sql, args := relay.FetchForTest(b.table, backoff, b.cfg.MaxAttempts, []string{"t"}, 100)
 		var plan []struct {
 			Plan struct {
 				Hit  int `json:"Shared Hit Blocks"`
@@ -473,7 +470,7 @@ func TestPassCostIgnoresDeadAndForeignRows(t *testing.T) {
 				Rows int `json:"Actual Rows"`
 			}
 		}
-		err = b.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+relay.FetchSQLForTest(b.table, backoff), args...).Scan(&plan)
+		err = b.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&plan)
 		require.NoError(t, err)
 		require.Equal(t, 10, plan[0].Plan.Rows)
 		t.Logf("backoff %s: the select touched %d buffers for 10 rows beside 40,000 dead and foreign ones", backoff, plan[0].Plan.Hit+plan[0].Plan.Read)

@@ -140,10 +140,11 @@ const inlinePayloadMax = 8 << 10
 
 // repository holds the statements of one table, built once by newRepository.
 type repository struct {
-	table        string // quoted
-	name         string // as configured, for to_regclass
-	fetchSQL     string
-	pollSQL      string
+	table        string   // quoted
+	name         string   // as configured, for to_regclass
+	fetchSQL     namedSQL // every partition
+	fetchPartSQL namedSQL // this replica's partitions
+	pollSQL      namedSQL
 	payloadSQL   string
 	sentSQL      string
 	errorSQL     string
@@ -170,8 +171,9 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 	t := id.Sanitize()
 	r := &repository{table: t, name: t, backoff: backoff.Seconds(), backoffMax: RetryBackoffMax.Seconds()}
 
-	// $1 ceiling, $2 types, $3 limit, $4 after this id, $5 backoff base (s),
-	// $6 backoff cap (s).
+	// The select's parameters are named (@max the ceiling, @types, @limit,
+	// @after the least id, @backoff and @cap in seconds, @n partitions and
+	// @parts this replica's, @key the election) and numbered by numbered.
 	//
 	// Each part walks an index of its own types only (schema.sql): the waiting
 	// rows by (type, id), one type at a time, and the failed rows by (type,
@@ -193,8 +195,8 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 		// The exponent is clamped (2^40 s is far past the cap), so no number
 		// of attempts overflows; a NULL updated_at does not wait.
 		waiting = func(a string) string {
-			return `coalesce(` + a + `.updated_at > now() - make_interval(secs => least($5::float8 * power(2::float8, least(greatest(coalesce(` +
-				a + `.attempts, 0), 1) - 1, 40)), $6::float8)), false)`
+			return `coalesce(` + a + `.updated_at > now() - make_interval(secs => least(@backoff::float8 * power(2::float8, least(greatest(coalesce(` +
+				a + `.attempts, 0), 1) - 1, 40)), @cap::float8)), false)`
 		}
 	}
 	// A row waits while an earlier failed row of its key waits out its
@@ -204,44 +206,50 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 		heldBack = `
       AND NOT EXISTS (SELECT 1 FROM ` + t + ` e
         WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.direction = 'OUT' AND e.status = 'ERROR'
-          AND e.type = ANY($2::text[]) AND (e.attempts < $1 OR e.attempts IS NULL) AND ` + waiting("e") + `)`
+          AND e.type = ANY(@types::text[]) AND (e.attempts < @max OR e.attempts IS NULL) AND ` + waiting("e") + `)`
 	}
-	failed := func(attempts string) string {
-		return `
+	// candidates are the ids of deliverable rows, at most @limit of each part;
+	// partitioned, only of this replica's partitions (partitions.go).
+	candidates := func(partitioned bool) string {
+		part := ""
+		if partitioned {
+			part = ` AND ` + partitionOf("m.natural_key") + ` = ANY(@parts::int[])`
+		}
+		failed := func(attempts string) string {
+			return `
   UNION ALL
   (SELECT e.id FROM (SELECT m.id FROM ` + t + ` m
-    WHERE m.type = ANY($2::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR' AND ` + attempts + ` AND m.id > $4
+    WHERE m.type = ANY(@types::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR' AND ` + attempts + ` AND m.id > @after` + part + `
       AND NOT ` + waiting("m") + heldBack + `
-    OFFSET 0) e ORDER BY e.id LIMIT $3)`
-	}
-	// The candidates: ids of deliverable rows, at most $3 of each part.
-	candidates := `
-  SELECT p.id FROM unnest($2::text[]) AS ty(type) CROSS JOIN LATERAL (
+    OFFSET 0) e ORDER BY e.id LIMIT @limit)`
+		}
+		return `
+  SELECT p.id FROM unnest(@types::text[]) AS ty(type) CROSS JOIN LATERAL (
     SELECT m.id FROM ` + t + ` m
     WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
-      AND coalesce(m.attempts, 0) < $1 AND m.id > $4` + heldBack + `
-    ORDER BY m.type, m.id LIMIT $3) p` +
-		failed("m.attempts < $1") + failed("m.attempts IS NULL")
-	r.fetchSQL = `SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
+      AND coalesce(m.attempts, 0) < @max AND m.id > @after` + part + heldBack + `
+    ORDER BY m.type, m.id LIMIT @limit) p` +
+			failed("m.attempts < @max") + failed("m.attempts IS NULL")
+	}
+	fetch := func(partitioned bool) namedSQL {
+		return numbered(`SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
   pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= ` + fmt.Sprint(inlinePayloadMax) + ` THEN m.payload::text END
 FROM ` + t + ` m
-WHERE m.id = ANY(ARRAY(SELECT c.id FROM (` + candidates + `
-  ) c ORDER BY c.id LIMIT $3))
-ORDER BY m.id`
+WHERE m.id = ANY(ARRAY(SELECT c.id FROM (` + candidates(partitioned) + `
+  ) c ORDER BY c.id LIMIT @limit))
+ORDER BY m.id`)
+	}
+	r.fetchSQL, r.fetchPartSQL = fetch(false), fetch(true)
 	// The idle poll, one statement: is the server writable, does this
 	// session win the election for the statement's own length (a
 	// transaction-scoped lock, gone when the statement ends: nobody waits on
 	// it, a JVM replica trying at that instant coalesces), and is there
 	// anything to deliver? Only a poll that finds work takes the election for
-	// real. $3 is 1, $4 the least id; the key is the last parameter.
-	key := "$5"
-	if r.backoff != 0 {
-		key = "$7"
-	}
-	r.pollSQL = `SELECT l.read_only, l.won, l.won AND EXISTS (` + candidates + `)
-FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext(` + key + `)) AS won
+	// real. @limit is 1.
+	r.pollSQL = numbered(`SELECT l.read_only, l.won, l.won AND EXISTS (` + candidates(false) + `)
+FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext(@key)) AS won
   FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
-  OFFSET 0) l`
+  OFFSET 0) l`)
 
 	// A large payload, measured before it is sent: above $2 bytes only its
 	// size comes back, and the row is marked dead instead.
@@ -300,6 +308,52 @@ WHERE c.oid = to_regclass($1)`
 	return r, nil
 }
 
+// namedSQL is a statement whose parameters were named ("@max") and numbered
+// ($1) by numbered, in order of first appearance.
+type namedSQL struct {
+	sql   string
+	names []string
+}
+
+var paramName = regexp.MustCompile(`@[a-z]+`)
+
+// numbered numbers the named parameters of a statement's template.
+func numbered(template string) namedSQL {
+	var n namedSQL
+	index := map[string]int{}
+	n.sql = paramName.ReplaceAllStringFunc(template, func(name string) string {
+		i, ok := index[name]
+		if !ok {
+			n.names = append(n.names, name[1:])
+			i = len(n.names)
+			index[name] = i
+		}
+		return "$" + strconv.Itoa(i)
+	})
+	return n
+}
+
+// args orders values by the statement's parameters; a name it lacks is a
+// bug, and panics.
+func (n namedSQL) args(values map[string]any) []any {
+	args := make([]any, len(n.names))
+	for i, name := range n.names {
+		v, ok := values[name]
+		if !ok {
+			panic("relay: no value for the statement's parameter @" + name)
+		}
+		args[i] = v
+	}
+	return args
+}
+
+// partitionOf is the partition of a natural key, for Config.Partitions
+// @n: its hashtext, without sign, modulo @n. A NULL key is in partition of
+// the empty key, so that some replica marks its row dead.
+func partitionOf(key string) string {
+	return `((hashtext(coalesce(` + key + `::text, '')) & 2147483647) % @n::int)`
+}
+
 // fetchArgs are what one select asks for.
 type fetchArgs struct {
 	maxAttempts int
@@ -307,6 +361,8 @@ type fetchArgs struct {
 	limit       int
 	maxBytes    int
 	after       int64  // only rows past this id: a drain's next batch, while the last one's outcomes are written
+	partitions  int    // Config.Partitions, when parts is set
+	parts       []int  // only rows of these partitions; nil: every row
 	preflight   bool   // the pass's first select: ask whether the server is writable
 	source      string // the schema-qualified table, for Message.IdempotencyKey
 }
@@ -325,15 +381,17 @@ type fetched struct {
 // exceeds it comes back marked bad.
 func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetched, error) {
 	var f fetched
-	args := []any{a.maxAttempts, a.types, a.limit, a.after}
-	if r.backoff != 0 {
-		args = append(args, r.backoff, r.backoffMax)
+	sql := r.fetchSQL
+	if a.parts != nil {
+		sql = r.fetchPartSQL
 	}
+	args := sql.args(map[string]any{"max": a.maxAttempts, "types": a.types, "limit": a.limit, "after": a.after,
+		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts})
 	b := &pgx.Batch{}
 	if a.preflight {
 		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.readOnly, &f.now) })
 	}
-	b.Queue(r.fetchSQL, args...).Query(func(rows pgx.Rows) error {
+	b.Queue(sql.sql, args...).Query(func(rows pgx.Rows) error {
 		f.rows = make([]row, 0, min(a.limit, 1024))
 		budget := a.maxBytes
 		for rows.Next() {
@@ -629,11 +687,9 @@ func (r *repository) states(ctx context.Context, db querier, ids []int64) (map[i
 
 // poll runs the idle poll (pollSQL) for the election key.
 func (r *repository) poll(ctx context.Context, db querier, maxAttempts int, types []string, key string) (readOnly, won, work bool, err error) {
-	args := []any{maxAttempts, types, 1, int64(math.MinInt64)}
-	if r.backoff != 0 {
-		args = append(args, r.backoff, r.backoffMax)
-	}
-	err = db.QueryRow(ctx, r.pollSQL, append(args, key)...).Scan(&readOnly, &won, &work)
+	args := r.pollSQL.args(map[string]any{"max": maxAttempts, "types": types, "limit": 1, "after": int64(math.MinInt64),
+		"backoff": r.backoff, "cap": r.backoffMax, "key": key})
+	err = db.QueryRow(ctx, r.pollSQL.sql, args...).Scan(&readOnly, &won, &work)
 	return readOnly, won, work, err
 }
 
