@@ -108,6 +108,50 @@ func TestDrain(t *testing.T) {
 		require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 60 }, 10*time.Second, 10*time.Millisecond)
 		require.NoError(t, r.Stop(ctx))
 	})
+
+	t.Run("WholeBatchesOfAKeyLeftBehind", func(t *testing.T) {
+		// a1 and b1 go out in the first batch; every select past them, while
+		// a1 is in flight, finds only a's later rows, left behind. Once
+		// nothing is in flight the next such batch must still be selected
+		// past, not waited on: the pass used to hang there for ever.
+		t.Parallel()
+		b, cfg := drainSetup(t)
+		cfg.BatchSize = 2
+		cfg.Concurrency = 2
+		keys := []string{"a", "b"}
+		for range 20 {
+			keys = append(keys, "a")
+		}
+		ids := b.insert(t, "t", keys...)
+		var mu sync.Mutex
+		var sent []int64
+		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			sent = append(sent, m.ID)
+			return nil
+		}))
+		require.NoError(t, r.Start(ctx))
+		require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 20*time.Second, 10*time.Millisecond)
+		stop, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		require.NoError(t, r.Stop(stop))
+		mu.Lock()
+		defer mu.Unlock()
+		var want, got []int64
+		for i, id := range ids {
+			if keys[i] == "a" {
+				want = append(want, id)
+			}
+		}
+		for _, id := range sent {
+			if id != ids[1] {
+				got = append(got, id)
+			}
+		}
+		require.Equal(t, want, got, "a's rows once each, in order")
+		require.EqualValues(t, 1, r.Stats().PassesElected)
+	})
 }
 
 // drainSetup is a bundle and a config whose one tick drains a backlog in

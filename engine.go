@@ -151,10 +151,13 @@ func (e *engine) run() {
 		// once: the outcomes of the one before need not be written first,
 		// since none of its rows can come back. A row left behind (a key in
 		// flight) is found by a select from the start, once the drain has
-		// nothing new: then the outcomes are flushed first.
+		// nothing new: then the outcomes are flushed first, and before each
+		// select that goes over ids selected before (seen), since a grouped
+		// outcome's key is done before the group is written.
 		after    = int64(math.MinInt64)
 		fromZero = true
-		behind   = false // rows were left behind since the last select from the start
+		behind   = false                // rows were left behind since the last select from the start
+		seen     = int64(math.MinInt64) // the highest id selected so far
 	)
 	for {
 		select {
@@ -173,10 +176,13 @@ func (e *engine) run() {
 		if len(queue) == 0 && more && !waitDone {
 			from := after
 			if fromZero {
-				if e.rec.flush() != nil {
-					break
-				}
 				from, behind = math.MinInt64, false
+			}
+			if from < seen && e.rec.flush() != nil {
+				// Rows up to seen were selected before: each is in flight (its
+				// key is busy), or its outcome is recorded, once the group
+				// waiting to be written is.
+				break
 			}
 			f, err := r.fetch(e.ctx, first, from)
 			if err != nil {
@@ -198,6 +204,7 @@ func (e *engine) run() {
 			queue, skipped = r.plan(f.rows, busy, e.blocked, time.Now())
 			if n := len(f.rows); n > 0 {
 				after = f.rows[n-1].ID // onwards from here, whether this select was from the start or not
+				seen = max(seen, after)
 			}
 			behind = behind || skipped
 			switch {
@@ -215,7 +222,14 @@ func (e *engine) run() {
 			}
 			waitDone = len(queue) == 0 && len(busy) > 0 && fromZero
 		}
-		if len(queue) == 0 && inFlight == 0 && !(more && !waitDone) {
+		if len(queue) == 0 && inFlight == 0 {
+			if more {
+				// Nothing to send from this batch (its keys were left behind
+				// or wait out a backoff) and nothing in flight to wait for:
+				// select the next one at once.
+				waitDone = false
+				continue
+			}
 			break
 		}
 		var send chan task

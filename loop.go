@@ -34,6 +34,7 @@ type loop struct {
 	halted    sync.Once
 	wake      chan struct{} // a pass is wanted now (buffered: wake-ups coalesce)
 	listening chan struct{} // closed when the wake-up listener has returned (at once without one)
+	attempted chan struct{} // closed once the listener's first LISTEN has succeeded or failed (at once without one)
 	done      chan struct{} // closed when the loop has returned: its last pass unwound
 }
 
@@ -48,9 +49,10 @@ func (l *loop) wakeUp() {
 }
 
 // Start starts the periodic pass in the background and returns at once. The
-// first pass starts at once; each next one starts Interval after the previous
-// one ended (at once while a backlog is being drained, later while passes
-// fail), never overlapping, under the election unless ClusterLock is off.
+// first pass starts at once (with WakeOnCommit, once the listener has tried
+// its LISTEN, so no commit falls between the two); each next one starts
+// Interval after the previous one ended (at once while a backlog is being
+// drained, later while passes fail), never overlapping, under the election unless ClusterLock is off.
 // When Enabled is false the loop runs but never passes. Cancelling ctx stops
 // the loop and cancels the sends in flight; [Relay.Stop] stops it gracefully.
 // Start returns an error if the relay is already started.
@@ -66,12 +68,13 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	passCtx, cancel := context.WithCancel(ctx)
 	l := &loop{cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1),
-		listening: make(chan struct{}), done: make(chan struct{})}
+		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{})}
 	r.loop = l
 	if r.cfg.WakeOnCommit && r.cfg.Enabled {
 		go r.listen(passCtx, l)
 	} else {
 		close(l.listening)
+		close(l.attempted)
 	}
 	go r.run(passCtx, l)
 	r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: started",
@@ -126,6 +129,15 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 	defer close(l.done)
 	defer func() { <-l.listening }()
 	defer l.cancel()
+	// The first pass starts once the listener is listening (or could not):
+	// a row committed after its select is then always notified.
+	select {
+	case <-ctx.Done():
+		return
+	case <-l.halt:
+		return
+	case <-l.attempted:
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	standby := false

@@ -151,10 +151,13 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 // loop is woken after each reconnection, for what was missed meanwhile.
 func (r *Relay) listen(ctx context.Context, l *loop) {
 	defer close(l.listening)
+	var attempted sync.Once
+	defer attempted.Do(func() { close(l.attempted) })
 	channel := wakeChannel(r.tableID)
 	wait, reconnect := time.Second, false
 	for ctx.Err() == nil {
 		conn, err := r.openListener(ctx, channel)
+		attempted.Do(func() { close(l.attempted) })
 		switch {
 		case errors.Is(err, errListenUnreachable):
 			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: wake-ups on commit are off: a notification to this session never came back "+
