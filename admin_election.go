@@ -43,6 +43,10 @@ type LockHolder struct {
 	// Replica names a Go relay's replica: its session's application_name, as
 	// its pool set it; "" if it has none.
 	Replica string
+	// Partitions are the partitions a partitioned replica holds (Mode
+	// shared), of PartitionsOf, its Config.Partitions; nil and 0 otherwise.
+	Partitions   []int
+	PartitionsOf int
 
 	PID             int
 	User            string
@@ -72,7 +76,8 @@ func (h LockHolder) HeldFor() time.Duration {
 
 // Election returns the sessions that hold, or wait for, the app's election
 // right now: none between passes, one while a relay (Go or JVM) delivers or an
-// operator pauses delivery. It reads pg_locks and pg_stat_activity of the
+// operator pauses delivery, and every member of a partitioned election, with
+// its partitions, for as long as it runs. It reads pg_locks and pg_stat_activity of the
 // current database; the details of another role's sessions need the
 // pg_read_all_stats role.
 //

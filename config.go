@@ -146,6 +146,23 @@ type Config struct {
 	// every Interval, for rows written without a NOTIFY. Defaults to true.
 	WakeOnCommit bool
 
+	// Partitions splits the election so that several replicas deliver at
+	// once. 1, the default, is one election for the whole app, exactly the
+	// JVM relay's: one replica delivers at a time. With N > 1 each row
+	// belongs to one of N partitions by a hash of its natural key, so a key's
+	// messages share a partition and keep their order, and the started
+	// replicas share the partitions out between them, each delivering only
+	// its own. Every partitioned replica holds the app's election key in
+	// shared mode, so a JVM relay (or a replica with Partitions 1) is never
+	// elected while one delivers, nor the other way round; and replicas run
+	// with one N at a time: a replica with another N takes no partition until
+	// the last holder of the old ones has stopped (docs/architecture.md,
+	// decision 0036). It needs ClusterLock and the relay's own election (no
+	// Guard), and one more connection than Concurrency + 2 per replica: the
+	// membership's session, held for as long as the relay runs. At most
+	// 4096. Defaults to 1.
+	Partitions int
+
 	// Logger receives the relay's logs. Defaults to [slog.Default].
 	Logger *slog.Logger
 
@@ -177,6 +194,7 @@ func DefaultConfig() Config {
 		SendTimeout:  SendTimeoutDefault,
 		Concurrency:  ConcurrencyDefault,
 		AsyncCommit:  AsyncCommitDefault,
+		Partitions:   1,
 		built:        true,
 	}
 }
@@ -223,8 +241,20 @@ func (c *Config) validate() error {
 	if c.GroupOutcomes < 0 || c.GroupOutcomes > batchSizeMax {
 		bad("GroupOutcomes", "must be between 0 and %d, got %d", batchSizeMax, c.GroupOutcomes)
 	}
+	switch {
+	case c.Partitions < 1 || c.Partitions > partitionsMax:
+		bad("Partitions", "must be between 1 and %d, got %d", partitionsMax, c.Partitions)
+	case c.Partitions > 1 && !c.ClusterLock:
+		bad("Partitions", "is %d, but ClusterLock is false: partitions share out the election, and without it every replica delivers every row", c.Partitions)
+	case c.Partitions > 1 && c.Guard != nil:
+		bad("Partitions", "is %d, which needs the relay's own election: leave Guard nil (a Guard elects one replica for the whole app)", c.Partitions)
+	}
 	return errors.Join(errs...)
 }
+
+// partitionsMax bounds Config.Partitions: a partition's lock keeps N and its
+// number in 16 bits each (partitions.go).
+const partitionsMax = 4096
 
 // checkAppName says what is wrong with an AppName, "" if nothing. The name is
 // the election: "billing" and "billing " would be two elections, and replicas
@@ -272,6 +302,7 @@ const (
 	EnvGroupOutcomes = "RELAY_GROUP_OUTCOMES"
 	EnvAsyncCommit   = "RELAY_ASYNC_COMMIT"
 	EnvWakeOnCommit  = "RELAY_WAKE_ON_COMMIT"
+	EnvPartitions    = "RELAY_PARTITIONS"
 )
 
 // ConfigFromEnv returns [DefaultConfig] with every RELAY_* variable that is set
@@ -300,6 +331,7 @@ func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	envVar(&e, EnvGroupOutcomes, &cfg.GroupOutcomes, strconv.Atoi, "an integer")
 	envVar(&e, EnvAsyncCommit, &cfg.AsyncCommit, strconv.ParseBool, "a boolean (use true or false)")
 	envVar(&e, EnvWakeOnCommit, &cfg.WakeOnCommit, strconv.ParseBool, "a boolean (use true or false)")
+	envVar(&e, EnvPartitions, &cfg.Partitions, strconv.Atoi, "an integer")
 	errs := e.errs
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -340,7 +372,7 @@ func envNames(err error) string {
 	vars := map[string]string{
 		"AppName": EnvAppName, "Table": EnvTable, "Interval": EnvInterval, "BatchSize": EnvBatchSize, "BatchBytes": EnvBatchBytes,
 		"MaxAttempts": EnvMaxAttempts, "RetryBackoff": EnvRetryBackoff, "SendTimeout": EnvSendTimeout,
-		"Concurrency": EnvConcurrency, "GroupOutcomes": EnvGroupOutcomes,
+		"Concurrency": EnvConcurrency, "GroupOutcomes": EnvGroupOutcomes, "Partitions": EnvPartitions,
 	}
 	var names []string
 	joined, ok := err.(interface{ Unwrap() []error })

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,8 +20,10 @@ import (
 
 // passOpts tune a pass. The zero value is Run's and RunIfElected's: one batch.
 type passOpts struct {
-	halt  <-chan struct{} // closed: start no new message or batch (graceful stop)
-	drain bool            // take batches while they come back full
+	halt     <-chan struct{} // closed: start no new message or batch (graceful stop)
+	drain    bool            // take batches while they come back full
+	drainFor time.Duration   // how long at most; 0: drainMax
+	parts    []int           // partitioned: deliver only these partitions (partitions.go)
 }
 
 // drainMax bounds how long one pass keeps draining a backlog before it lets go
@@ -184,7 +187,7 @@ func (e *engine) run() {
 				// waiting to be written is.
 				break
 			}
-			f, err := r.fetch(e.ctx, first, from)
+			f, err := r.fetch(e.ctx, first, from, e.o.parts)
 			if err != nil {
 				e.rec.keep(err)
 				break
@@ -217,7 +220,7 @@ func (e *engine) run() {
 			default:
 				more = false
 			}
-			if more && time.Since(start) > drainMax {
+			if more && time.Since(start) > cmp.Or(e.o.drainFor, drainMax) {
 				more, e.res.backlog = false, true
 			}
 			waitDone = len(queue) == 0 && len(busy) > 0 && fromZero

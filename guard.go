@@ -135,7 +135,13 @@ func parseElectionMark(query string, queryStart time.Time) (since time.Time, ok 
 //
 // $1 key, $2 idle_session_timeout (ms), $3 tcp keepalive idle (s), $4
 // interval (s), $5 count, $6 tcp_user_timeout (ms).
-const lockSQL = electionMark + `SELECT s.locked, s.pid, s.read_only, s.idle,
+var lockSQL, lockSharedSQL = electionLockSQL("pg_try_advisory_lock"), electionLockSQL("pg_try_advisory_lock_shared")
+
+// electionLockSQL is lockSQL with try as the function that takes the lock:
+// exclusive for the election of one, shared for the partitioned one's hold
+// of the app's key (partitions.go).
+func electionLockSQL(try string) string {
+	return electionMark + `SELECT s.locked, s.pid, s.read_only, s.idle,
   CASE WHEN s.locked AND s.version >= 140000 THEN set_config('idle_session_timeout', $2, false) END,
   CASE WHEN s.locked AND s.version < 140000 THEN set_config('tcp_keepalives_idle', $3, false) || set_config('tcp_keepalives_interval', $4, false)
     || set_config('tcp_keepalives_count', $5, false) || set_config('tcp_user_timeout', $6, false) END
@@ -144,16 +150,21 @@ FROM (SELECT CASE WHEN r.read_only THEN false
         WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 AND granted
           AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
           AND objid = (hashtext($1)::bigint & 4294967295)::oid) THEN NULL
-      ELSE pg_try_advisory_lock(hashtext($1)) END AS locked,
+      ELSE ` + try + `(hashtext($1)) END AS locked,
     pg_backend_pid() AS pid, r.read_only, current_setting('idle_session_timeout', true) AS idle,
     current_setting('server_version_num')::int AS version
   FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
   OFFSET 0) s`
+}
 
 // unlockSQL releases the lock and gives the session back its own
 // idle_session_timeout ($2: NULL on PostgreSQL 13).
-const unlockSQL = electionMark + `SELECT pg_advisory_unlock(hashtext($1)), pg_backend_pid(),
+var unlockSQL, unlockSharedSQL = electionUnlockSQL("pg_advisory_unlock"), electionUnlockSQL("pg_advisory_unlock_shared")
+
+func electionUnlockSQL(unlock string) string {
+	return electionMark + `SELECT ` + unlock + `(hashtext($1)), pg_backend_pid(),
   CASE WHEN $2::text IS NOT NULL THEN set_config('idle_session_timeout', $2::text, false) END`
+}
 
 // session is what the lock statement learned of the lock's session.
 type session struct {
@@ -173,7 +184,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancelLock()
 	won := time.Now()
-	conn, locked, sess, err := g.tryLock(lctx, key)
+	conn, locked, sess, err := tryElection(lctx, g.pool, key, lockSQL)
 	if err != nil {
 		return false, err
 	}
@@ -200,7 +211,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	}
 
 	jobCtx, cancel := context.WithCancelCause(ctx)
-	w := startWatch(conn.Conn().PgConn(), sess.pid, won, cancel)
+	w := startWatch(conn.Conn().PgConn(), sess.pid, won, won, cancel)
 	jobCtx = context.WithValue(jobCtx, leaseKey{}, w.lease)
 
 	// Unlock even if fn panics; the panic goes on after the lock is released.
@@ -214,25 +225,26 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 			}
 			return
 		}
-		if uerr := g.unlock(ctx, conn, key, sess); uerr != nil {
+		if uerr := releaseElection(ctx, conn, key, sess, unlockSQL); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 	}()
 	return true, fn(jobCtx)
 }
 
-// tryLock takes a connection from the pool and tries the lock on it. After a
-// failover or a restart the pool's idle connections are dead, and the first
-// statement on each fails: such a connection is closed (a dead session holds
-// no lock) and the try goes on with another, a bounded number of times.
-func (g *PostgresGuard) tryLock(ctx context.Context, key string) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
+// tryElection takes a connection from pool and tries the election's lock on
+// it with stmt (lockSQL, or lockSharedSQL). After a failover or a restart the
+// pool's idle connections are dead, and the first statement on each fails:
+// such a connection is closed (a dead session holds no lock) and the try goes
+// on with another, a bounded number of times.
+func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
 	for attempt := 1; ; attempt++ {
-		conn, err = acquire(ctx, g.pool, "take the election "+strconv.Quote(key))
+		conn, err = acquire(ctx, pool, "take the election "+strconv.Quote(key))
 		if err != nil {
 			return nil, nil, session{}, err
 		}
 		var ignored [2]*string
-		err = conn.QueryRow(ctx, lockSQL, key,
+		err = conn.QueryRow(ctx, stmt, key,
 			strconv.Itoa(int(guardLease/time.Millisecond)),
 			strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
 			strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)),
@@ -253,17 +265,18 @@ func (g *PostgresGuard) tryLock(ctx context.Context, key string) (conn *pgxpool.
 // guardLockAttempts bounds how many dead pooled connections one try skips.
 const guardLockAttempts = 3
 
-// unlock releases the lock on the connection that took it, under its own
-// deadline: the caller's ctx may be cancelled already, and pgconn sends nothing
-// under a cancelled context. A connection that may still hold the lock is closed.
-func (g *PostgresGuard) unlock(ctx context.Context, conn *pgxpool.Conn, key string, sess session) error {
+// releaseElection releases the lock (stmt: unlockSQL, or unlockSharedSQL) on
+// the connection that took it, under its own deadline: the caller's ctx may be
+// cancelled already, and pgconn sends nothing under a cancelled context. A
+// connection that may still hold the lock is closed.
+func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess session, stmt string) error {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
 	defer cancel()
 	var unlocked bool
 	var upid uint32
 	var ignored *string
 	pid := sess.pid
-	err := conn.QueryRow(uctx, unlockSQL, key, sess.idle).Scan(&unlocked, &upid, &ignored)
+	err := conn.QueryRow(uctx, stmt, key, sess.idle).Scan(&unlocked, &upid, &ignored)
 	switch {
 	case err != nil:
 		closeConn(conn)

@@ -103,8 +103,11 @@ type watch struct {
 	reading bool // blocked in WaitForNotification, so stop may interrupt it
 }
 
-func startWatch(conn *pgconn.PgConn, pid uint32, won time.Time, lost func(error)) *watch {
-	w := &watch{conn: conn, pid: pid, lease: newLease(won), lost: lost, done: make(chan struct{}),
+// startWatch watches conn, the session of backend pid that holds the
+// election since won, with a lease from answered, when the session last
+// answered a statement sent then.
+func startWatch(conn *pgconn.PgConn, pid uint32, won, answered time.Time, lost func(error)) *watch {
+	w := &watch{conn: conn, pid: pid, lease: newLease(answered), lost: lost, done: make(chan struct{}),
 		beat: heartbeatSQL(won)}
 	go w.run()
 	return w

@@ -127,6 +127,19 @@ func (r *Relay) Stop(ctx context.Context) error {
 // them to it and only polls, once every Interval: one statement.
 func (r *Relay) run(ctx context.Context, l *loop) {
 	defer close(l.done)
+	if m := r.members; m != nil {
+		// The membership of the partitioned election lasts while the loop
+		// runs; the loop's end lets go of it, after its last pass.
+		r.pass <- struct{}{}
+		m.stay = true
+		<-r.pass
+		defer func() {
+			r.pass <- struct{}{}
+			m.stay = false
+			m.leave(ctx)
+			<-r.pass
+		}()
+	}
 	defer func() { <-l.listening }()
 	defer l.cancel()
 	// The first pass starts once the listener is listening (or could not):
@@ -196,10 +209,11 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 }
 
 // pollable reports whether the idle poll can stand in for the election: it
-// takes the same advisory lock, so only with the relay's own PostgresGuard.
+// takes the same advisory lock, so only with the relay's own PostgresGuard,
+// and not partitioned: a member's pass rebalances.
 func (r *Relay) pollable() bool {
 	g, ok := r.guard.(*PostgresGuard)
-	return r.cfg.ClusterLock && ok && g.pool == r.pool
+	return r.cfg.ClusterLock && r.members == nil && ok && g.pool == r.pool
 }
 
 // poll is the timer's pass: one statement that wins the election for its own

@@ -51,6 +51,9 @@ type Relay struct {
 	// pass is a one-slot semaphore: one pass of this relay at a time.
 	pass chan struct{}
 
+	// members is the partitioned election's membership (Partitions > 1).
+	members *membership
+
 	// held are the messages whose outcome could not be recorded, held back
 	// from re-sending (outcomes.go).
 	held heldBack
@@ -130,6 +133,9 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 
 		sendTimedOut: fmt.Errorf("send timed out after %s", cfg.SendTimeout),
 	}
+	if cfg.Partitions > 1 {
+		r.members = newMembership(r)
+	}
 	if r.guard == nil {
 		g := NewPostgresGuard(pool)
 		g.logger = logger
@@ -192,6 +198,12 @@ func (r *Relay) direct(ctx context.Context, o passOpts) passResult {
 // another session, in this process or another (a JVM relay among them), held
 // the election, and nothing was dispatched. Enabled does not apply to it.
 //
+// With Partitions > 1 it runs the pass for the partitions this replica holds,
+// after taking free ones up to its share, and reports true when it held at
+// least one. While the relay is started, its membership of the partitioned
+// election lasts between passes; otherwise RunIfElected joins, passes and
+// leaves.
+//
 // If the election is lost mid-pass, the pass stops before its next message and
 // the error wraps [ErrElectionLost].
 func (r *Relay) RunIfElected(ctx context.Context) (bool, error) {
@@ -215,6 +227,11 @@ func (r *Relay) runIfElected(ctx context.Context, o passOpts) (passResult, bool)
 	}
 	defer func() { <-r.pass }()
 	start := time.Now()
+	if r.members != nil {
+		res, ran := r.partitionedPass(ctx, o)
+		r.passDone(res, start)
+		return res, ran
+	}
 	var res passResult
 	ran, err := r.tryRun(ctx, func(ctx context.Context) error {
 		res = r.dispatch(ctx, o)
@@ -312,12 +329,15 @@ func (r *Relay) Stats() Stats { return r.stats.snapshot() }
 // fetch selects one batch, outside any transaction, on a connection it takes
 // for the select alone. A connection that died in a failover fails its first
 // statement: the select, which changes nothing, is tried once more on another.
-func (r *Relay) fetch(ctx context.Context, preflight bool, after int64) (fetched, error) {
+func (r *Relay) fetch(ctx context.Context, preflight bool, after int64, parts []int) (fetched, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	args := fetchArgs{
 		maxAttempts: r.cfg.MaxAttempts, types: r.types, limit: r.cfg.BatchSize, maxBytes: r.cfg.BatchBytes,
 		after: after, preflight: preflight, source: r.table().qualified,
+	}
+	if parts != nil {
+		args.partitions, args.parts = r.cfg.Partitions, parts
 	}
 	once := func() (fetched, error) {
 		c, err := acquire(fctx, r.pool, "select a batch")

@@ -137,12 +137,18 @@ func TestConfigFromEnv(t *testing.T) {
 		"RELAY_BATCH_SIZE":   "many",
 		"RELAY_MAX_ATTEMPTS": "0",
 		"RELAY_TABLE":        "a.b.c",
+		"RELAY_PARTITIONS":   "0",
 	} {
 		t.Setenv(name, value)
 		_, err := relay.ConfigFromEnv()
 		require.ErrorContains(t, err, name)
 		t.Setenv(name, "")
 	}
+	t.Setenv("RELAY_CLUSTER_LOCK", "true")
+	t.Setenv("RELAY_PARTITIONS", "16")
+	cfg, err = relay.ConfigFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, 16, cfg.Partitions)
 }
 
 func TestCreateTable(t *testing.T) {

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,10 @@ type Stats struct {
 	// Lag is the age, when the last pass read it, of the oldest row that pass
 	// found deliverable: how far behind the relay is. 0 when it found none.
 	Lag time.Duration
+
+	// Partitions are the partitions this replica holds, in order, with
+	// Config.Partitions > 1; nil when it holds none, or is not partitioned.
+	Partitions []int
 }
 
 // Observer receives each pass's and each message's outcome, to export metrics
@@ -74,6 +79,13 @@ type counters struct {
 	lastAt  time.Time
 	lastErr error
 	lag     time.Duration
+	parts   []int
+}
+
+func (c *counters) setPartitions(parts []int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.parts = slices.Clone(parts)
 }
 
 func (c *counters) passDone(p PassReport) {
@@ -114,5 +126,6 @@ func (c *counters) snapshot() Stats {
 		LastPassAt:      c.lastAt,
 		LastPassErr:     c.lastErr,
 		Lag:             c.lag,
+		Partitions:      slices.Clone(c.parts),
 	}
 }

@@ -1,0 +1,315 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// This file is the partitioned election (Config.Partitions > 1, decision
+// 0036): several replicas deliver at once, each only the rows of the
+// partitions whose locks it holds, and a row's partition is a hash of its
+// natural key (repository.go, partitionOf), so a key's messages keep their
+// order on one replica at a time.
+//
+// A replica is a member while one session of its own, the membership's,
+// holds the app's election key in shared mode. Shared holders admit each
+// other and exclude every exclusive one: a JVM relay, a replica with
+// Partitions 1, an operator's pause. On that same session the member holds
+// its partitions' locks, two-int advisory locks that name N and the
+// partition (repository.go). Nothing else is stored: the server frees a
+// member's locks when its session ends, and the session carries the lease of
+// the field-faults issue (lease.go): idle_session_timeout and the watch's
+// heartbeat, so a member cut off or frozen loses its partitions within the
+// same bound as an elected replica.
+//
+// At the start of each pass, a member rebalances, in one round trip under
+// the configuration lock (rebalanceSQL): it takes free partitions up to its
+// share, ceil(N / members), and then lets go of those above it, so that the
+// partitions spread without a coordinator:
+//
+//   - more than ceil: the extra ones (a new member came);
+//   - more than floor(N / members) while a member holds fewer than floor:
+//     one (the shares were taken before the last member came);
+//   - an exclusive request waits for the app's key (relayctl pause): all,
+//     and the membership too, until the request has been granted and let go;
+//   - partitions held with another N (a deploy that changes Partitions):
+//     none taken until the last of them is released, so that two counts,
+//     whose partitions do not nest, never deliver at once.
+//
+// A member lets go of a partition only between passes, with nothing of it
+// in flight, and another takes it at its own next rebalance: at most one
+// replica delivers a key at any time. Partitioned passes drain for at most
+// Interval, so that rebalancing happens at least that often.
+
+// membership is this relay's part in the partitioned election. It is used
+// under the relay's pass semaphore only (r.pass), except for the watch's
+// loss, which takes mu.
+type membership struct {
+	r     *Relay
+	n     int
+	start int // where this member starts looking for free partitions
+
+	conn  *pgxpool.Conn // the membership's session; nil: not a member
+	sess  session
+	since time.Time // when this membership began
+	w     *watch    // watches conn between rebalances; nil while one runs
+	held  []int
+
+	// stay keeps the membership between passes: set while the loop runs.
+	// Without it, each RunIfElected joins, passes and leaves.
+	stay bool
+
+	// announced logs each condition that keeps partitions unheld once per streak.
+	announced string
+
+	mu     sync.Mutex
+	lost   error                   // why the session was lost, set by the watch
+	cancel context.CancelCauseFunc // the pass in flight's, cancelled on loss
+}
+
+func newMembership(r *Relay) *membership {
+	return &membership{r: r, n: r.cfg.Partitions, start: rand.IntN(r.cfg.Partitions)}
+}
+
+// pass runs fn for this member's partitions, after it joined if it was not a
+// member and rebalanced. It reports false, without calling fn, when this
+// replica holds no partition: an exclusive holder keeps it out, other members
+// hold every partition, or the partitions are held with another count.
+func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, parts []int) error) (ran bool, err error) {
+	if m.conn != nil && m.pause() != nil {
+		m.drop()
+	}
+	if m.conn == nil {
+		joined, err := m.join(ctx)
+		if err != nil || !joined {
+			return false, err
+		}
+	}
+	st, err := m.rebalance(ctx)
+	if err != nil {
+		return false, err
+	}
+	if len(m.held) == 0 || m.conn == nil {
+		m.r.stats.setPartitions(nil)
+		m.announce(st)
+		return false, nil
+	}
+	m.announce(st)
+	m.r.stats.setPartitions(m.held)
+
+	pctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	m.mu.Lock()
+	m.cancel = cancel
+	if m.lost != nil {
+		cancel(m.lost)
+	}
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.cancel = nil
+		m.mu.Unlock()
+	}()
+	pctx = context.WithValue(pctx, leaseKey{}, m.w.lease)
+	return true, fn(pctx, m.held)
+}
+
+// join tries the shared hold of the app's key on a connection of its own.
+func (m *membership) join(ctx context.Context) (bool, error) {
+	r := m.r
+	lctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+	defer cancel()
+	now := time.Now()
+	conn, locked, sess, err := tryElection(lctx, r.pool, r.key, lockSharedSQL)
+	switch {
+	case err != nil:
+		return false, err
+	case sess.readOnly:
+		conn.Release()
+		return false, fmt.Errorf("%w: not joining the partitioned election %q on backend %d: a lock taken on a standby excludes nobody on the primary",
+			ErrReadOnly, r.key, sess.pid)
+	case locked == nil:
+		conn.Release()
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election's key is already held by the pooled session the membership was given; not joining",
+			slog.String("key", r.key), slog.Uint64("pid", uint64(sess.pid)),
+			slog.String("hint", "another holder took the key on the shared pool and released the connection, "+
+				"or a transaction-pooling proxy sits between the relay and PostgreSQL"))
+		return false, nil
+	case !*locked:
+		conn.Release() // an exclusive holder: a JVM relay, a replica with Partitions 1, a pause
+		m.announce(partitionState{excluded: true})
+		return false, nil
+	}
+	m.conn, m.sess, m.since, m.held = conn, sess, now, nil
+	if ok, err := markStatement(lctx, conn, r.key, m.n); err != nil || !ok {
+		m.drop()
+		return false, fmt.Errorf("relay: mark the membership of %q with Partitions %d: %w", r.key, m.n, cmp.Or(err, errors.New("refused")))
+	}
+	m.mu.Lock()
+	m.lost = nil
+	m.mu.Unlock()
+	return true, nil
+}
+
+// rebalance takes free partitions up to this member's share and lets go of
+// those above it (see the top of the file). The watch is paused while it
+// runs; a failure ends the membership.
+func (m *membership) rebalance(ctx context.Context) (partitionState, error) {
+	r := m.r
+	if err := m.pause(); err != nil {
+		m.drop()
+		return partitionState{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+	defer cancel()
+	sent := time.Now()
+	st, err := rebalanceStatement(rctx, m.conn, r.key, m.n, m.start)
+	if err != nil {
+		m.drop()
+		return partitionState{}, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)
+	}
+	m.held = st.held
+	var release []int
+	switch floor, ceil := m.n/st.members, (m.n+st.members-1)/st.members; {
+	case st.waiter:
+		m.leave(ctx)
+		return st, nil
+	case len(m.held) > ceil:
+		release = m.held[ceil:]
+	case len(m.held) > floor && st.fewest < floor:
+		release = m.held[len(m.held)-1:]
+	}
+	if len(release) > 0 {
+		r.stats.setPartitions(m.held[:len(m.held)-len(release)]) // before another can take them
+		ok, err := releasePartitionsStatement(rctx, m.conn, r.key, m.n, release, false)
+		if err == nil && !ok {
+			err = fmt.Errorf("%w: backend %d did not hold partitions %v it was given", ErrElectionLost, m.sess.pid, release)
+		}
+		if err != nil {
+			m.drop()
+			return partitionState{}, fmt.Errorf("relay: release partitions %v of %q: %w", release, r.key, err)
+		}
+		m.held = slices.Clone(m.held[:len(m.held)-len(release)])
+	}
+	m.resume(sent)
+	return st, nil
+}
+
+// pause stops the watch, so that this goroutine can use the session, and
+// returns why the session was lost meanwhile, if it was.
+func (m *membership) pause() error {
+	if m.w == nil {
+		return nil
+	}
+	lost := m.w.stop()
+	m.w = nil
+	return lost
+}
+
+// resume watches the session again, with a lease from at, when the session
+// last answered.
+func (m *membership) resume(at time.Time) {
+	if m.conn == nil || m.w != nil {
+		return
+	}
+	m.w = startWatch(m.conn.Conn().PgConn(), m.sess.pid, m.since, at, func(err error) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.lost = err
+		if m.cancel != nil {
+			m.cancel(err)
+		}
+	})
+}
+
+// drop ends a membership whose session failed or was lost: closing the
+// connection ends the session, and the server frees whatever it held.
+func (m *membership) drop() {
+	m.r.stats.setPartitions(nil)
+	_ = m.pause()
+	if m.conn != nil {
+		closeConn(m.conn)
+		m.r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: left the partitioned election: its session was lost",
+			slog.Any("partitions", m.held))
+	}
+	m.conn, m.held = nil, nil
+}
+
+// leave lets go of the partitions and of the app's key, on the membership's
+// own session, under its own deadline (ctx may be cancelled already).
+func (m *membership) leave(ctx context.Context) {
+	if m.conn == nil {
+		return
+	}
+	if lost := m.pause(); lost != nil {
+		m.drop()
+		return
+	}
+	r := m.r
+	r.stats.setPartitions(nil) // before another can take them
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
+	defer cancel()
+	ok, err := releasePartitionsStatement(uctx, m.conn, r.key, m.n, m.held, true)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: backend %d did not hold partitions %v and its member mark", ErrElectionLost, m.sess.pid, m.held)
+	}
+	if err != nil {
+		closeConn(m.conn)
+	} else {
+		err = releaseElection(uctx, m.conn, r.key, m.sess, unlockSharedSQL)
+	}
+	if err != nil {
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: leave the partitioned election", slog.String("error", err.Error()))
+	}
+	m.conn, m.held = nil, nil
+}
+
+// announce logs, once per streak, why this member holds no partition, or
+// holds them while others wait.
+func (m *membership) announce(st partitionState) {
+	var msg string
+	var attrs []slog.Attr
+	switch {
+	case st.excluded:
+		msg = "relay: an exclusive holder of the election's key (a JVM relay, a replica with Partitions 1, a pause) keeps this replica out of the partitioned election"
+	case st.waiter:
+		msg = "relay: an exclusive request waits for the election's key (a pause, or a replica with Partitions 1): left the partitioned election until it is let go"
+	case st.foreignN != 0:
+		msg = "relay: partitions are held with another Partitions: this replica takes none until their holders stop"
+		attrs = []slog.Attr{slog.Int("partitions", m.n), slog.Int("held_with", st.foreignN)}
+	}
+	if msg == m.announced {
+		return
+	}
+	m.announced = msg
+	if msg != "" {
+		m.r.logger.LogAttrs(context.Background(), slog.LevelWarn, msg, append(attrs, slog.String("key", m.r.key))...)
+	}
+}
+
+// partitionedPass is the elected pass of a partitioned relay: its
+// membership's pass, which delivers this replica's partitions.
+func (r *Relay) partitionedPass(ctx context.Context, o passOpts) (passResult, bool) {
+	m := r.members
+	var res passResult
+	o.drainFor = min(r.cfg.Interval, drainMax)
+	ran, err := m.pass(ctx, func(ctx context.Context, parts []int) error {
+		o.parts = parts
+		res = r.dispatch(ctx, o)
+		return res.err
+	})
+	res.err, res.ran = err, ran
+	if !m.stay {
+		m.leave(ctx)
+	}
+	return res, ran
+}

@@ -1,0 +1,521 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// The partitioned election (partitions.go), proven from outside: replicas
+// of one app, each with its own pool as separate processes would have,
+// share the partitions, exclude a JVM relay both ways, and deliver every
+// row once and each key in id order while they join and leave.
+
+// orderReceiver is a destination shared by every replica of a test: it
+// records, per key, the ids in the order they arrived, and how often each
+// id came.
+type orderReceiver struct {
+	mu    sync.Mutex
+	byKey map[string][]int64
+	times map[int64]int
+}
+
+func newOrderReceiver() *orderReceiver {
+	return &orderReceiver{byKey: map[string][]int64{}, times: map[int64]int{}}
+}
+
+func (o *orderReceiver) sender(typ string) relay.Sender {
+	return relay.SenderFunc(typ, func(_ context.Context, m relay.Message) error {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.byKey[m.Key] = append(o.byKey[m.Key], m.ID)
+		o.times[m.ID]++
+		return nil
+	})
+}
+
+// check says what breaks at-least-once and per-key order: an id of want that
+// never came, and a key whose first deliveries are out of id order; and
+// returns the ids that came more than once.
+func (o *orderReceiver) check(t testing.TB, want []int64) (repeated []int64) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, id := range want {
+		require.NotZero(t, o.times[id], "row %d was never delivered", id)
+	}
+	for key, ids := range o.byKey {
+		seen := map[int64]bool{}
+		var first []int64
+		for _, id := range ids {
+			if !seen[id] {
+				seen[id] = true
+				first = append(first, id)
+			}
+		}
+		require.True(t, slices.IsSorted(first), "key %q arrived out of id order: %v", key, ids)
+	}
+	for id, n := range o.times {
+		if n > 1 {
+			repeated = append(repeated, id)
+		}
+	}
+	slices.Sort(repeated)
+	return repeated
+}
+
+// replica is one started, partitioned relay with a pool of its own.
+type replica struct {
+	r    *relay.Relay
+	pool *pgxpool.Pool
+}
+
+func (b *bundle) startReplica(t *testing.T, name string, cfg relay.Config, senders ...relay.Sender) *replica {
+	t.Helper()
+	pool := pgserver.Pool(t, server().URL, b.table+"_"+name, int32(cfg.Concurrency+4))
+	r, err := relay.New(pool, cfg, senders...)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	return &replica{r: r, pool: pool}
+}
+
+// shares returns the partitions each replica holds, once every one of the
+// n partitions is held exactly once and the shares are as even as they can
+// be: none holds more than ceil(n / replicas) or fewer than floor.
+func settled(replicas []*replica, n int) bool {
+	count := make([]int, n)
+	lo, hi := n/len(replicas), (n+len(replicas)-1)/len(replicas)
+	for _, rp := range replicas {
+		parts := rp.r.Stats().Partitions
+		if len(parts) < lo || len(parts) > hi {
+			return false
+		}
+		for _, p := range parts {
+			count[p]++
+		}
+	}
+	for _, c := range count {
+		if c != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+func partitionedConfig(b *bundle, n int) relay.Config {
+	cfg := b.cfg
+	cfg.Partitions = n
+	cfg.Interval = 50 * time.Millisecond
+	return cfg
+}
+
+// TestPartitionsShareOut: four replicas share 16 partitions four each; when
+// one stops, the three left take its partitions; when a fifth and sixth
+// come, they get their share. No coordinator: each rebalances at its passes.
+func TestPartitionsShareOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := partitionedConfig(b, 16)
+	recv := newOrderReceiver()
+	var replicas []*replica
+	for i := range 4 {
+		replicas = append(replicas, b.startReplica(t, fmt.Sprint("r", i), cfg, recv.sender("t")))
+	}
+	require.Eventually(t, func() bool { return settled(replicas, 16) }, 30*time.Second, 10*time.Millisecond,
+		"four replicas hold four partitions each")
+	for _, rp := range replicas {
+		require.Len(t, rp.r.Stats().Partitions, 4)
+	}
+	// An operator sees the members and their partitions.
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		holders, err := admin.Election(context.Background())
+		require.NoError(t, err)
+		var all []int
+		for _, h := range holders {
+			if h.Kind != relay.HolderRelay || h.Mode != relay.LockShared || !h.Granted || h.PartitionsOf != 16 {
+				return false
+			}
+			all = append(all, h.Partitions...)
+		}
+		slices.Sort(all)
+		return len(holders) == 4 && slices.Equal(all, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+	}, 30*time.Second, 10*time.Millisecond, "Admin.Election lists four shared holders and their partitions")
+
+	require.NoError(t, replicas[0].r.Stop(context.Background()))
+	require.Nil(t, replicas[0].r.Stats().Partitions, "a stopped replica holds nothing")
+	replicas = replicas[1:]
+	require.Eventually(t, func() bool { return settled(replicas, 16) }, 30*time.Second, 10*time.Millisecond,
+		"the three left take the stopped one's partitions")
+
+	replicas = append(replicas, b.startReplica(t, "r4", cfg, recv.sender("t")), b.startReplica(t, "r5", cfg, recv.sender("t")))
+	require.Eventually(t, func() bool { return settled(replicas, 16) }, 30*time.Second, 10*time.Millisecond,
+		"newcomers get their share: 16 over 5 is 3 or 4 each")
+
+	ids := b.insert(t, "t", distinctKeys("k", 200)...)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
+	require.Empty(t, recv.check(t, ids), "nothing failed: every row came once")
+	delivering := 0
+	for _, rp := range replicas {
+		if rp.r.Stats().Sent > 0 {
+			delivering++
+		}
+	}
+	require.Equal(t, len(replicas), delivering, "every replica delivered its partitions' rows")
+}
+
+// TestPartitionsExcludeJVM: a JVM relay's exclusive hold of the app's key
+// keeps partitioned replicas from delivering anything, and while a
+// partitioned replica runs, a JVM relay never wins the key; the same with a
+// Go replica of Partitions 1.
+func TestPartitionsExcludeJVM(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := partitionedConfig(b, 8)
+	recv := newOrderReceiver()
+
+	release := holdLikeJVM(t, b.cfg.AppName)
+	ids := b.insert(t, "t", distinctKeys("k", 20)...)
+	rp := b.startReplica(t, "p", cfg, recv.sender("t"))
+	require.Eventually(t, func() bool { return rp.r.Stats().PassesCoalesced >= 5 }, 30*time.Second, 10*time.Millisecond)
+	require.Zero(t, rp.r.Stats().PassesElected)
+	require.Nil(t, rp.r.Stats().Partitions)
+	require.Zero(t, b.countStatus(t, "SENT"), "nothing delivered while the JVM relay holds the key")
+
+	release()
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond,
+		"the partitioned replica delivers once the JVM relay let go")
+	require.Len(t, rp.r.Stats().Partitions, 8, "alone, it holds every partition")
+	require.False(t, lockFree(t, b.cfg.AppName), "a JVM relay cannot win the key while a partitioned replica runs")
+
+	// A Go replica of Partitions 1 is excluded the same way.
+	single := b.cfg
+	single.Interval = 20 * time.Millisecond
+	one := b.startReplica(t, "one", single, recv.sender("t"))
+	more := b.insert(t, "t", distinctKeys("m", 20)...)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
+	require.Zero(t, one.r.Stats().PassesElected, "the replica of Partitions 1 never won the key")
+	require.Zero(t, one.r.Stats().Sent)
+
+	require.NoError(t, rp.r.Stop(context.Background()))
+	require.Eventually(t, func() bool { return one.r.Stats().PassesElected > 0 }, 30*time.Second, 10*time.Millisecond,
+		"once the partitioned replica stopped, the replica of Partitions 1 is elected")
+	require.NoError(t, one.r.Stop(context.Background()))
+	require.True(t, lockFree(t, b.cfg.AppName), "stopped replicas leave no lock behind")
+	require.Empty(t, recv.check(t, append(ids, more...)))
+}
+
+// TestPartitionsRollingDeploy: four replicas with Partitions 16 are
+// replaced one by one, twice over, while a producer writes rows for 40 keys:
+// every row is delivered exactly once, and each key in id order.
+func TestPartitionsRollingDeploy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := partitionedConfig(b, 16)
+	cfg.Concurrency = 4
+	recv := newOrderReceiver()
+
+	ctx, stopWriting := context.WithCancel(context.Background())
+	var (
+		written []int64
+		wmu     sync.Mutex
+		writing sync.WaitGroup
+		werr    error
+	)
+	writing.Go(func() {
+		insert := "INSERT INTO " + pgx.Identifier{b.table}.Sanitize() + " (type, natural_key, payload) VALUES ('t', $1, '{}') RETURNING id"
+		for i := 0; ctx.Err() == nil; i++ {
+			var id int64
+			if err := b.pool.QueryRow(context.Background(), insert, fmt.Sprint("k", i%40)).Scan(&id); err != nil {
+				werr = err
+				return
+			}
+			wmu.Lock()
+			written = append(written, id)
+			wmu.Unlock()
+		}
+	})
+	writtenSoFar := func() int {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return len(written)
+	}
+
+	replicas := make([]*replica, 4)
+	for i := range replicas {
+		replicas[i] = b.startReplica(t, fmt.Sprint("a", i), cfg, recv.sender("t"))
+	}
+	for gen := range 2 {
+		for i := range replicas {
+			// Some rows are written under each line-up of replicas.
+			mark := writtenSoFar()
+			require.Eventually(t, func() bool { return writtenSoFar() >= mark+50 }, 30*time.Second, time.Millisecond)
+			require.NoError(t, replicas[i].r.Stop(context.Background()))
+			replicas[i] = b.startReplica(t, fmt.Sprintf("g%d_%d", gen, i), cfg, recv.sender("t"))
+		}
+	}
+	stopWriting()
+	writing.Wait()
+	require.NoError(t, werr)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
+		"every row written is delivered")
+	require.Empty(t, recv.check(t, written), "a rolling deploy repeats nothing")
+	t.Logf("%d rows over 40 keys, 12 replicas in turn", len(written))
+}
+
+// TestPartitionsRunIfElected: without a started loop, RunIfElected joins,
+// runs its share and leaves, and reports whether it held a partition.
+func TestPartitionsRunIfElected(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := partitionedConfig(b, 4)
+	recv := newOrderReceiver()
+	r := b.newRelay(t, cfg, recv.sender("t"))
+	ids := b.insert(t, "t", distinctKeys("k", 40)...)
+	ran, err := r.RunIfElected(context.Background())
+	require.NoError(t, err)
+	require.True(t, ran)
+	require.Equal(t, len(ids), b.countStatus(t, "SENT"), "alone, it holds every partition")
+	require.True(t, lockFree(t, b.cfg.AppName), "RunIfElected leaves the election when it returns")
+	require.Nil(t, r.Stats().Partitions)
+
+	release := holdLikeJVM(t, b.cfg.AppName)
+	b.insert(t, "t", "late")
+	ran, err = r.RunIfElected(context.Background())
+	require.NoError(t, err)
+	require.False(t, ran, "a JVM relay holds the key")
+	release()
+	require.Empty(t, recv.check(t, ids))
+}
+
+// TestPartitionsKilled: three replicas, separate processes, deliver by HTTP
+// while a producer writes; one is killed (-9) mid-delivery and a new one
+// joins, then another is killed. The server ends a killed replica's session
+// at once, and the others take its partitions at their next pass: every row
+// is delivered, each key's first deliveries in id order, and only what a
+// killed replica had sent without recording its outcome comes twice.
+func TestPartitionsKilled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var (
+		mu       sync.Mutex
+		byKey    = map[string][]int64{}
+		times    = map[int64]int{}
+		sentBy   = map[string]map[int64]bool{} // replica: the ids it sent
+		lastFrom = map[string]time.Time{}      // replica: its last request
+		killedAt = map[string]time.Time{}
+	)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name, key, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+		id, err := strconv.ParseInt(r.Header.Get("Relay-Message-Id"), 10, 64)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		byKey[key] = append(byKey[key], id)
+		times[id]++
+		if sentBy[name] == nil {
+			sentBy[name] = map[int64]bool{}
+		}
+		sentBy[name][id] = true
+		lastFrom[name] = time.Now()
+		mu.Unlock()
+		time.Sleep(time.Millisecond) // a destination that takes a moment: sends overlap the kill
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(receiver.Close)
+
+	children := map[string]*exec.Cmd{}
+	start := func(name string) {
+		var out logBuffer
+		c := exec.Command(os.Args[0], "-test.run=^TestPartitionsKilledChild$", "-test.v")
+		c.Env = append(os.Environ(), "RELAY_PARTITION_CHILD="+name, "RELAY_TEST_DATABASE_URL="+server().URL,
+			"RELAY_PARTITION_TABLE="+b.table, "RELAY_PARTITION_RECEIVER="+receiver.URL+"/"+name)
+		c.Stdout, c.Stderr = &out, &out
+		require.NoError(t, c.Start())
+		children[name] = c
+		t.Cleanup(func() {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+			if t.Failed() {
+				t.Logf("replica %s's output:\n%s", name, out.String())
+			}
+		})
+	}
+	delivered := func(name string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(sentBy[name])
+	}
+	kill := func(name string) {
+		require.Eventually(t, func() bool { return delivered(name) >= 20 }, 60*time.Second, time.Millisecond,
+			"replica %s delivers before it is killed", name)
+		mu.Lock()
+		killedAt[name] = time.Now()
+		mu.Unlock()
+		require.NoError(t, children[name].Process.Kill())
+		_ = children[name].Wait()
+	}
+
+	ctx, stopWriting := context.WithCancel(context.Background())
+	var (
+		written []int64
+		wmu     sync.Mutex
+		writing sync.WaitGroup
+		werr    error
+	)
+	writing.Go(func() {
+		insert := "INSERT INTO " + pgx.Identifier{b.table}.Sanitize() + " (type, natural_key, payload) VALUES ('t', $1, '{}') RETURNING id"
+		for i := 0; ctx.Err() == nil; i++ {
+			var id int64
+			if err := b.pool.QueryRow(context.Background(), insert, fmt.Sprint("k", i%40)).Scan(&id); err != nil {
+				werr = err
+				return
+			}
+			wmu.Lock()
+			written = append(written, id)
+			wmu.Unlock()
+			time.Sleep(200 * time.Microsecond)
+		}
+	})
+
+	for _, name := range []string{"a", "b", "c"} {
+		start(name)
+	}
+	kill("a")
+	start("d")
+	kill("b")
+	require.Eventually(t, func() bool { return delivered("d") >= 20 }, 60*time.Second, time.Millisecond, "the newcomer gets its share")
+	stopWriting()
+	writing.Wait()
+	require.NoError(t, werr)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
+		"every row written is delivered")
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range written {
+		require.NotZero(t, times[id], "row %d was never delivered", id)
+	}
+	for key, ids := range byKey {
+		seen := map[int64]bool{}
+		var first []int64
+		for _, id := range ids {
+			if !seen[id] {
+				seen[id] = true
+				first = append(first, id)
+			}
+		}
+		require.True(t, slices.IsSorted(first), "key %q arrived out of id order: %v", key, ids)
+	}
+	// A repeat is a message a killed replica sent whose outcome it had not
+	// recorded: at most, per worker, the one in flight and the outcomes
+	// waiting to be written (8).
+	repeats := 0
+	for id, n := range times {
+		if n > 1 {
+			repeats += n - 1
+			require.True(t, sentBy["a"][id] || sentBy["b"][id], "row %d came %d times, but no replica that sent it was killed", id, n)
+		}
+	}
+	require.LessOrEqual(t, repeats, 2*4*(1+8), "repeats are bounded by what was in flight at the kills")
+	t.Logf("%d rows, %d repeated after two kills; replica a delivered %d, b %d, c %d, d %d",
+		len(written), repeats, len(sentBy["a"]), len(sentBy["b"]), len(sentBy["c"]), len(sentBy["d"]))
+}
+
+// TestPartitionsKilledChild is a replica of TestPartitionsKilled: it runs
+// only as that test's child process, until killed.
+func TestPartitionsKilledChild(t *testing.T) {
+	name := os.Getenv("RELAY_PARTITION_CHILD")
+	if name == "" {
+		t.Skip("a replica of TestPartitionsKilled; it runs only as that test's child process")
+	}
+	table := os.Getenv("RELAY_PARTITION_TABLE")
+	cfg := relay.DefaultConfig()
+	cfg.AppName, cfg.Table = table, table
+	cfg.Partitions = 16
+	cfg.Interval = 100 * time.Millisecond
+	cfg.Concurrency = 4
+	sender, err := relay.NewHTTPSender(relay.HTTPSenderConfig{Type: "t", URL: relay.URLWithKey(os.Getenv("RELAY_PARTITION_RECEIVER"))})
+	require.NoError(t, err)
+	r, err := relay.New(pgserver.Pool(t, server().URL, table+"_"+name, 8), cfg, sender)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	select {} // until the parent kills it
+}
+
+// TestPartitionsChangeCount: a deploy that changes Partitions from 8 to 16.
+// Two counts' partitions do not nest (a key's partition of 8 and of 16 are
+// different locks), so the newcomer takes none while a replica of the old
+// count holds any, and takes them all once the last one stopped: a key is
+// never delivered by two replicas at once.
+func TestPartitionsChangeCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	recv := newOrderReceiver()
+	old := b.startReplica(t, "old", partitionedConfig(b, 8), recv.sender("t"))
+	require.Eventually(t, func() bool { return len(old.r.Stats().Partitions) == 8 }, 30*time.Second, 10*time.Millisecond)
+
+	logs := &logBuffer{}
+	cfg := partitionedConfig(b, 16)
+	cfg.Logger = logs.logger()
+	next := b.startReplica(t, "new", cfg, recv.sender("t"))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "partitions are held with another Partitions") },
+		30*time.Second, 10*time.Millisecond, "the newcomer says why it takes none:\n%s", logs)
+	ids := b.insert(t, "t", distinctKeys("k", 50)...)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
+	require.Nil(t, next.r.Stats().Partitions)
+	require.Zero(t, next.r.Stats().Sent, "the replica of the new count delivered nothing beside the old one")
+	require.Equal(t, 8, len(old.r.Stats().Partitions), "the old one keeps all of its count's partitions")
+
+	require.NoError(t, old.r.Stop(context.Background()))
+	require.Eventually(t, func() bool { return len(next.r.Stats().Partitions) == 16 }, 30*time.Second, 10*time.Millisecond,
+		"once the old count's last holder stopped, the new count takes over")
+	more := b.insert(t, "t", distinctKeys("m", 50)...)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
+	require.Empty(t, recv.check(t, append(ids, more...)))
+}
+
+// TestPartitionsConfig: Partitions is checked, and read from RELAY_PARTITIONS.
+func TestPartitionsConfig(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 4)
+	s := relay.SenderFunc("t", func(context.Context, relay.Message) error { return nil })
+	for _, tc := range []struct {
+		change func(*relay.Config)
+		want   string
+	}{
+		{func(c *relay.Config) { c.Partitions = 0 }, "relay: Config.Partitions must be between 1 and 4096, got 0"},
+		{func(c *relay.Config) { c.Partitions = 4097 }, "relay: Config.Partitions must be between 1 and 4096, got 4097"},
+		{func(c *relay.Config) { c.Partitions, c.ClusterLock = 4, false }, "relay: Config.Partitions is 4, but ClusterLock is false"},
+		{func(c *relay.Config) { c.Partitions, c.Guard = 4, relay.NewPostgresGuard(pool) }, "leave Guard nil"},
+	} {
+		cfg := relay.DefaultConfig()
+		tc.change(&cfg)
+		_, err := relay.New(pool, cfg, s)
+		require.ErrorContains(t, err, tc.want)
+		var fe *relay.FieldError
+		require.ErrorAs(t, err, &fe)
+		require.Equal(t, "Partitions", fe.Field)
+	}
+	require.Equal(t, 1, relay.DefaultConfig().Partitions)
+}
