@@ -39,6 +39,8 @@ func runWho(ctx context.Context, e *env) int {
 const (
 	pauseLockSQL   = `SELECT pg_try_advisory_lock(hashtext($1 || '_relay_m2m'))`
 	pauseUnlockSQL = `SELECT pg_advisory_unlock(hashtext($1 || '_relay_m2m'))`
+	// pauseWaitSQL queues for the lock, under the session's lock_timeout.
+	pauseWaitSQL = `SELECT pg_advisory_lock(hashtext($1 || '_relay_m2m'))`
 	// The sessions of app's pauses in this database, other than this one.
 	pauseSessionsSQL = `SELECT pid FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid() ORDER BY pid`
@@ -57,7 +59,6 @@ func pauseName(app string) string {
 
 // Timings of pause.
 const (
-	pausePoll      = 250 * time.Millisecond // between two tries while another session holds the election
 	pauseTick      = 500 * time.Millisecond // how often the holding loop looks at Ctrl-C and --for
 	pauseHeartbeat = 2 * time.Second        // a statement on the session, so idle timeouts and dead peers show
 	releaseTimeout = 5 * time.Second
@@ -66,7 +67,7 @@ const (
 func pauseFlags(fs *flag.FlagSet, o *opts) {
 	fs.DurationVar(&o.holdFor, "for", 0, "end the pause by itself after this long (e.g. 15m); 0 holds until Ctrl-C or relayctl resume")
 	fs.DurationVar(&o.wait, "wait", 30*time.Second,
-		"how long to keep trying while another session holds the election (a relay's pass ends within seconds)")
+		"how long to wait in line while another session holds the election (a relay's pass ends within seconds, and partitioned replicas step aside at their next pass)")
 }
 
 func runPause(ctx context.Context, e *env) int {
@@ -95,22 +96,39 @@ func runPause(ctx context.Context, e *env) int {
 		_ = conn.Close(cctx)
 	}()
 
-	// Try, as a relay does, until the election is free or --wait elapses.
-	deadline := time.Now().Add(e.o.wait)
-	told := false
-	for {
-		var locked bool
-		if err := conn.QueryRow(ctx, pauseLockSQL, app).Scan(&locked); err != nil {
-			return e.fail(fmt.Errorf("take the election of app %q: %w", app, err))
-		}
-		if locked {
-			break
-		}
+	// Try once, as a relay does; if another session holds the election, queue
+	// for it, up to --wait: a relay's pass ends within seconds and the
+	// queued request is granted then. While it waits, the relays of the app
+	// step aside: a request that conflicts with a waiting one waits behind
+	// it, so no relay wins the election again, and partitioned replicas,
+	// which hold the key shared for as long as they run, leave it when they
+	// see the request (decision 0036).
+	var locked bool
+	if err := conn.QueryRow(ctx, pauseLockSQL, app).Scan(&locked); err != nil {
+		return e.fail(fmt.Errorf("take the election of app %q: %w", app, err))
+	}
+	if !locked {
 		holders, err := e.admin.Election(ctx)
 		if err != nil {
 			return e.fail(err)
 		}
-		if time.Now().After(deadline) {
+		if e.o.wait > 0 {
+			fprintf(e.stderr, "waiting up to %s for the election of app %q:\n", e.o.wait, app)
+			printElectionTo(e, holders)
+			err = waitForLock(ctx, conn, app, e.o.wait)
+		}
+		var pgErr *pgconn.PgError
+		switch {
+		case e.o.wait > 0 && err == nil:
+		case ctx.Err() != nil:
+			fprintf(e.stderr, "relayctl: not paused: interrupted while waiting\n")
+			return exitError
+		case e.o.wait == 0 || errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available: --wait elapsed
+			if e.o.wait > 0 {
+				if holders, err = e.admin.Election(ctx); err != nil {
+					return e.fail(err)
+				}
+			}
 			fprintf(e.stderr, "relayctl: not paused: the election of app %q is held by another session:\n", app)
 			printElectionTo(e, holders)
 			if h := firstGranted(holders); h != nil && h.Kind == relay.HolderPause {
@@ -119,17 +137,8 @@ func runPause(ctx context.Context, e *env) int {
 				fprintf(e.stderr, "Try again (a relay's pass ends within seconds), or find out why it holds it: relayctl status.\n")
 			}
 			return exitHeld
-		}
-		if !told {
-			fprintf(e.stderr, "waiting up to %s for the election of app %q:\n", e.o.wait, app)
-			printElectionTo(e, holders)
-			told = true
-		}
-		select {
-		case <-ctx.Done():
-			fprintf(e.stderr, "relayctl: not paused: interrupted while waiting\n")
-			return exitError
-		case <-time.After(pausePoll):
+		default:
+			return e.fail(fmt.Errorf("wait for the election of app %q: %w", app, err))
 		}
 	}
 
@@ -168,6 +177,19 @@ func runPause(ctx context.Context, e *env) int {
 	}
 	fprintf(e.stdout, "resumed: %s; released the election of app %q after %s\n", why, app, held)
 	return exitOK
+}
+
+// waitForLock queues for app's election for at most wait: lock_timeout ends
+// the request with lock_not_available (55P03) if it is not granted by then.
+func waitForLock(ctx context.Context, conn *pgx.Conn, app string, wait time.Duration) error {
+	if _, err := conn.Exec(ctx, `SELECT set_config('lock_timeout', $1, false)`, fmt.Sprint(max(wait.Milliseconds(), 1))); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, pauseWaitSQL, app); err != nil {
+		return err
+	}
+	_, err := conn.Exec(ctx, `SELECT set_config('lock_timeout', '0', false)`)
+	return err
 }
 
 // hold keeps the session until ctx ends or holdFor elapses (0: never), and

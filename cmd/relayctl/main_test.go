@@ -567,6 +567,37 @@ func TestPauseResume(t *testing.T) {
 		require.Contains(t, stdout, fmt.Sprintf("pg_terminate_backend(%d)", pid))
 	})
 
+	t.Run("PartitionedReplicasStepAside", func(t *testing.T) {
+		// Partitioned replicas hold the app's key (shared) for as long as they
+		// run: the pause waits in line, and they leave when they see it.
+		t.Parallel()
+		ctx := context.Background()
+		w := setup(t)
+		cfg := w.cfg
+		cfg.Partitions = 4
+		cfg.Interval = 20 * time.Millisecond
+		r, err := relay.New(w.pool, cfg, nopSender{"orders"})
+		require.NoError(t, err)
+		require.NoError(t, r.Start(ctx))
+		t.Cleanup(func() { _ = r.Stop(context.Background()) })
+		require.Eventually(t, func() bool { return len(r.Stats().Partitions) == 4 }, 30*time.Second, 10*time.Millisecond)
+
+		wait := w.pausing(t, ctx)
+		w.waitPaused(t)
+		require.Nil(t, r.Stats().Partitions, "the replica left the election to the pause")
+		w.rows(t, "orders", 2, "PENDING", 0, 0)
+		coalesced := r.Stats().PassesCoalesced
+		require.Eventually(t, func() bool { return r.Stats().PassesCoalesced >= coalesced+3 }, 30*time.Second, 10*time.Millisecond)
+		require.Equal(t, 2, w.count(t, "status = 'PENDING'"), "nothing is delivered while paused")
+
+		code, _, stderr := w.ctl(t, ctx, "resume")
+		require.Equal(t, exitOK, code, stderr)
+		code, _, _ = wait()
+		require.Equal(t, exitOK, code)
+		require.Eventually(t, func() bool { return w.count(t, "status = 'SENT'") == 2 }, 30*time.Second, 10*time.Millisecond,
+			"the replica rejoins and delivers")
+	})
+
 	t.Run("ResumeWithoutPause", func(t *testing.T) {
 		t.Parallel()
 		w := setup(t)
