@@ -140,7 +140,8 @@ type sourceView struct {
 
 type holderView struct {
 	relay.LockHolder
-	Description string
+	Description    string
+	PartitionsText string // a partitioned member's: "0-3, 8 of 16"
 }
 
 type statsView struct {
@@ -151,7 +152,8 @@ type statsView struct {
 func newSourceView(i int, s *source, l diagnose.Look, d diagnose.Diagnosis) sourceView {
 	v := sourceView{Index: i, O: l.Overview, D: d}
 	for _, h := range l.Holders {
-		v.Holders = append(v.Holders, holderView{h, diagnose.Holder(h)})
+		v.Holders = append(v.Holders, holderView{LockHolder: h, Description: diagnose.Holder(h),
+			PartitionsText: strings.TrimPrefix(diagnose.PartitionsText(h.Partitions, h.PartitionsOf), "partitions ")})
 	}
 	if s.Relay != nil {
 		st := s.Relay.Stats()

@@ -215,6 +215,21 @@ func (j *judge) decide() {
 			"Nothing is delivered because the server is read-only (%s): a relay connected to it can read its rows but not record an outcome. %s. "+
 				"Point the relays' database URL at the primary.", why, waiting))
 		return
+	case holder != nil && holder.Kind == relay.HolderRelay && holder.Mode == relay.LockShared:
+		// Partitioned replicas hold the key for as long as they run.
+		members, held, of := partitionsHeld(j.in.Now.Holders)
+		share := fmt.Sprintf("%d partitioned replica(s) share the election, holding %d of its %d partitions", members, held, of)
+		if stuck {
+			j.set(Stalled, CauseRelayStuck, fmt.Sprintf(
+				"Nothing is delivered although %s: %s. Look at the replicas' logs (relay: pass failed, or a sender that does not return).",
+				share, waiting))
+			return
+		}
+		j.set(OK, CauseDelivering, fmt.Sprintf("Delivering: %s; %s.", share, waiting))
+		if held < of {
+			j.note("%d partition(s) are held by no replica right now: their rows wait until a replica takes them at its next pass.", of-held)
+		}
+		return
 	case holder != nil && holder.Kind == relay.HolderRelay:
 		if (stuck || heldThrough) && holder.HeldFor() > j.stallAfter {
 			j.set(Stalled, CauseRelayStuck, fmt.Sprintf(
@@ -337,6 +352,19 @@ func (j *judge) holderOf(kind relay.HolderKind) *relay.LockHolder {
 	return nil
 }
 
+// partitionsHeld counts the members of a partitioned election among hs,
+// the partitions they hold, and of how many.
+func partitionsHeld(hs []relay.LockHolder) (members, held, of int) {
+	for _, h := range hs {
+		if h.Granted && h.Mode == relay.LockShared {
+			members++
+			held += len(h.Partitions)
+			of = max(of, h.PartitionsOf)
+		}
+	}
+	return members, held, of
+}
+
 func granted(hs []relay.LockHolder) *relay.LockHolder {
 	for i := range hs {
 		if hs[i].Granted {
@@ -424,6 +452,9 @@ func Holder(h relay.LockHolder) string {
 	}
 	var d []string
 	d = append(d, fmt.Sprintf("pid %d", h.PID))
+	if h.Mode == relay.LockShared && h.Kind == relay.HolderRelay {
+		d = append(d, PartitionsText(h.Partitions, h.PartitionsOf))
+	}
 	if h.User != "" {
 		d = append(d, "user "+h.User)
 	}
@@ -451,6 +482,28 @@ func Holder(h relay.LockHolder) string {
 		d = append(d, "waiting for the lock")
 	}
 	return who + " [" + strings.Join(d, ", ") + "]"
+}
+
+// PartitionsText writes a partitioned member's partitions: "partitions
+// 0-3, 8 of 16", or "no partition" when it holds none.
+func PartitionsText(parts []int, of int) string {
+	if len(parts) == 0 {
+		return "no partition"
+	}
+	var runs []string
+	for i := 0; i < len(parts); {
+		j := i
+		for j+1 < len(parts) && parts[j+1] == parts[j]+1 {
+			j++
+		}
+		if j > i {
+			runs = append(runs, fmt.Sprintf("%d-%d", parts[i], parts[j]))
+		} else {
+			runs = append(runs, fmt.Sprint(parts[i]))
+		}
+		i = j + 1
+	}
+	return fmt.Sprintf("partitions %s of %d", strings.Join(runs, ", "), of)
 }
 
 // Duration writes d for a person: 850ms, 12s, 4m12s, 3h04m, 2d03h.

@@ -44,6 +44,20 @@ func holder(kind relay.HolderKind, pid int, name string) relay.LockHolder {
 	return h
 }
 
+// member is a replica of a partitioned election of n partitions, holding parts.
+func member(pid, n int, parts ...int) relay.LockHolder {
+	h := holder(relay.HolderRelay, pid, "billing")
+	h.Mode, h.Partitions, h.PartitionsOf = relay.LockShared, parts, n
+	return h
+}
+
+func TestPartitionsText(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "partitions 0-3, 8, 10-11 of 16", diagnose.PartitionsText([]int{0, 1, 2, 3, 8, 10, 11}, 16))
+	require.Equal(t, "no partition", diagnose.PartitionsText(nil, 16))
+	require.Contains(t, diagnose.Holder(member(42, 16, 4, 5)), "pid 42, partitions 4-5 of 16")
+}
+
 func TestDiagnose(t *testing.T) {
 	t.Parallel()
 	late := 5 * time.Minute
@@ -124,6 +138,21 @@ func TestDiagnose(t *testing.T) {
 				Holders: []relay.LockHolder{holder(relay.HolderRelay, 42, "relay@2026-11-30T09:50:00Z billing-7f9c")}}},
 			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
 			contains: []string{"Delivering: a Go relay"},
+		},
+		{
+			name: "PartitionedDelivering",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, time.Second)),
+				Holders: []relay.LockHolder{member(42, 16, 0, 1, 2, 3, 8), member(43, 16, 4, 5, 6, 7)}}},
+			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
+			contains: []string{"Delivering: 2 partitioned replica(s) share the election, holding 9 of its 16 partitions",
+				"7 partition(s) are held by no replica right now"},
+		},
+		{
+			name: "PartitionedStuck",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, late)),
+				Holders: []relay.LockHolder{member(42, 2, 0), member(43, 2, 1)}}},
+			verdict: diagnose.Stalled, cause: diagnose.CauseRelayStuck,
+			contains: []string{"Nothing is delivered although 2 partitioned replica(s) share the election, holding 2 of its 2 partitions"},
 		},
 		{
 			name:    "NoRelay",
