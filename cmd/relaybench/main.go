@@ -44,6 +44,9 @@
 //	history        an empty pass with 10,000 vs -history-rows SENT rows (target ≤ 1.5×)
 //	notify-cost    commits/s of 8 producers with and without the wake-up's NOTIFY (target ≥ 0.9×)
 //	latency        commit → Send at -latency-rate, wake-ups vs polling only (target p50 ≤ 5 ms, p99 ≤ 50 ms)
+//	partitions     4 replicas with Partitions 16 vs 1 replica, Concurrency 4 each, a destination
+//	               answering in 20 ms, -partition-rows rows           target ≥ 3.5×
+//	               and an empty pass of a partitioned member vs a single-key one   target ≤ 2×
 package main
 
 import (
@@ -161,7 +164,7 @@ func want(name string) bool {
 func run(ctx context.Context) error {
 	for s := range strings.SplitSeq(*scenarioFlag, ",") {
 		s = strings.TrimSpace(s)
-		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" ||
+		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" || s == "partitions" ||
 			slices.ContainsFunc(drainScenarios, func(d scenario) bool { return d.name == s })
 		if !known {
 			return fmt.Errorf("unknown scenario %q", s)
@@ -221,6 +224,11 @@ func run(ctx context.Context) error {
 	if want("notify-cost") {
 		if err := runNotifyCost(ctx, srv); err != nil {
 			return fmt.Errorf("scenario notify-cost: %w", err)
+		}
+	}
+	if want("partitions") {
+		if err := runPartitions(ctx, srv.URL, admin); err != nil {
+			return fmt.Errorf("scenario partitions: %w", err)
 		}
 	}
 	if want("latency") {
@@ -804,15 +812,11 @@ func (cc countingConn) Write(p []byte) (int, error) {
 	return cc.Conn.Write(p)
 }
 
-func runGuard(ctx context.Context, url string, admin *pgxpool.Pool) error {
-	const table = "relaybench_guard"
-	if err := freshTable(ctx, admin, table, 0, "PENDING"); err != nil {
-		return err
-	}
-	tc := &tripCounter{}
+// countingPool is a pool of 4 whose statements and socket writes tc counts.
+func countingPool(ctx context.Context, url string, tc *tripCounter) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pc.MaxConns = 4
 	pc.ConnConfig.Tracer = tc
@@ -824,7 +828,16 @@ func runGuard(ctx context.Context, url string, admin *pgxpool.Pool) error {
 		}
 		return countingConn{Conn: conn, c: tc}, nil
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+func runGuard(ctx context.Context, url string, admin *pgxpool.Pool) error {
+	const table = "relaybench_guard"
+	if err := freshTable(ctx, admin, table, 0, "PENDING"); err != nil {
+		return err
+	}
+	tc := &tripCounter{}
+	pool, err := countingPool(ctx, url, tc)
 	if err != nil {
 		return err
 	}
