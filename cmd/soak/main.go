@@ -25,6 +25,14 @@
 // ("outcome not recorded", "send interrupted"). With -kill-every 0 there are no
 // faults and every duplicate is unexplained: the guard must deliver each row
 // exactly once.
+//
+// With -partitions N (Config.Partitions) the replicas deliver at once, each
+// the keys of the partitions it holds; a fault on the election's holder is
+// then one on any member's session. Either way the receiver checks each
+// key's order: a message that arrives after a later one of its key is a
+// failure, faults or not.
+//
+//	go run ./cmd/soak -duration 60s -replicas 4 -partitions 16 -roll-every 5s
 package main
 
 import (
@@ -59,6 +67,7 @@ type options struct {
 	logPath     string
 	quiet       bool
 	clusterLock bool
+	partitions  int
 }
 
 func parseFlags(args []string) (options, error) {
@@ -80,6 +89,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.logPath, "log", "", "write the relays' logs (JSON, Debug and up) to this file; by default they are only counted")
 	fs.BoolVar(&o.quiet, "q", false, "no progress lines on stderr")
 	fs.BoolVar(&o.clusterLock, "cluster-lock", true, "Config.ClusterLock; false shows the avoidable duplicates the election removes (and fails)")
+	fs.IntVar(&o.partitions, "partitions", 1, "Config.Partitions of each replica: above 1, the replicas deliver at once, each its partitions' keys")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -101,6 +111,8 @@ func parseFlags(args []string) (options, error) {
 	check(o.keys >= 1, "-keys must be at least 1, got %d", o.keys)
 	check(o.drain > 0 && o.drain <= 10*time.Minute, "-drain must be in (0, 10m], got %s", o.drain)
 	check(o.window >= 0, "-window must not be negative, got %s", o.window)
+	check(o.partitions >= 1 && o.partitions <= 4096, "-partitions must be between 1 and 4096, got %d", o.partitions)
+	check(o.partitions == 1 || o.clusterLock, "-partitions above 1 needs -cluster-lock (the partitions are elections)")
 	if o.seed == 0 {
 		o.seed = rand.Uint64()
 	}

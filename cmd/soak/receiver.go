@@ -13,6 +13,7 @@ import (
 // delivery is one request the receiver accepted.
 type delivery struct {
 	id      int64
+	key     string    // its natural key (the URL's last segment)
 	replica int       // the replica that sent it (the Soak-Replica header)
 	at      time.Time // when the request arrived
 }
@@ -62,7 +63,7 @@ func (rc *receiver) put(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	time.Sleep(rc.delay)
 	rc.mu.Lock()
-	rc.deliveries[id] = append(rc.deliveries[id], delivery{id: id, replica: replica, at: at})
+	rc.deliveries[id] = append(rc.deliveries[id], delivery{id: id, key: r.PathValue("key"), replica: replica, at: at})
 	rc.total++
 	rc.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)

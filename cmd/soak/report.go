@@ -44,8 +44,9 @@ type report struct {
 	duplicates  int
 	causes      map[string]int
 	unexplained []string
-	lost        []int64 // rows never received
-	notSent     int     // rows not SENT at the end
+	disorders   []string // a key's message received after a later one of the same key
+	lost        []int64  // rows never received
+	notSent     int      // rows not SENT at the end
 	dead        int
 
 	faults   []fault
@@ -57,7 +58,7 @@ type report struct {
 }
 
 func (r *report) ok() bool {
-	return len(r.lost) == 0 && r.notSent == 0 && len(r.unexplained) == 0 && len(r.lockLeft) == 0 &&
+	return len(r.lost) == 0 && r.notSent == 0 && len(r.unexplained) == 0 && len(r.lockLeft) == 0 && len(r.disorders) == 0 &&
 		r.electionFree && r.notInTable == 0 && r.strangers == 0
 }
 
@@ -139,6 +140,7 @@ func (s *soak) report(ctx context.Context) (*report, error) {
 			rep.strangers++
 		}
 	}
+	rep.disorders = disorders(got)
 
 	s.sink.mu.Lock()
 	rep.levels = cloneMap(s.sink.levels)
@@ -203,6 +205,31 @@ func (s *soak) classify(id int64, prev, next delivery, faults []fault) (cause, d
 		id, prev.replica, prev.at.Format("15:04:05.000"), from.Format("15:04:05.000"), to.Format("15:04:05.000"), s.o.window, said)
 }
 
+// disorders lists the deliveries that came after a later message of the same
+// key had been received: a key's order broken. A message delivered again is
+// not one, as long as no later message of its key came in between: its
+// previous outcome was not recorded, so the key's next message waited.
+func disorders(got map[int64][]delivery) []string {
+	var all []delivery
+	for _, ds := range got {
+		all = append(all, ds...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+	highest := map[string]delivery{}
+	var out []string
+	for _, d := range all {
+		h, ok := highest[d.key]
+		switch {
+		case !ok || d.id > h.id:
+			highest[d.key] = d
+		case d.id < h.id:
+			out = append(out, fmt.Sprintf("key %q: message %d from replica %d at %s, after message %d from replica %d at %s",
+				d.key, d.id, d.replica, d.at.Format("15:04:05.000"), h.id, h.replica, h.at.Format("15:04:05.000")))
+		}
+	}
+	return out
+}
+
 func cloneMap[K comparable, V any](m map[K]V) map[K]V {
 	out := make(map[K]V, len(m))
 	for k, v := range m {
@@ -220,6 +247,9 @@ func (r *report) print(w io.Writer) {
 	lock := ""
 	if !r.o.clusterLock {
 		lock = ", ClusterLock OFF"
+	}
+	if r.o.partitions > 1 {
+		lock = fmt.Sprintf(", Partitions %d", r.o.partitions)
 	}
 	p("relay soak: %s of writes at %d/s, %d replicas (Concurrency %d, BatchSize %d, Interval %s%s), %s, seed %d, %s server",
 		r.took.Round(time.Millisecond), r.o.rate, r.o.replicas, r.o.concurrency, r.o.batch, r.o.interval, lock, faults, r.o.seed, r.serverKind)
@@ -242,6 +272,14 @@ func (r *report) print(w io.Writer) {
 			break
 		}
 		p("    %s", u)
+	}
+	p("out of key order        %6d  (received after a later message of its key: must be 0)", len(r.disorders))
+	for i, d := range r.disorders {
+		if i == 10 {
+			p("    … and %d more", len(r.disorders)-10)
+			break
+		}
+		p("    %s", d)
 	}
 	p("lost                    %6d  (written, never delivered: must be 0)%s", len(r.lost), firstIDs(r.lost))
 	p("not SENT at the end     %6d  (dead: %d)", r.notSent, r.dead)

@@ -161,6 +161,7 @@ func (s *soak) startReplica(ctx context.Context, idx int) (*replica, error) {
 	cfg.RetryBackoff = 100 * time.Millisecond
 	cfg.SendTimeout = 5 * time.Second
 	cfg.ClusterLock = s.o.clusterLock
+	cfg.Partitions = s.o.partitions
 	cfg.Logger = slog.New(s.sink.handler(idx))
 	r, err := relay.New(pool, cfg, &recordingSender{next: hs, replica: idx, log: &s.sends})
 	if err == nil {
@@ -394,11 +395,17 @@ func (s *soak) inject(ctx context.Context, rng *rand.Rand) {
 func (s *soak) killOne(ctx context.Context, holder bool, pick uint64) (f fault, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	// A holder holds the app's key (one-int advisory lock, objsubid 1) or,
+	// partitioned, a partition of it (two-int lock whose first int is the
+	// key's hash, objsubid 2).
 	const sessionsSQL = `SELECT a.pid, a.application_name, coalesce(a.state, ''), EXISTS (
 		  SELECT 1 FROM pg_locks l
-		  WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-		    AND l.classid = ((hashtext($2)::bigint >> 32) & 4294967295)::oid
-		    AND l.objid = (hashtext($2)::bigint & 4294967295)::oid)
+		  WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted
+		    AND (l.objsubid = 1
+		         AND l.classid = ((hashtext($2)::bigint >> 32) & 4294967295)::oid
+		         AND l.objid = (hashtext($2)::bigint & 4294967295)::oid
+		      OR l.objsubid = 2
+		         AND l.classid = (hashtext($2)::bigint & 4294967295)::oid))
 		FROM pg_stat_activity a WHERE starts_with(a.application_name, $1) ORDER BY a.pid`
 	type session struct {
 		pid        int32
