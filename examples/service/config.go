@@ -63,8 +63,12 @@ func loadConfig() (config, error) {
 		}
 	}
 	if len(types) == 0 {
-		errs = append(errs, fmt.Errorf("RELAY_TYPES=%q names no message type: set the types this service delivers, "+
-			"comma-separated, as in order,invoice (the relay drains only these)", os.Getenv("RELAY_TYPES")))
+		what := " is not set"
+		if v := os.Getenv("RELAY_TYPES"); v != "" {
+			what = fmt.Sprintf("=%q names no message type", v)
+		}
+		errs = append(errs, fmt.Errorf("RELAY_TYPES%s: the message types this service delivers, "+
+			"comma-separated, as in order,invoice (the relay drains only these)", what))
 	}
 	for _, typ := range types {
 		// One sender per type, delivering to DESTINATION_URL/<type>/<key>.

@@ -101,7 +101,7 @@ func run(ctx context.Context, logger *slog.Logger, cfg config) error {
 		slog.String("app", cfg.relay.AppName), slog.String("table", cfg.relay.Table))
 	<-ctx.Done()
 
-	logger.Info("stopping: waiting for the pass in flight", slog.Duration("timeout", shutdownTimeout))
+	logger.Info("stopping: waiting for the pass in flight", slog.String("timeout", shutdownTimeout.String()))
 	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if err := r.Stop(stopCtx); err != nil {
