@@ -49,7 +49,6 @@ func loadConfig() (config, error) {
 	case base == "":
 		errs = append(errs, errors.New("DESTINATION_URL is not set: the base URL of the receiving service, "+
 			"as in http://localhost:8080/relay; a message of type T and natural key K is delivered by PUT DESTINATION_URL/T/K"))
-		base = ""
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 		errs = append(errs, fmt.Errorf("DESTINATION_URL=%q is not an absolute http or https URL, as in http://localhost:8080/relay", base))
 		base = ""
