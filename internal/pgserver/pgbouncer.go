@@ -71,12 +71,19 @@ func StartPgBouncer(ctx context.Context, s *Server, mode string) (*PgBouncer, er
 	return b, nil
 }
 
-// findPgBouncer returns the path of the pgbouncer binary, or "" if there is none.
+// findPgBouncer returns the path of the pgbouncer binary, or "" if there is
+// none: $PGBOUNCER when it is set (even to a file that does not exist, which
+// shows what the tests do without pgbouncer), else /usr/sbin/pgbouncer or
+// pgbouncer on PATH.
 func findPgBouncer() string {
-	for _, p := range []string{os.Getenv("PGBOUNCER"), "/usr/sbin/pgbouncer"} {
+	if p := os.Getenv("PGBOUNCER"); p != "" {
 		if isFile(p) {
 			return p
 		}
+		return ""
+	}
+	if p := "/usr/sbin/pgbouncer"; isFile(p) {
+		return p
 	}
 	p, _ := exec.LookPath("pgbouncer")
 	return p

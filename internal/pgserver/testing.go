@@ -3,10 +3,14 @@ package pgserver
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"regexp"
+	"runtime"
+	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,6 +39,7 @@ func Run(m *testing.M, envVar string) int {
 	}
 	shared = s
 	code := m.Run()
+	noteSkips(pgBouncerSkips.Load(), testing.Verbose(), os.Stderr, openTerminal)
 	if err := s.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "pgserver: stopping the shared server:", err)
 	}
@@ -83,7 +88,49 @@ func RequirePgBouncer(t testing.TB) {
 	if os.Getenv("RELAY_TEST_REQUIRE_PGBOUNCER") != "" {
 		t.Fatal(msg)
 	}
+	pgBouncerSkips.Add(1)
 	t.Skip(msg)
+}
+
+// pgBouncerSkips counts the tests RequirePgBouncer skipped, for noteSkips.
+var pgBouncerSkips atomic.Int64
+
+// noteSkips tells, after the tests, how many RequirePgBouncer skipped (n), in
+// one line. go test ./... shows nothing a passing package prints unless -v is
+// given, so without -v the line goes to the terminal that runs go test, and to
+// stderr only when there is none (CI, a pipe), where -v shows it.
+func noteSkips(n int64, verbose bool, stderr io.Writer, terminal func() (io.WriteCloser, error)) {
+	if n == 0 {
+		return
+	}
+	pkg := "pgserver"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		pkg = strings.TrimSuffix(bi.Path, ".test")
+	}
+	tests := "tests"
+	if n == 1 {
+		tests = "test"
+	}
+	line := fmt.Sprintf("%s: %d %s skipped: pgbouncer is not installed (Debian: apt-get install -y pgbouncer)\n", pkg, n, tests)
+	if !verbose {
+		if tty, err := terminal(); err == nil {
+			_, err = io.WriteString(tty, line)
+			_ = tty.Close()
+			if err == nil {
+				return
+			}
+		}
+	}
+	_, _ = io.WriteString(stderr, line)
+}
+
+// openTerminal opens the controlling terminal for writing.
+func openTerminal() (io.WriteCloser, error) {
+	name := "/dev/tty"
+	if runtime.GOOS == "windows" {
+		name = "CONOUT$"
+	}
+	return os.OpenFile(name, os.O_WRONLY, 0)
 }
 
 // Pool opens a pool of maxConns connections on url for t, closed when t ends.
