@@ -52,7 +52,7 @@ const (
 // the payload verbatim as the body and these headers:
 //
 //	Content-Type: application/json        unless [HTTPSenderConfig.Header] sets another
-//	Idempotency-Key: <Message.IdempotencyKey()>  this one message: "mensagem_m2m/42"
+//	Idempotency-Key: <Message.IdempotencyKey()>  this one message: "public.mensagem_m2m/42"
 //	Relay-Message-Key: <Message.Key>      the natural key; omitted when empty
 //	Relay-Message-Id: <Message.ID>        grows with each message of a key
 //	Relay-Message-Type: <Message.Type>
