@@ -233,31 +233,7 @@ func TestPartitionsRollingDeploy(t *testing.T) {
 	cfg.Concurrency = 4
 	recv := newOrderReceiver()
 
-	ctx, stopWriting := context.WithCancel(context.Background())
-	var (
-		written []int64
-		wmu     sync.Mutex
-		writing sync.WaitGroup
-		werr    error
-	)
-	writing.Go(func() {
-		insert := "INSERT INTO " + pgx.Identifier{b.table}.Sanitize() + " (type, natural_key, payload) VALUES ('t', $1, '{}') RETURNING id"
-		for i := 0; ctx.Err() == nil; i++ {
-			var id int64
-			if err := b.pool.QueryRow(context.Background(), insert, fmt.Sprint("k", i%40)).Scan(&id); err != nil {
-				werr = err
-				return
-			}
-			wmu.Lock()
-			written = append(written, id)
-			wmu.Unlock()
-		}
-	})
-	writtenSoFar := func() int {
-		wmu.Lock()
-		defer wmu.Unlock()
-		return len(written)
-	}
+	prod := startProducer(b, 40, 0)
 
 	replicas := make([]*replica, 4)
 	for i := range replicas {
@@ -266,15 +242,13 @@ func TestPartitionsRollingDeploy(t *testing.T) {
 	for gen := range 2 {
 		for i := range replicas {
 			// Some rows are written under each line-up of replicas.
-			mark := writtenSoFar()
-			require.Eventually(t, func() bool { return writtenSoFar() >= mark+50 }, 30*time.Second, time.Millisecond)
+			mark := prod.count()
+			require.Eventually(t, func() bool { return prod.count() >= mark+50 }, 30*time.Second, time.Millisecond)
 			require.NoError(t, replicas[i].r.Stop(context.Background()))
 			replicas[i] = b.startReplica(t, fmt.Sprintf("g%d_%d", gen, i), cfg, recv.sender("t"))
 		}
 	}
-	stopWriting()
-	writing.Wait()
-	require.NoError(t, werr)
+	written := prod.stop(t)
 	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
 		"every row written is delivered")
 	require.Empty(t, recv.check(t, written), "a rolling deploy repeats nothing")
@@ -376,27 +350,7 @@ func TestPartitionsKilled(t *testing.T) {
 		_ = children[name].Wait()
 	}
 
-	ctx, stopWriting := context.WithCancel(context.Background())
-	var (
-		written []int64
-		wmu     sync.Mutex
-		writing sync.WaitGroup
-		werr    error
-	)
-	writing.Go(func() {
-		insert := "INSERT INTO " + pgx.Identifier{b.table}.Sanitize() + " (type, natural_key, payload) VALUES ('t', $1, '{}') RETURNING id"
-		for i := 0; ctx.Err() == nil; i++ {
-			var id int64
-			if err := b.pool.QueryRow(context.Background(), insert, fmt.Sprint("k", i%40)).Scan(&id); err != nil {
-				werr = err
-				return
-			}
-			wmu.Lock()
-			written = append(written, id)
-			wmu.Unlock()
-			time.Sleep(200 * time.Microsecond)
-		}
-	})
+	prod := startProducer(b, 40, 200*time.Microsecond)
 
 	for _, name := range []string{"a", "b", "c"} {
 		start(name)
@@ -405,9 +359,7 @@ func TestPartitionsKilled(t *testing.T) {
 	start("d")
 	kill("b")
 	require.Eventually(t, func() bool { return delivered("d") >= 20 }, 60*time.Second, time.Millisecond, "the newcomer gets its share")
-	stopWriting()
-	writing.Wait()
-	require.NoError(t, werr)
+	written := prod.stop(t)
 	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
 		"every row written is delivered")
 
@@ -518,4 +470,52 @@ func TestPartitionsConfig(t *testing.T) {
 		require.Equal(t, "Partitions", fe.Field)
 	}
 	require.Equal(t, 1, relay.DefaultConfig().Partitions)
+}
+
+// producer writes rows of type t over keys natural keys, one per statement,
+// pause apart, until stopped, as a service's transactions would.
+type producer struct {
+	cancel  context.CancelFunc
+	done    sync.WaitGroup
+	mu      sync.Mutex
+	written []int64
+	err     error
+}
+
+func startProducer(b *bundle, keys int, pause time.Duration) *producer {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &producer{cancel: cancel}
+	insert := "INSERT INTO " + pgx.Identifier{b.table}.Sanitize() + " (type, natural_key, payload) VALUES ('t', $1, '{}') RETURNING id"
+	p.done.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			var id int64
+			if err := b.pool.QueryRow(context.Background(), insert, fmt.Sprint("k", i%keys)).Scan(&id); err != nil {
+				p.mu.Lock()
+				p.err = err
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Lock()
+			p.written = append(p.written, id)
+			p.mu.Unlock()
+			time.Sleep(pause)
+		}
+	})
+	return p
+}
+
+// count is how many rows it has written so far.
+func (p *producer) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.written)
+}
+
+// stop stops it and returns the ids it wrote, in order.
+func (p *producer) stop(t *testing.T) []int64 {
+	t.Helper()
+	p.cancel()
+	p.done.Wait()
+	require.NoError(t, p.err)
+	return p.written
 }
