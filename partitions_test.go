@@ -96,9 +96,9 @@ func (b *bundle) startReplica(t *testing.T, name string, cfg relay.Config, sende
 	return &replica{r: r, pool: pool}
 }
 
-// shares returns the partitions each replica holds, once every one of the
-// n partitions is held exactly once and the shares are as even as they can
-// be: none holds more than ceil(n / replicas) or fewer than floor.
+// settled reports whether every one of the n partitions is held exactly once
+// and the shares are as even as they can be: none holds more than
+// ceil(n / replicas) or fewer than floor.
 func settled(replicas []*replica, n int) bool {
 	count := make([]int, n)
 	lo, hi := n/len(replicas), (n+len(replicas)-1)/len(replicas)
@@ -518,4 +518,48 @@ func (p *producer) stop(t *testing.T) []int64 {
 	p.done.Wait()
 	require.NoError(t, p.err)
 	return p.written
+}
+
+// TestPartitionsZombieMember cuts a member off silently: a proxy between it
+// and the server stops forwarding and keeps the sockets open, as a host cut
+// off without a FIN (or a frozen process) looks to the server. The server
+// ends the member's session when its lease runs out, which frees its
+// partitions, and the other member takes them and delivers their rows within
+// the field-faults bound, in key order.
+func TestPartitionsZombieMember(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, viaProxy, err := pgserver.ProxyURL(server().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	cfg := partitionedConfig(b, 8)
+	cfg.Interval = 100 * time.Millisecond
+	recv := newOrderReceiver()
+
+	cutOff, err := relay.New(pgserver.Pool(t, viaProxy, b.table+"_a", 6), cfg, recv.sender("t"))
+	require.NoError(t, err)
+	require.NoError(t, cutOff.Start(context.Background()))
+	other := b.startReplica(t, "b", cfg, recv.sender("t"))
+	both := []*replica{{r: cutOff}, other}
+	require.Eventually(t, func() bool { return settled(both, 8) }, 30*time.Second, 5*time.Millisecond)
+	before := b.insert(t, "t", distinctKeys("before", 40)...)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(before) }, 30*time.Second, 5*time.Millisecond)
+
+	proxy.Freeze()
+	cut := time.Now()
+	after := b.insert(t, "t", distinctKeys("after", 40)...)
+	require.Eventually(t, func() bool { return len(other.r.Stats().Partitions) == 8 }, takeoverBound+5*time.Second, 10*time.Millisecond,
+		"the other member takes the cut-off one's partitions")
+	takeover := time.Since(cut)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(before)+len(after) }, 30*time.Second, 10*time.Millisecond)
+	t.Logf("the other member held every partition %s after the cut (bound %s)", takeover.Round(time.Millisecond), takeoverBound)
+	require.Less(t, takeover, takeoverBound)
+
+	proxy.Thaw()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, other.r.Stop(stopCtx))
+	_ = cutOff.Stop(stopCtx) // its last pass may end with its session lost
+	require.Empty(t, recv.check(t, append(before, after...)), "nothing was in flight at the cut: nothing repeated")
+	require.True(t, lockFree(t, b.cfg.AppName), "no lock left behind")
 }
