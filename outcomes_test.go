@@ -27,9 +27,33 @@ func TestConcurrency(t *testing.T) {
 		b.insert(t, "t", keys...)
 		cfg := b.cfg
 		cfg.Concurrency = 6 // the pool has 8: one for the election, one to select, one per message in flight
-		rec := newRecorder("t", func(context.Context, relay.Message) error {
-			time.Sleep(10 * time.Millisecond)
-			return nil
+		// The first sends wait until 6 are in flight at once, however slowly
+		// the workers start on a loaded machine; a relay that never reaches 6
+		// leaves them waiting until SendTimeout, and the test fails.
+		var mu sync.Mutex
+		inFlight := 0
+		all := make(chan struct{})
+		rec := newRecorder("t", func(ctx context.Context, _ relay.Message) error {
+			mu.Lock()
+			if inFlight++; inFlight == cfg.Concurrency {
+				select {
+				case <-all:
+				default:
+					close(all)
+				}
+			}
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				inFlight--
+				mu.Unlock()
+			}()
+			select {
+			case <-all:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		})
 		ran, err := b.newRelay(t, cfg, rec).RunIfElected(ctx)
 		require.NoError(t, err)
