@@ -340,7 +340,7 @@ func TestAdminWhileRelaysDeliver(t *testing.T) {
 	a := b.newAdmin(t)
 	cfg := b.cfg
 	cfg.BatchSize = 10
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	var replicas []*relay.Relay
 	for range 2 {
 		r, err := relay.New(newPool(t, 4), cfg, relay.SenderFunc("t", send))

@@ -778,7 +778,7 @@ func TestPgBouncer(t *testing.T) {
 		var secondSent atomic.Int32
 		var logs logBuffer
 		secondCfg := b.cfg
-		secondCfg.Logger = logs.logger()
+		secondCfg.Logger = logs.Logger()
 		second, err := relay.New(bouncerPool(t, pb.URL, 4, pgx.QueryExecModeExec), secondCfg,
 			relay.SenderFunc("t", func(context.Context, relay.Message) error {
 				secondSent.Add(1)

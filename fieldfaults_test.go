@@ -75,7 +75,7 @@ func TestTableOfAnotherMigration(t *testing.T) {
 
 	var logs logBuffer
 	cfg := relay.DefaultConfig()
-	cfg.AppName, cfg.Table, cfg.Logger = table, table, logs.logger()
+	cfg.AppName, cfg.Table, cfg.Logger = table, table, logs.Logger()
 	var mu sync.Mutex
 	sends := map[int64]int{}
 	r, err := relay.New(pool, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
@@ -287,7 +287,7 @@ func TestAppNameRefusedWhenItWouldSplitTheElection(t *testing.T) {
 	}
 	var logs logBuffer
 	cfg := relay.DefaultConfig()
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	_, err := relay.New(pool, cfg, newRecorder("t", nil))
 	require.NoError(t, err)
 	require.Contains(t, logs.String(), `AppName is the default \"app\"`)
@@ -542,7 +542,7 @@ func TestStopAfterFailuresLogsNoRecovery(t *testing.T) {
 	cfg := relay.DefaultConfig()
 	cfg.AppName, cfg.Table = pgserver.Name(t), pgserver.Name(t) // no such table: every pass fails
 	cfg.Interval = 10 * time.Millisecond
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	r, err := relay.New(newPool(t, 4), cfg, newRecorder("t", nil))
 	require.NoError(t, err)
 	require.NoError(t, r.Start(ctx))

@@ -429,7 +429,7 @@ func TestPartitionsChangeCount(t *testing.T) {
 
 	logs := &logBuffer{}
 	cfg := partitionedConfig(b, 16)
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	next := b.startReplica(t, "new", cfg, recv.sender("t"))
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "partitions are held with another Partitions") },
 		30*time.Second, 10*time.Millisecond, "the newcomer says why it takes none:\n%s", logs)

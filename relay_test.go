@@ -74,7 +74,7 @@ func TestNew(t *testing.T) {
 		var logs logBuffer
 		cfg := relay.DefaultConfig()
 		cfg.ClusterLock = false
-		cfg.Logger = logs.logger()
+		cfg.Logger = logs.Logger()
 		_, err := relay.New(pool, cfg, ok)
 		require.NoError(t, err)
 		require.Contains(t, logs.String(), "level=WARN")

@@ -247,7 +247,7 @@ func TestSchedulerJobFailures(t *testing.T) {
 		t.Parallel()
 		var logs logBuffer
 		var calls atomic.Int32
-		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.logger()})
+		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.Logger()})
 		require.NoError(t, s.Add(pgserver.Name(t), "@every 1s", func(context.Context) error {
 			if calls.Add(1) == 1 {
 				panic("boom")
@@ -267,7 +267,7 @@ func TestSchedulerJobFailures(t *testing.T) {
 		t.Parallel()
 		var logs logBuffer
 		var calls atomic.Int32
-		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.logger()})
+		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.Logger()})
 		require.NoError(t, s.Add(pgserver.Name(t), "@every 1s", func(context.Context) error {
 			calls.Add(1)
 			return fmt.Errorf("the report's destination is down")
@@ -311,7 +311,7 @@ func TestSchedulerOverlap(t *testing.T) {
 	}
 	var schedulers []*relay.Scheduler
 	for range 2 {
-		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.logger()})
+		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.Logger()})
 		require.NoError(t, s.Add(key, "@every 1s", job))
 		require.NoError(t, s.Start(ctx))
 		schedulers = append(schedulers, s)
@@ -446,7 +446,7 @@ func TestRetentionJob(t *testing.T) {
 
 	var logs logBuffer
 	admin := b.newAdmin(t)
-	s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.logger()})
+	s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.Logger()})
 	require.NoError(t, s.Add(b.table+"_retention", "@every 1s", relay.RetentionJob(admin, 24*time.Hour)))
 	require.NoError(t, s.Start(ctx))
 

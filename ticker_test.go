@@ -160,7 +160,7 @@ func TestStartStop(t *testing.T) {
 		b := setup(t)
 		var logs logBuffer
 		cfg := b.cfg
-		cfg.Logger = logs.logger()
+		cfg.Logger = logs.Logger()
 		obs := &panicObserver{}
 		cfg.Observer = obs
 		rec := newRecorder("t", nil)

@@ -177,7 +177,7 @@ func TestWakeUpsBehindATransactionPooler(t *testing.T) {
 	cfg := b.cfg
 	cfg.ClusterLock = false // the election needs session pooling; the wake-up is what this test is about
 	cfg.Interval = 50 * time.Millisecond
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	rec := newRecorder("t", nil)
 	r, err := relay.New(pool, cfg, rec)
 	require.NoError(t, err)

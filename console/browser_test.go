@@ -171,7 +171,7 @@ func TestBrowserRequeueIsDelivered(t *testing.T) {
 	st, attempts := w.status(t, dead)
 	require.Equal(t, "PENDING", st)
 	require.Zero(t, attempts)
-	require.Len(t, w.logs.lines("re-queued dead rows", "who=admin", fmt.Sprintf("id=%d", dead), "requeued=1"), 1)
+	require.Len(t, w.logs.Lines("re-queued dead rows", "who=admin", fmt.Sprintf("id=%d", dead), "requeued=1"), 1)
 
 	// The page now lists the two rows still dead, without the re-queued one.
 	sctx, cancel := context.WithTimeout(ctx, browserTimeout)
@@ -219,7 +219,7 @@ func TestBrowserActionWithoutPermission(t *testing.T) {
 	require.Contains(t, text(t, ctx, "#error"), "viewer may see this console but not act on it")
 	st, _ := w.status(t, dead)
 	require.Equal(t, "ERROR", st, "nothing changed")
-	require.Len(t, w.logs.lines("refused: may not act", "who=viewer"), 1)
+	require.Len(t, w.logs.Lines("refused: may not act", "who=viewer"), 1)
 }
 
 // TestBrowserCrossSitePost: a page on another site that submits a form to the
@@ -253,7 +253,7 @@ func TestBrowserCrossSitePost(t *testing.T) {
 	require.Contains(t, text(t, ctx, "#error"), "came from another site")
 	st, _ := w.status(t, dead)
 	require.Equal(t, "ERROR", st, "nothing was re-queued")
-	require.Len(t, w.logs.lines("refused: cross-origin request", "who=admin", "sec_fetch_site=cross-site"), 1)
+	require.Len(t, w.logs.Lines("refused: cross-origin request", "who=admin", "sec_fetch_site=cross-site"), 1)
 
 	// The same form on the console's own page goes through.
 	step(t, ctx, chromedp.Navigate(srv.URL+"/"))

@@ -138,7 +138,7 @@ func TestPages(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 	st, _ := w.status(t, dead)
 	require.Equal(t, "ERROR", st)
-	require.Len(t, w.logs.lines("refused: actions are off", "action=requeue"), 1)
+	require.Len(t, w.logs.Lines("refused: actions are off", "action=requeue"), 1)
 }
 
 func TestActionsAndAuthorization(t *testing.T) {
@@ -152,7 +152,7 @@ func TestActionsAndAuthorization(t *testing.T) {
 	code, body := newClient(t, srv, "mallory").get("/")
 	require.Equal(t, http.StatusForbidden, code)
 	require.NotContains(t, body, "invoices")
-	require.Len(t, w.logs.lines("refused: may not see", "who=mallory"), 1)
+	require.Len(t, w.logs.Lines("refused: may not see", "who=mallory"), 1)
 
 	// A viewer sees no forms, and a forged action is refused and logged.
 	viewer := newClient(t, srv, "viewer")
@@ -165,7 +165,7 @@ func TestActionsAndAuthorization(t *testing.T) {
 	resp, body := viewer.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 	require.Contains(t, body, "viewer may see this console but not act on it")
-	require.Len(t, w.logs.lines("refused: may not act", "who=viewer", "action=requeue"), 1)
+	require.Len(t, w.logs.Lines("refused: may not act", "who=viewer", "action=requeue"), 1)
 	st, _ := w.status(t, dead)
 	require.Equal(t, "ERROR", st)
 
@@ -174,7 +174,7 @@ func TestActionsAndAuthorization(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {strings.Repeat("0", 64)}}, "same-origin")
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
-	require.Len(t, w.logs.lines("refused: missing or wrong session token"), 2)
+	require.Len(t, w.logs.Lines("refused: missing or wrong session token"), 2)
 
 	// From another site, even with the token, it is refused.
 	for _, site := range []string{"cross-site", "same-site"} {
@@ -182,7 +182,7 @@ func TestActionsAndAuthorization(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, resp.StatusCode, site)
 		require.Contains(t, body, "came from another site")
 	}
-	require.Len(t, w.logs.lines("refused: cross-origin request", "who=admin"), 2)
+	require.Len(t, w.logs.Lines("refused: cross-origin request", "who=admin"), 2)
 	st, _ = w.status(t, dead)
 	require.Equal(t, "ERROR", st)
 
@@ -194,17 +194,17 @@ func TestActionsAndAuthorization(t *testing.T) {
 	st, attempts := w.status(t, dead)
 	require.Equal(t, "PENDING", st)
 	require.Zero(t, attempts)
-	require.Len(t, w.logs.lines("re-queued dead rows", "who=admin", "action=requeue", "requeued=1", "id="+itoa(dead)), 1)
+	require.Len(t, w.logs.Lines("re-queued dead rows", "who=admin", "action=requeue", "requeued=1", "id="+itoa(dead)), 1)
 	code, body = admin.get("/dead?done=requeued&n=1&s=0")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "Re-queued 1 dead row(s)")
 
 	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "type": {"invoices"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	require.Len(t, w.logs.lines("re-queued dead rows", "requeued=2", "type=invoices"), 1)
+	require.Len(t, w.logs.Lines("re-queued dead rows", "requeued=2", "type=invoices"), 1)
 	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	require.Len(t, w.logs.lines("re-queued dead rows", "requeued=2", "all=true"), 1)
+	require.Len(t, w.logs.Lines("re-queued dead rows", "requeued=2", "all=true"), 1)
 	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "type": {"x"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 
@@ -213,7 +213,7 @@ func TestActionsAndAuthorization(t *testing.T) {
 	resp, body = admin.post("/purge", url.Values{"s": {"0"}, "age": {"2"}, "unit": {"days"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
 	require.Equal(t, "./app?done=purged&n=5&s=0", resp.Header.Get("Location"))
-	require.Len(t, w.logs.lines("purged SENT rows", "who=admin", "purged=5", "older_than=48h0m0s"), 1)
+	require.Len(t, w.logs.Lines("purged SENT rows", "who=admin", "purged=5", "older_than=48h0m0s"), 1)
 	resp, _ = admin.post("/purge", url.Values{"s": {"0"}, "age": {"-1"}, "unit": {"days"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	resp, _ = admin.post("/purge", url.Values{"s": {"0"}, "age": {"1"}, "unit": {"weeks"}, "token": {token}}, "same-origin")
@@ -229,7 +229,7 @@ func TestPrefix(t *testing.T) {
 	w := setup(t)
 	w.rows(t, "orders", 1, "ERROR", ceiling, time.Hour)
 	c, err := console.New(console.Options{Sources: []console.Source{{Admin: w.admin}}, Prefix: "/ops/relay",
-		Actions: true, Authorize: users, Logger: w.logs.logger()})
+		Actions: true, Authorize: users, Logger: w.logs.Logger()})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/ops/relay/", c)

@@ -1,14 +1,11 @@
 package console_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +17,7 @@ import (
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/console"
 	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testlog"
 )
 
 // TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, or the local
@@ -49,7 +47,7 @@ func setup(t *testing.T) *world {
 	})
 	w.cfg = relay.DefaultConfig()
 	w.cfg.AppName, w.cfg.Table, w.cfg.MaxAttempts = name, name, ceiling
-	w.cfg.Logger = w.logs.logger()
+	w.cfg.Logger = w.logs.Logger()
 	var err error
 	w.admin, err = relay.NewAdmin(w.pool, w.cfg)
 	require.NoError(t, err)
@@ -128,7 +126,7 @@ func (w *world) serve(t *testing.T, opts console.Options) *httptest.Server {
 	if opts.Sources == nil {
 		opts.Sources = []console.Source{{Admin: w.admin}}
 	}
-	opts.Logger = w.logs.logger()
+	opts.Logger = w.logs.Logger()
 	c, err := console.New(opts)
 	require.NoError(t, err)
 	srv := httptest.NewServer(c)
@@ -136,42 +134,8 @@ func (w *world) serve(t *testing.T, opts console.Options) *httptest.Server {
 	return srv
 }
 
-// logBuffer collects log records as text, safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-// lines returns the log lines that contain every one of parts.
-func (l *logBuffer) lines(parts ...string) []string {
-	var out []string
-	for _, line := range strings.Split(l.String(), "\n") {
-		ok := line != ""
-		for _, p := range parts {
-			ok = ok && strings.Contains(line, p)
-		}
-		if ok {
-			out = append(out, line)
-		}
-	}
-	return out
-}
+// logBuffer collects log lines for assertions.
+type logBuffer = testlog.Buffer
 
 // recorder is a Sender of one type that records the ids it delivered.
 type recorder struct {

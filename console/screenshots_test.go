@@ -52,7 +52,7 @@ func TestBrowserScreenshots(t *testing.T) {
 		Sources:   []console.Source{{Admin: billing.admin}, {Admin: shipping.admin, Relay: r}},
 		Actions:   true,
 		Authorize: users,
-		Logger:    billing.logs.logger(),
+		Logger:    billing.logs.Logger(),
 	})
 	require.NoError(t, err)
 	mux := http.NewServeMux()

@@ -1,16 +1,12 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +18,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testlog"
 	"github.com/xadm/relay/kafka"
 )
 
@@ -74,7 +71,7 @@ func setup(t *testing.T) *bundle {
 	b.cfg.Table = name
 	b.cfg.Interval = 20 * time.Millisecond
 	b.cfg.RetryBackoff = 20 * time.Millisecond
-	b.cfg.Logger = slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	b.cfg.Logger = b.logs.Logger()
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("relay logs:\n%s", b.logs)
@@ -276,35 +273,5 @@ func message(id int64, typ, key string, payload string) relay.Message {
 	return relay.Message{ID: id, Type: typ, Key: key, Payload: []byte(payload), CreatedAt: time.Now()}
 }
 
-// logBuffer collects the relay's logs, safe for concurrent writes.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// lines returns the lines of the logs that contain every one of subs.
-func (l *logBuffer) lines(subs ...string) []string {
-	var out []string
-	for _, line := range strings.Split(l.String(), "\n") {
-		ok := true
-		for _, s := range subs {
-			ok = ok && strings.Contains(line, s)
-		}
-		if ok {
-			out = append(out, line)
-		}
-	}
-	return out
-}
+// logBuffer collects log lines for assertions.
+type logBuffer = testlog.Buffer

@@ -63,7 +63,7 @@ func TestBrokerOutage(t *testing.T) {
 				strings.Contains(r.LastError, "no acknowledgement from the brokers within 500ms"), "row %d: %s", r.ID, r.LastError)
 		}
 	}
-	logged := b.logs.lines("relay: send failed; will retry", `kafka: produce to topic \"orders\"`, "connection refused")
+	logged := b.logs.Lines("relay: send failed; will retry", `kafka: produce to topic \"orders\"`, "connection refused")
 	require.NotEmpty(t, logged, "a log line says why the rows failed")
 
 	c = up()
