@@ -222,8 +222,10 @@ func TestAtLeastOnceWhenTheOutcomeIsLost(t *testing.T) {
 		pool := relayPool(t)
 		l := newLedger()
 		var killed atomic.Bool
+		var logs logBuffer
 		cfg := b.cfg
 		cfg.Observer = l
+		cfg.Logger = logs.Logger()
 		r, err := relay.New(pool, cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
 			return l.send(ctx, m, func(ctx context.Context, m relay.Message) error {
 				if m.Key == "b" && killed.CompareAndSwap(false, true) {
@@ -246,15 +248,31 @@ func TestAtLeastOnceWhenTheOutcomeIsLost(t *testing.T) {
 		require.True(t, ran)
 		require.ErrorIs(t, err, relay.ErrElectionLost, "the election's session died with the others")
 		require.Equal(t, "SENT", b.state(t, ids[0]).Status, "a's outcome was recorded before the fault")
+		// The relay sees its election lost as soon as the kill lands, and waits
+		// 100ms for the send to return. A loaded machine can keep this
+		// sender's goroutine (its kill statement's answer) from running for
+		// longer: then b's send was cut short, its outcome unknown, and it is
+		// delivered again, as at-least-once says. Otherwise b's outcome is
+		// recorded on a fresh connection and b is never delivered again.
+		cutShort := len(logs.Lines("relay: send interrupted", fmt.Sprintf(" id=%d ", ids[1]))) > 0
 		s := b.state(t, ids[1])
-		require.Equal(t, "SENT", s.Status, "b's outcome was recorded on a fresh connection, after the fault")
+		if cutShort {
+			t.Log("b's send was cut short by the lost election: it is delivered again")
+			require.Equal(t, "PENDING", s.Status)
+		} else {
+			require.Equal(t, "SENT", s.Status, "b's outcome was recorded on a fresh connection, after the fault")
+		}
 		require.Zero(t, s.Attempts)
 		require.Equal(t, "PENDING", b.state(t, ids[2]).Status, "the pass stopped before c: its election was lost")
 		require.Eventually(t, func() bool { return lockFree(t, b.cfg.AppName) }, 5*time.Second, 5*time.Millisecond)
 
 		drainElected(t, b, r)
-		require.Equal(t, map[int64]int{ids[0]: 1, ids[1]: 1, ids[2]: 1}, l.accepted(),
-			"no message is delivered twice: each outcome was recorded")
+		deliveriesOfB := 1
+		if cutShort {
+			deliveriesOfB = 2
+		}
+		require.Equal(t, map[int64]int{ids[0]: 1, ids[1]: deliveriesOfB, ids[2]: 1}, l.accepted(),
+			"no message whose outcome was recorded is delivered twice")
 		require.Equal(t, map[int64]int{ids[0]: 1, ids[1]: 1, ids[2]: 1}, l.recordedSent())
 		for _, id := range ids {
 			s := b.state(t, id)

@@ -41,9 +41,15 @@ const (
 	pauseUnlockSQL = `SELECT pg_advisory_unlock(hashtext($1 || '_relay_m2m'))`
 	// pauseWaitSQL queues for the lock, under the session's lock_timeout.
 	pauseWaitSQL = `SELECT pg_advisory_lock(hashtext($1 || '_relay_m2m'))`
-	// The sessions of app's pauses in this database, other than this one.
-	pauseSessionsSQL = `SELECT pid FROM pg_stat_activity
-WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid() ORDER BY pid`
+	// The sessions of app's pauses in this database that hold the app's key
+	// or wait for it: a pause's session that has just ended (a pause that
+	// gave up) may linger in pg_stat_activity a moment, holding nothing.
+	pauseSessionsSQL = `SELECT a.pid FROM pg_stat_activity a
+WHERE a.datname = current_database() AND a.application_name = $1 AND a.pid <> pg_backend_pid()
+  AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.objsubid = 1
+    AND l.classid = ((hashtext($2 || '_relay_m2m')::bigint >> 32) & 4294967295)::oid
+    AND l.objid = (hashtext($2 || '_relay_m2m')::bigint & 4294967295)::oid)
+ORDER BY a.pid`
 	terminateSQL = `SELECT pg_terminate_backend($1)`
 )
 
@@ -237,7 +243,7 @@ func runResume(ctx context.Context, e *env) int {
 	if err != nil {
 		return e.fail(err)
 	}
-	rows, err := e.pool.Query(ctx, pauseSessionsSQL, pauseName(app))
+	rows, err := e.pool.Query(ctx, pauseSessionsSQL, pauseName(app), app)
 	if err != nil {
 		return e.fail(err)
 	}
