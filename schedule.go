@@ -66,7 +66,8 @@ type SchedulerConfig struct {
 //  2. The replica that gets it reads the database's clock. If it is past
 //     T + window, the occurrence is over: it logs how late it was and skips.
 //  3. Otherwise it runs the job, then keeps holding the lock until the
-//     database's clock has passed T + window, and only then unlocks.
+//     database's clock has passed T + window (or, after a run that outlasted
+//     the next occurrences, the last one's window), and only then unlocks.
 //
 // A replica that tries while the winner holds the lock fails to get it; one
 // that gets it after the unlock finds the database's clock past the window.
@@ -412,8 +413,25 @@ func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time) 
 		return false, true, nil
 	}
 	err = s.call(ctx, j, at)
-	s.hold(ctx, j, at, deadline)
+	s.hold(ctx, j, at, s.holdUntil(ctx, j, at, deadline))
 	return true, false, err
+}
+
+// holdUntil is how long the lock is held after a run of occurrence at:
+// deadline, or, when the run outlasted the next occurrences, the end of the
+// last one's window, so that a replica whose timer fired late for one of them
+// and finds the lock free finds that occurrence over too.
+func (s *Scheduler) holdUntil(ctx context.Context, j *scheduledJob, at, deadline time.Time) time.Time {
+	now, err := databaseNow(ctx, s.pool)
+	if err != nil {
+		now = time.Now()
+	}
+	for o := s.next(j, at); !o.IsZero() && !o.After(now); o = s.next(j, o) {
+		if end := o.Add(s.window(j, o)); end.After(deadline) {
+			deadline = end
+		}
+	}
+	return deadline
 }
 
 // window is how long after at the occurrence may start: the tolerance, capped

@@ -109,8 +109,13 @@ func runPause(ctx context.Context, e *env) int {
 	// it, so no relay wins the election again, and partitioned replicas,
 	// which hold the key shared for as long as they run, leave it when they
 	// see the request (decision 0036).
+	// The answer is awaited whatever ctx says: the server may have granted
+	// the lock already, and an interrupt then releases it (hold, below).
 	var locked bool
-	if err := conn.QueryRow(ctx, pauseLockSQL, app).Scan(&locked); err != nil {
+	tctx, tcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	err = conn.QueryRow(tctx, pauseLockSQL, app).Scan(&locked)
+	tcancel()
+	if err != nil {
 		return e.fail(fmt.Errorf("take the election of app %q: %w", app, err))
 	}
 	if !locked {
