@@ -231,13 +231,16 @@ func TestAtLeastOnceWhenTheOutcomeIsLost(t *testing.T) {
 				if m.Key == "b" && killed.CompareAndSwap(false, true) {
 					// The destination accepted b; now every session of the relay dies,
 					// the election's and the one the outcome would be recorded on.
-					n, err := terminateApp(ctx, appNameOf(pool))
+					n, err := terminateApp(context.WithoutCancel(ctx), appNameOf(pool))
 					if err != nil {
 						return err
 					}
 					if n < 2 {
 						t.Errorf("killed %d sessions, want the lock's and a pooled one at least", n)
 					}
+					// b was accepted: say so once the relay has seen its
+					// election lost, so that it starts nothing after b.
+					<-ctx.Done()
 				}
 				return nil
 			})
