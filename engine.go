@@ -229,8 +229,8 @@ func (e *engine) run() {
 			if more {
 				// Nothing to send from this batch (its keys were left behind
 				// or wait out a backoff) and nothing in flight to wait for:
-				// select the next one at once.
-				waitDone = false
+				// select the next one at once. (waitDone is false here: it is
+				// only set while something is in flight, and a done clears it.)
 				continue
 			}
 			break
