@@ -42,12 +42,17 @@ func newOrderReceiver() *orderReceiver {
 
 func (o *orderReceiver) sender(typ string) relay.Sender {
 	return relay.SenderFunc(typ, func(_ context.Context, m relay.Message) error {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		o.byKey[m.Key] = append(o.byKey[m.Key], m.ID)
-		o.times[m.ID]++
+		o.receive(m.Key, m.ID)
 		return nil
 	})
+}
+
+// receive records one delivery of message id of key.
+func (o *orderReceiver) receive(key string, id int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.byKey[key] = append(o.byKey[key], id)
+	o.times[id]++
 }
 
 // check says what breaks at-least-once and per-key order: an id of want that
@@ -289,10 +294,9 @@ func TestPartitionsRunIfElected(t *testing.T) {
 func TestPartitionsKilled(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	recv := newOrderReceiver()
 	var (
 		mu       sync.Mutex
-		byKey    = map[string][]int64{}
-		times    = map[int64]int{}
 		sentBy   = map[string]map[int64]bool{} // replica: the ids it sent
 		lastFrom = map[string]time.Time{}      // replica: its last request
 		killedAt = map[string]time.Time{}
@@ -304,9 +308,8 @@ func TestPartitionsKilled(t *testing.T) {
 			w.WriteHeader(http.StatusBadRequest)
 			return
 		}
+		recv.receive(key, id)
 		mu.Lock()
-		byKey[key] = append(byKey[key], id)
-		times[id]++
 		if sentBy[name] == nil {
 			sentBy[name] = map[int64]bool{}
 		}
@@ -363,31 +366,19 @@ func TestPartitionsKilled(t *testing.T) {
 	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
 		"every row written is delivered")
 
+	repeated := recv.check(t, written)
 	mu.Lock()
 	defer mu.Unlock()
-	for _, id := range written {
-		require.NotZero(t, times[id], "row %d was never delivered", id)
-	}
-	for key, ids := range byKey {
-		seen := map[int64]bool{}
-		var first []int64
-		for _, id := range ids {
-			if !seen[id] {
-				seen[id] = true
-				first = append(first, id)
-			}
-		}
-		require.True(t, slices.IsSorted(first), "key %q arrived out of id order: %v", key, ids)
-	}
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
 	// A repeat is a message a killed replica sent whose outcome it had not
 	// recorded: at most, per worker, the one in flight and the outcomes
 	// waiting to be written (8).
 	repeats := 0
-	for id, n := range times {
-		if n > 1 {
-			repeats += n - 1
-			require.True(t, sentBy["a"][id] || sentBy["b"][id], "row %d came %d times, but no replica that sent it was killed", id, n)
-		}
+	for _, id := range repeated {
+		n := recv.times[id]
+		repeats += n - 1
+		require.True(t, sentBy["a"][id] || sentBy["b"][id], "row %d came %d times, but no replica that sent it was killed", id, n)
 	}
 	require.LessOrEqual(t, repeats, 2*4*(1+8), "repeats are bounded by what was in flight at the kills")
 	t.Logf("%d rows, %d repeated after two kills; replica a delivered %d, b %d, c %d, d %d",

@@ -2,7 +2,6 @@ package faultstest_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testlog"
 )
 
 // TestMain starts a server of this package's own: never the one named by an
@@ -171,16 +171,7 @@ func (d *destination) counts() map[int64]int {
 }
 
 // logLines captures a relay's log as JSON lines.
-type logLines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type logLines struct{ testlog.Buffer }
 
 func (l *logLines) logger() *slog.Logger {
 	return slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -189,11 +180,8 @@ func (l *logLines) logger() *slog.Logger {
 // records returns the log's records, each a decoded JSON object.
 func (l *logLines) records(t *testing.T) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	data := bytes.Clone(l.buf.Bytes())
-	l.mu.Unlock()
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc := bufio.NewScanner(strings.NewReader(l.String()))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var rec map[string]any
