@@ -98,12 +98,11 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 	if err != nil {
 		return false, err
 	}
+	m.announce(st)
 	if len(m.held) == 0 || m.conn == nil {
 		m.r.stats.setPartitions(nil)
-		m.announce(st)
 		return false, nil
 	}
-	m.announce(st)
 	m.r.stats.setPartitions(m.held)
 
 	pctx, cancel := context.WithCancelCause(ctx)
