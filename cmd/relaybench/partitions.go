@@ -226,18 +226,15 @@ func partitionsGuard(ctx context.Context, url string, admin *pgxpool.Pool) error
 		cfg.Table = table
 		cfg.Partitions = p
 		cfg.Logger = slog.New(slog.DiscardHandler)
+		// A partitioned member is started but not Enabled: the loop never
+		// passes, and the membership lasts between passes, as under the ticker.
+		cfg.Enabled = p == 1
 		r, err := relay.New(pool, cfg, sender{})
 		if err != nil {
 			return err
 		}
 		name := "single key (RunIfElected)"
 		if p > 1 {
-			// Started but not Enabled: the loop never passes, and the
-			// membership lasts between passes, as under the ticker.
-			cfg.Enabled = false
-			if r, err = relay.New(pool, cfg, sender{}); err != nil {
-				return err
-			}
 			if err := r.Start(ctx); err != nil {
 				return fmt.Errorf("start the member: %w", err)
 			}
