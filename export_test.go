@@ -17,10 +17,9 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
 }
 
-// SetWakeUpWindowForTest sets how long a producer process goes without a
-// NOTIFY the wake-up token did not grant, and returns the restore.
-func SetWakeUpWindowForTest(d time.Duration) (restore func()) {
-	old := wakeUpWindow
-	wakeUpWindow = d
-	return func() { wakeUpWindow = old }
+// WithWakeUpWindowForTest makes the Enqueue calls given the same option
+// share wake-up windows of their own, of d: how long a producer goes without
+// a NOTIFY the wake-up token did not grant.
+func WithWakeUpWindowForTest(d time.Duration) EnqueueOption {
+	return withWakeWindows(newWakeWindows(d))
 }

@@ -62,7 +62,7 @@ const errEnqueue = "relay: enqueue: "
 // commits (a NOTIFY in the same statement), so the message reaches its Sender
 // within milliseconds instead of at the next poll; see [WithoutWakeUp].
 func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...EnqueueOption) (int64, error) {
-	var o enqueueOptions
+	o := enqueueOptions{wakes: enqueueWakes}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -81,7 +81,7 @@ func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...E
 	channel, due := "", false
 	if !o.noWake {
 		channel = wakeChannel(id)
-		due = wakeDue(channel, m.Type)
+		due = o.wakes.due(channel, m.Type)
 	}
 	newID, err := enqueue(ctx, q, id, m, channel, due)
 	if err != nil {
@@ -95,6 +95,13 @@ type EnqueueOption func(*enqueueOptions)
 
 type enqueueOptions struct {
 	noWake bool
+	wakes  *wakeWindows // enqueueWakes, or a test's own (withWakeWindows)
+}
+
+// withWakeWindows makes Enqueue keep its wake-up windows in w instead of the
+// process's: for tests that need another window.
+func withWakeWindows(w *wakeWindows) EnqueueOption {
+	return func(o *enqueueOptions) { o.wakes = w }
 }
 
 // WithoutWakeUp makes [Enqueue] write the message without waking the relays:

@@ -66,28 +66,39 @@ func wakeChannel(table pgx.Identifier) string {
 }
 
 // wakeUpWindow is how long a producer process goes without notifying a type
-// and table, token or not. A variable for tests only.
-var wakeUpWindow = 10 * time.Millisecond
+// and table, token or not.
+const wakeUpWindow = 10 * time.Millisecond
 
-// wakeClock is this process's monotonic clock for wakeDue.
-var wakeClock = time.Now()
-
-// lastWake is, per channel and type, when this process last notified
-// (nanoseconds on wakeClock).
-var lastWake sync.Map // string → *atomic.Int64
-
-// wakeDue reports whether a producer of this process should notify channel
-// for typ now even without the token: it has not for wakeUpWindow.
-func wakeDue(channel, typ string) bool {
-	return wakeDueAt(channel, typ, int64(time.Since(wakeClock)))
+// wakeWindows remembers, per channel and type, when a producer last notified,
+// so that it notifies without the token at most once per window. Enqueue
+// shares one, enqueueWakes; a test gives Enqueue one of its own
+// (withWakeWindows) to change the window.
+type wakeWindows struct {
+	window time.Duration
+	clock  time.Time // the monotonic origin of last's values
+	last   sync.Map  // channel + "\x00" + type → *atomic.Int64, nanoseconds on clock
 }
 
-// wakeDueAt is wakeDue at now, nanoseconds on wakeClock.
-func wakeDueAt(channel, typ string, now int64) bool {
-	v, _ := lastWake.LoadOrStore(channel+"\x00"+typ, new(atomic.Int64))
+func newWakeWindows(window time.Duration) *wakeWindows {
+	return &wakeWindows{window: window, clock: time.Now()}
+}
+
+// enqueueWakes is this process's wake-up windows, shared by every Enqueue:
+// set once here, never reassigned.
+var enqueueWakes = newWakeWindows(wakeUpWindow)
+
+// due reports whether a producer should notify channel for typ now even
+// without the token: it has not for the window.
+func (w *wakeWindows) due(channel, typ string) bool {
+	return w.dueAt(channel, typ, int64(time.Since(w.clock)))
+}
+
+// dueAt is due at now, nanoseconds on w.clock.
+func (w *wakeWindows) dueAt(channel, typ string, now int64) bool {
+	v, _ := w.last.LoadOrStore(channel+"\x00"+typ, new(atomic.Int64))
 	last := v.(*atomic.Int64)
 	prev := last.Load()
-	if prev != 0 && now-prev < int64(wakeUpWindow) {
+	if prev != 0 && now-prev < int64(w.window) {
 		return false
 	}
 	return last.CompareAndSwap(prev, now)

@@ -91,11 +91,11 @@ func TestEnqueueNotifies(t *testing.T) {
 
 	// Concurrent transactions: only the one holding the wake-up token
 	// notifies (the producer's own window, which would let another through
-	// after 10ms, is stretched to an hour here).
-	t.Cleanup(relay.SetWakeUpWindowForTest(time.Hour))
+	// after 10ms, is stretched to an hour for these two).
+	hour := relay.WithWakeUpWindowForTest(time.Hour)
 	enqueueIn := func(tx pgx.Tx, key string) {
 		t.Helper()
-		_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: key, Payload: []byte(`{}`)}) // a key each: no order lock between them
+		_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: key, Payload: []byte(`{}`)}, hour) // a key each: no order lock between them
 		require.NoError(t, err)
 	}
 	holder, err := b.pool.Begin(ctx)
