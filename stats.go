@@ -59,17 +59,25 @@ type MessageReport struct {
 	ID       int64
 	Type     string
 	Attempts int           // attempts after this one
-	Outcome  string        // "SENT", "ERROR" or "DEAD"
+	Outcome  Outcome       // OutcomeSent, OutcomeError or OutcomeDead
 	Duration time.Duration // the send's duration
 	Err      error         // the sender's error, nil when sent
 }
 
-// Outcomes of MessageReport.Outcome.
+// Outcome is what became of a message: [MessageReport.Outcome]. Its value is
+// the status the row was left in ("SENT", "ERROR"), or "DEAD" for an ERROR row
+// at the ceiling.
+type Outcome string
+
+// The outcomes of a message.
 const (
-	OutcomeSent  = "SENT"
-	OutcomeError = "ERROR"
-	OutcomeDead  = "DEAD"
+	OutcomeSent  Outcome = "SENT"  // delivered and recorded SENT
+	OutcomeError Outcome = "ERROR" // failed, recorded ERROR below the ceiling: it is retried
+	OutcomeDead  Outcome = "DEAD"  // failed at the ceiling, refused as permanent, or undeliverable: not retried
 )
+
+// String returns the outcome's text, "SENT", "ERROR" or "DEAD".
+func (o Outcome) String() string { return string(o) }
 
 // counters are the relay's running totals behind Stats.
 type counters struct {

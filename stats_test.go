@@ -198,9 +198,10 @@ func TestStats(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
 				b := setup(t)
-				want := map[int64]string{} // id → outcome
+				want := map[int64]relay.Outcome{} // id → outcome
 				for i := range 24 {
-					var key, outcome string
+					var key string
+					var outcome relay.Outcome
 					switch {
 					case i%6 == 1:
 						key, outcome = fmt.Sprintf("fail-%d", i), relay.OutcomeError
