@@ -77,7 +77,11 @@ type StatusCount struct {
 // status and Dead. Dead rows are counted apart from the ERROR rows that
 // will still be retried: a type's ERROR status may appear twice, with Dead
 // false and with Dead true. It reads the whole table, SENT history
-// included: it is for dashboards and operators, not for every tick.
+// included.
+//
+// Deprecated: Use [Admin.Overview], which counts the live rows exactly through
+// their indexes and estimates the SENT history of a large table instead of
+// scanning it.
 func (a *Admin) CountByStatus(ctx context.Context) ([]StatusCount, error) {
 	counts, err := a.repo.countByStatus(ctx, a.pool, a.maxAttempts)
 	if err != nil {
@@ -109,11 +113,14 @@ const (
 	LastErrorMax      = 2000 // characters of last_error
 )
 
-// ListDeadMax is the most rows one [Admin.ListDead] or [Admin.DeadPage] returns.
+// ListDeadMax is the most rows one [Admin.DeadPage] (or [Admin.ListDead]) returns.
 const ListDeadMax = 10_000
 
 // ListDead returns at most limit dead rows, oldest (lowest id) first. limit
-// must be between 1 and [ListDeadMax]. [Admin.DeadPage] reads the next pages.
+// must be between 1 and [ListDeadMax].
+//
+// Deprecated: Use [Admin.DeadPage] with DeadQuery{Limit: limit}: the same first
+// page, and its AfterID reads the next ones.
 func (a *Admin) ListDead(ctx context.Context, limit int) ([]DeadMessage, error) {
 	if limit < 1 || limit > ListDeadMax {
 		return nil, fmt.Errorf("relay: ListDead: limit must be between 1 and %d, got %d", ListDeadMax, limit)

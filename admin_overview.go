@@ -78,8 +78,7 @@ const sentCountMaxPages = 4096
 // size: the live rows (PENDING and ERROR) are counted through their partial
 // indexes and the SENT history is estimated, not scanned, once the table is
 // larger than a few tens of megabytes. It is what a dashboard may read every
-// few seconds; [Admin.CountByStatus] is the exact count that reads the whole
-// table.
+// few seconds, and what replaces the deprecated [Admin.CountByStatus].
 func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 	o := Overview{AppName: a.app, Table: a.table, MaxAttempts: a.maxAttempts}
 	groups, err := a.repo.liveGroups(ctx, a.pool, a.maxAttempts)
