@@ -13,28 +13,31 @@ import (
 	"unicode/utf8"
 )
 
-// Defaults of [Config], as [DefaultConfig] fills them in.
+// Defaults of [Config], as [DefaultConfig] fills them in (each field's doc
+// says its own).
 const (
-	AppNameDefault      = "app"
-	TableDefault        = "mensagem_m2m"
-	IntervalDefault     = time.Second
-	BatchSizeDefault    = 100
+	appNameDefault = "app"
+	// TableDefault is the default of [Config.Table]: the JVM relay's table.
+	TableDefault     = "mensagem_m2m"
+	intervalDefault  = time.Second
+	batchSizeDefault = 100
+	// MaxAttemptsDefault is the default of [Config.MaxAttempts].
 	MaxAttemptsDefault  = 10
-	RetryBackoffDefault = 2 * time.Second
-	SendTimeoutDefault  = 30 * time.Second
-	ConcurrencyDefault  = 1
-	AsyncCommitDefault  = true
-	BatchBytesDefault   = 64 << 20
-	WakeOnCommitDefault = true
+	retryBackoffDefault = 2 * time.Second
+	sendTimeoutDefault  = 30 * time.Second
+	concurrencyDefault  = 1
+	asyncCommitDefault  = true
+	batchBytesDefault   = 64 << 20
+	wakeOnCommitDefault = true
 
-	// RetryBackoffMax caps the wait before an ERROR row is retried, however
+	// retryBackoffMax caps the wait before an ERROR row is retried, however
 	// many attempts it has.
-	RetryBackoffMax = time.Hour
-
-	// LockKeySuffix is appended to [Config.AppName] to form the election key,
-	// exactly as the JVM relay forms it: hashtext(AppName || '_relay_m2m').
-	LockKeySuffix = "_relay_m2m"
+	retryBackoffMax = time.Hour
 )
+
+// LockKeySuffix is appended to [Config.AppName] to form the election key,
+// exactly as the JVM relay forms it: hashtext(AppName || '_relay_m2m').
+const LockKeySuffix = "_relay_m2m"
 
 // Upper bounds that catch a misplaced digit before it reaches production, or
 // that the table's columns impose.
@@ -52,66 +55,74 @@ const (
 // Config configures a [Relay]. Build it with [DefaultConfig] or [ConfigFromEnv]
 // and change the fields you need: [New] refuses a Config built any other way,
 // because the safe default of ClusterLock (true) cannot survive Go's zero value.
+// Each field's doc names its default and the variable [ConfigFromEnv] reads
+// it from.
 type Config struct {
 	// AppName names the app. Replicas of one app share it, and the election
 	// key is AppName + "_relay_m2m", so a JVM replica of the same app excludes
-	// this one and the other way round. Defaults to "app".
+	// this one and the other way round. Defaults to "app". Environment:
+	// RELAY_APP_NAME.
 	AppName string
 
 	// Table is the outbox table, optionally schema-qualified ("outbox.mensagem_m2m").
 	// Each part is an identifier of letters, digits and underscores; it is quoted
-	// in SQL, so it is case-sensitive. Defaults to "mensagem_m2m".
+	// in SQL, so it is case-sensitive. Defaults to "mensagem_m2m" ([TableDefault]).
+	// Environment: RELAY_TABLE.
 	Table string
 
 	// Enabled gates the periodic tick started by [Relay.Start]. It does not
 	// apply to [Relay.Run] or [Relay.RunIfElected]. Defaults to true.
+	// Environment: RELAY_ENABLED.
 	Enabled bool
 
 	// ClusterLock runs every periodic pass, and [Relay.RunIfElected], under the
 	// per-app election. false is the escape hatch: every replica drains at the
 	// same time and the avoidable duplication of decision 0035 is back (the
-	// relay logs a warning). Defaults to true.
+	// relay logs a warning). Defaults to true. Environment: RELAY_CLUSTER_LOCK.
 	ClusterLock bool
 
 	// Interval is the delay from the end of one periodic pass to the start of
 	// the next; a pass that finds a backlog keeps taking batches under its
-	// election instead of waiting. Defaults to 1s.
+	// election instead of waiting. Defaults to 1s. Environment: RELAY_INTERVAL.
 	Interval time.Duration
 
 	// BatchSize is the most rows one batch selects. Defaults to 100.
+	// Environment: RELAY_BATCH_SIZE.
 	BatchSize int
 
 	// BatchBytes bounds the payload bytes one batch holds in memory, whatever
 	// BatchSize says: a batch of large rows is cut short, and the rows left
 	// wait for the next batch. A row whose payload alone is larger is never
 	// sent: it is marked dead, with a last_error saying its size. Between 64
-	// KiB and 1 GiB. Defaults to 64 MiB.
+	// KiB and 1 GiB. Defaults to 64 MiB. Environment: RELAY_BATCH_BYTES (bytes).
 	BatchBytes int
 
 	// MaxAttempts is the ceiling: a row whose attempts reached it is dead and
 	// never selected again until an operator re-queues it. At most
-	// 2147483647, what the integer column counts. Defaults to 10.
+	// 2147483647, what the integer column counts. Defaults to 10
+	// ([MaxAttemptsDefault]). Environment: RELAY_MAX_ATTEMPTS.
 	MaxAttempts int
 
 	// RetryBackoff is the base of the wait before an ERROR row is retried:
 	// RetryBackoff * 2^(attempts-1) after its last attempt (updated_at), capped
-	// at [RetryBackoffMax]. With the defaults (2s, MaxAttempts 10) a message
+	// at an hour. With the defaults (2s, MaxAttempts 10) a message
 	// is tried at 0, 2, 6, 14, 30, 62, 126, 254 and 510 seconds and dies only
 	// at 1022 s: a destination that is down for 15 minutes loses nothing. 0
 	// retries on the next pass, as the JVM relay does (its "next pass"): with
 	// MaxAttempts 10 and Interval 1s, an outage of ten seconds then leaves its
-	// messages dead. Defaults to 2s.
+	// messages dead. Defaults to 2s. Environment: RELAY_RETRY_BACKOFF.
 	RetryBackoff time.Duration
 
 	// SendTimeout bounds one [Sender.Send]. A send that has not returned by then
 	// marks its row ERROR and the batch goes on. Defaults to 30s.
+	// Environment: RELAY_SEND_TIMEOUT.
 	SendTimeout time.Duration
 
 	// Concurrency is how many messages of a batch may be in flight at once,
 	// all under the one election. Messages with the same natural key are never
 	// in flight together and go in id order; after one fails, the later ones of
 	// its key wait for a later pass. Give the pool Concurrency + 2 connections.
-	// Defaults to 1.
+	// Defaults to 1. Environment: RELAY_CONCURRENCY.
 	Concurrency int
 
 	// GroupOutcomes, when above 1, records the outcomes of up to that many
@@ -122,7 +133,7 @@ type Config struct {
 	// the inherent duplication at-least-once already accepts. Each row is
 	// still fenced on the state the pass read, and a failure still marks only
 	// its own row. Defaults to 0: one transaction per outcome, as decision 0035
-	// describes.
+	// describes. Environment: RELAY_GROUP_OUTCOMES.
 	GroupOutcomes int
 
 	// AsyncCommit commits the outcome transactions with synchronous_commit =
@@ -135,6 +146,7 @@ type Config struct {
 	// destination's answer and the commit, still at-least-once, nothing lost.
 	// It delivers about 1.6 times as fast with one transaction per outcome
 	// (docs/performance.md). Defaults to true; false waits for every flush.
+	// Environment: RELAY_ASYNC_COMMIT.
 	AsyncCommit bool
 
 	// WakeOnCommit makes the started relay LISTEN for the NOTIFY that [Enqueue]
@@ -144,6 +156,7 @@ type Config struct {
 	// Concurrency + 2) and session pooling; behind a transaction-pooling
 	// proxy the relay finds out, says so once, and polls. Passes still run
 	// every Interval, for rows written without a NOTIFY. Defaults to true.
+	// Environment: RELAY_WAKE_ON_COMMIT.
 	WakeOnCommit bool
 
 	// Partitions splits the election so that several replicas deliver at
@@ -160,10 +173,11 @@ type Config struct {
 	// decision 0036). It needs ClusterLock and the relay's own election (no
 	// Guard), and one more connection than Concurrency + 2 per replica: the
 	// membership's session, held for as long as the relay runs. At most
-	// 4096. Defaults to 1.
+	// 4096. Defaults to 1. Environment: RELAY_PARTITIONS.
 	Partitions int
 
-	// Logger receives the relay's logs. Defaults to [slog.Default].
+	// Logger receives the relay's logs. Defaults to [slog.Default]. No
+	// environment variable (nor for Guard and Observer).
 	Logger *slog.Logger
 
 	// Guard runs the elected pass. nil means a [PostgresGuard] on the relay's pool.
@@ -181,19 +195,19 @@ type Config struct {
 // DefaultConfig returns a Config with every default filled in.
 func DefaultConfig() Config {
 	return Config{
-		AppName:      AppNameDefault,
+		AppName:      appNameDefault,
 		Table:        TableDefault,
 		Enabled:      true,
 		ClusterLock:  true,
-		Interval:     IntervalDefault,
-		BatchSize:    BatchSizeDefault,
+		Interval:     intervalDefault,
+		BatchSize:    batchSizeDefault,
 		MaxAttempts:  MaxAttemptsDefault,
-		BatchBytes:   BatchBytesDefault,
-		WakeOnCommit: WakeOnCommitDefault,
-		RetryBackoff: RetryBackoffDefault,
-		SendTimeout:  SendTimeoutDefault,
-		Concurrency:  ConcurrencyDefault,
-		AsyncCommit:  AsyncCommitDefault,
+		BatchBytes:   batchBytesDefault,
+		WakeOnCommit: wakeOnCommitDefault,
+		RetryBackoff: retryBackoffDefault,
+		SendTimeout:  sendTimeoutDefault,
+		Concurrency:  concurrencyDefault,
+		AsyncCommit:  asyncCommitDefault,
 		Partitions:   1,
 		built:        true,
 	}
@@ -286,23 +300,24 @@ func (e *FieldError) Error() string { return "relay: Config." + e.Field + " " + 
 // lockKey is the election key, as the JVM relay forms it.
 func (c *Config) lockKey() string { return c.AppName + LockKeySuffix }
 
-// The environment variables read by ConfigFromEnv.
+// The environment variables read by ConfigFromEnv (each Config field's doc
+// names its own).
 const (
-	EnvAppName       = "RELAY_APP_NAME"
-	EnvTable         = "RELAY_TABLE"
-	EnvEnabled       = "RELAY_ENABLED"
-	EnvClusterLock   = "RELAY_CLUSTER_LOCK"
-	EnvInterval      = "RELAY_INTERVAL"
-	EnvBatchSize     = "RELAY_BATCH_SIZE"
-	EnvBatchBytes    = "RELAY_BATCH_BYTES"
-	EnvMaxAttempts   = "RELAY_MAX_ATTEMPTS"
-	EnvRetryBackoff  = "RELAY_RETRY_BACKOFF"
-	EnvSendTimeout   = "RELAY_SEND_TIMEOUT"
-	EnvConcurrency   = "RELAY_CONCURRENCY"
-	EnvGroupOutcomes = "RELAY_GROUP_OUTCOMES"
-	EnvAsyncCommit   = "RELAY_ASYNC_COMMIT"
-	EnvWakeOnCommit  = "RELAY_WAKE_ON_COMMIT"
-	EnvPartitions    = "RELAY_PARTITIONS"
+	envAppName       = "RELAY_APP_NAME"
+	envTable         = "RELAY_TABLE"
+	envEnabled       = "RELAY_ENABLED"
+	envClusterLock   = "RELAY_CLUSTER_LOCK"
+	envInterval      = "RELAY_INTERVAL"
+	envBatchSize     = "RELAY_BATCH_SIZE"
+	envBatchBytes    = "RELAY_BATCH_BYTES"
+	envMaxAttempts   = "RELAY_MAX_ATTEMPTS"
+	envRetryBackoff  = "RELAY_RETRY_BACKOFF"
+	envSendTimeout   = "RELAY_SEND_TIMEOUT"
+	envConcurrency   = "RELAY_CONCURRENCY"
+	envGroupOutcomes = "RELAY_GROUP_OUTCOMES"
+	envAsyncCommit   = "RELAY_ASYNC_COMMIT"
+	envWakeOnCommit  = "RELAY_WAKE_ON_COMMIT"
+	envPartitions    = "RELAY_PARTITIONS"
 )
 
 // ConfigFromEnv returns [DefaultConfig] with every RELAY_* variable that is set
@@ -317,21 +332,21 @@ func ConfigFromEnv() (Config, error) {
 func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	cfg := DefaultConfig()
 	e := envReader{lookup: lookup}
-	envVar(&e, EnvAppName, &cfg.AppName, parseString, "")
-	envVar(&e, EnvTable, &cfg.Table, parseString, "")
-	envVar(&e, EnvEnabled, &cfg.Enabled, strconv.ParseBool, "a boolean (use true or false)")
-	envVar(&e, EnvClusterLock, &cfg.ClusterLock, strconv.ParseBool, "a boolean (use true or false)")
-	envVar(&e, EnvInterval, &cfg.Interval, time.ParseDuration, durationWant)
-	envVar(&e, EnvBatchSize, &cfg.BatchSize, strconv.Atoi, "an integer")
-	envVar(&e, EnvBatchBytes, &cfg.BatchBytes, strconv.Atoi, "an integer (bytes)")
-	envVar(&e, EnvMaxAttempts, &cfg.MaxAttempts, strconv.Atoi, "an integer")
-	envVar(&e, EnvRetryBackoff, &cfg.RetryBackoff, time.ParseDuration, durationWant)
-	envVar(&e, EnvSendTimeout, &cfg.SendTimeout, time.ParseDuration, durationWant)
-	envVar(&e, EnvConcurrency, &cfg.Concurrency, strconv.Atoi, "an integer")
-	envVar(&e, EnvGroupOutcomes, &cfg.GroupOutcomes, strconv.Atoi, "an integer")
-	envVar(&e, EnvAsyncCommit, &cfg.AsyncCommit, strconv.ParseBool, "a boolean (use true or false)")
-	envVar(&e, EnvWakeOnCommit, &cfg.WakeOnCommit, strconv.ParseBool, "a boolean (use true or false)")
-	envVar(&e, EnvPartitions, &cfg.Partitions, strconv.Atoi, "an integer")
+	envVar(&e, envAppName, &cfg.AppName, parseString, "")
+	envVar(&e, envTable, &cfg.Table, parseString, "")
+	envVar(&e, envEnabled, &cfg.Enabled, strconv.ParseBool, "a boolean (use true or false)")
+	envVar(&e, envClusterLock, &cfg.ClusterLock, strconv.ParseBool, "a boolean (use true or false)")
+	envVar(&e, envInterval, &cfg.Interval, time.ParseDuration, durationWant)
+	envVar(&e, envBatchSize, &cfg.BatchSize, strconv.Atoi, "an integer")
+	envVar(&e, envBatchBytes, &cfg.BatchBytes, strconv.Atoi, "an integer (bytes)")
+	envVar(&e, envMaxAttempts, &cfg.MaxAttempts, strconv.Atoi, "an integer")
+	envVar(&e, envRetryBackoff, &cfg.RetryBackoff, time.ParseDuration, durationWant)
+	envVar(&e, envSendTimeout, &cfg.SendTimeout, time.ParseDuration, durationWant)
+	envVar(&e, envConcurrency, &cfg.Concurrency, strconv.Atoi, "an integer")
+	envVar(&e, envGroupOutcomes, &cfg.GroupOutcomes, strconv.Atoi, "an integer")
+	envVar(&e, envAsyncCommit, &cfg.AsyncCommit, strconv.ParseBool, "a boolean (use true or false)")
+	envVar(&e, envWakeOnCommit, &cfg.WakeOnCommit, strconv.ParseBool, "a boolean (use true or false)")
+	envVar(&e, envPartitions, &cfg.Partitions, strconv.Atoi, "an integer")
 	errs := e.errs
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -370,9 +385,9 @@ func envVar[T any](e *envReader, name string, dst *T, parse func(string) (T, err
 // envNames names the variables behind the fields that err refuses.
 func envNames(err error) string {
 	vars := map[string]string{
-		"AppName": EnvAppName, "Table": EnvTable, "Interval": EnvInterval, "BatchSize": EnvBatchSize, "BatchBytes": EnvBatchBytes,
-		"MaxAttempts": EnvMaxAttempts, "RetryBackoff": EnvRetryBackoff, "SendTimeout": EnvSendTimeout,
-		"Concurrency": EnvConcurrency, "GroupOutcomes": EnvGroupOutcomes, "Partitions": EnvPartitions,
+		"AppName": envAppName, "Table": envTable, "Interval": envInterval, "BatchSize": envBatchSize, "BatchBytes": envBatchBytes,
+		"MaxAttempts": envMaxAttempts, "RetryBackoff": envRetryBackoff, "SendTimeout": envSendTimeout,
+		"Concurrency": envConcurrency, "GroupOutcomes": envGroupOutcomes, "Partitions": envPartitions,
 	}
 	var names []string
 	joined, ok := err.(interface{ Unwrap() []error })

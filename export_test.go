@@ -23,3 +23,6 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 func WithWakeUpWindowForTest(d time.Duration) EnqueueOption {
 	return withWakeWindows(newWakeWindows(d))
 }
+
+// RetryBackoffMaxForTest is the cap of the wait before an ERROR row is retried.
+const RetryBackoffMaxForTest = retryBackoffMax

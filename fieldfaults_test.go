@@ -258,7 +258,7 @@ func TestRetryForEver(t *testing.T) {
 	b.exec(t, "UPDATE %s SET status = 'ERROR', attempts = 5000, updated_at = now() - interval '2 hours'")
 	cfg := b.cfg
 	cfg.MaxAttempts = math.MaxInt32
-	cfg.RetryBackoff = time.Millisecond // capped at RetryBackoffMax (1h): 2 hours ago is past it
+	cfg.RetryBackoff = time.Millisecond // capped at retryBackoffMax (1h): 2 hours ago is past it
 	rec := newRecorder("t", func(context.Context, relay.Message) error { return errors.New("still down") })
 	n, err := b.newRelay(t, cfg, rec).Run(ctx)
 	require.NoError(t, err)
@@ -489,7 +489,7 @@ func TestDefaultsSurviveAnOutage(t *testing.T) {
 	cfg := relay.DefaultConfig()
 	var survives time.Duration
 	for a := 1; a < cfg.MaxAttempts; a++ { // the wait after the a-th failure
-		survives += min(cfg.RetryBackoff*time.Duration(1<<(a-1)), relay.RetryBackoffMax)
+		survives += min(cfg.RetryBackoff*time.Duration(1<<(a-1)), relay.RetryBackoffMaxForTest)
 	}
 	require.Equal(t, 1022*time.Second, survives)
 	require.Greater(t, survives, 15*time.Minute)

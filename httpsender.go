@@ -18,8 +18,8 @@ import (
 	"unicode/utf8"
 )
 
-// HTTPSenderTimeoutDefault is the default of [HTTPSenderConfig.Timeout].
-const HTTPSenderTimeoutDefault = 10 * time.Second
+// httpSenderTimeoutDefault is the default of [HTTPSenderConfig.Timeout].
+const httpSenderTimeoutDefault = 10 * time.Second
 
 // The request headers an HTTPSender sets from the message. docs/receivers.md
 // in the repository is the contract they make with a receiver.
@@ -109,7 +109,7 @@ type HTTPSenderConfig struct {
 
 	// Timeout bounds one request, from dialling to reading the answer, on top
 	// of the relay's ctx (whose [Config.SendTimeout] wins when
-	// it is shorter). Defaults to [HTTPSenderTimeoutDefault] (10s).
+	// it is shorter). Defaults to 10s.
 	Timeout time.Duration
 
 	// Header is added to every request, for Authorization, say. It may set
@@ -200,7 +200,7 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 		s.client = defaultHTTPClient()
 	}
 	if s.timeout == 0 {
-		s.timeout = HTTPSenderTimeoutDefault
+		s.timeout = httpSenderTimeoutDefault
 	}
 
 	var errs []error

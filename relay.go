@@ -158,7 +158,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		logger.Warn("relay: ClusterLock is off: every replica of this app drains the same rows at the same time, " +
 			"and each message they share is delivered more than once (decision 0035's avoidable duplication)")
 	}
-	if cfg.AppName == AppNameDefault {
+	if cfg.AppName == appNameDefault {
 		logger.Warn("relay: AppName is the default \"app\": every service on this database that also kept the default "+
 			"shares one election with this one; set AppName (RELAY_APP_NAME) to the service's name",
 			slog.String("key", r.key))

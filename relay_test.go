@@ -359,7 +359,7 @@ func TestRun(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 
-		// The cap: even at a huge attempt count the wait never exceeds RetryBackoffMax.
+		// The cap: even at a huge attempt count the wait never exceeds retryBackoffMax.
 		id2 := b.insert(t, "t", "k2")[0]
 		b.exec(t, "UPDATE %s SET status = 'ERROR', attempts = 9, updated_at = now() - interval '61 minutes' WHERE id = $1", id2)
 		cfg.RetryBackoff = time.Minute

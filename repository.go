@@ -169,7 +169,7 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 		return nil, err
 	}
 	t := id.Sanitize()
-	r := &repository{table: t, name: t, backoff: backoff.Seconds(), backoffMax: RetryBackoffMax.Seconds()}
+	r := &repository{table: t, name: t, backoff: backoff.Seconds(), backoffMax: retryBackoffMax.Seconds()}
 
 	// The select's parameters are named (@max the ceiling, @types, @limit,
 	// @after the least id, @backoff and @cap in seconds, @n partitions and

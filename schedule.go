@@ -15,8 +15,8 @@ import (
 	"github.com/robfig/cron/v3"
 )
 
-// ScheduleToleranceDefault is the default of [SchedulerConfig.Tolerance].
-const ScheduleToleranceDefault = 10 * time.Second
+// scheduleToleranceDefault is the default of [SchedulerConfig.Tolerance].
+const scheduleToleranceDefault = 10 * time.Second
 
 // scheduleToleranceMin is the least Tolerance NewScheduler accepts.
 const scheduleToleranceMin = time.Second
@@ -38,7 +38,7 @@ type SchedulerConfig struct {
 	// again. It absorbs timers that fire late (a loaded machine, a GC pause, a
 	// slow connection) and each replica's clock offset from the database's. It
 	// is capped, occurrence by occurrence, at half the gap to the next one (so
-	// @every 1s allows 500ms). At least 1s; defaults to [ScheduleToleranceDefault].
+	// @every 1s allows 500ms). At least 1s; defaults to 10s.
 	Tolerance time.Duration
 
 	// Guard elects the replica that runs each occurrence. nil means a
@@ -140,7 +140,7 @@ func NewScheduler(pool *pgxpool.Pool, cfg SchedulerConfig) (*Scheduler, error) {
 	if cfg.Tolerance != 0 && cfg.Tolerance < scheduleToleranceMin {
 		return nil, fmt.Errorf("relay: SchedulerConfig.Tolerance must be 0 (the default, %s) or at least %s, got %s: "+
 			"a replica's timer and lock take time, and an occurrence no replica starts within it is skipped",
-			ScheduleToleranceDefault, scheduleToleranceMin, cfg.Tolerance)
+			scheduleToleranceDefault, scheduleToleranceMin, cfg.Tolerance)
 	}
 	if n := pool.Config().MaxConns; n < 2 {
 		return nil, fmt.Errorf("relay: NewScheduler: the pool allows %d connection; a job's lock holds one while the "+
@@ -158,7 +158,7 @@ func NewScheduler(pool *pgxpool.Pool, cfg SchedulerConfig) (*Scheduler, error) {
 		s.location = time.UTC
 	}
 	if s.tolerance == 0 {
-		s.tolerance = ScheduleToleranceDefault
+		s.tolerance = scheduleToleranceDefault
 	}
 	if s.logger == nil {
 		s.logger = slog.Default()

@@ -43,7 +43,7 @@ func TestScheduleOccurrences(t *testing.T) {
 			t.Parallel()
 			schedule, err := parseSpec(tc.spec)
 			require.NoError(t, err)
-			s := &Scheduler{location: tc.location, tolerance: ScheduleToleranceDefault}
+			s := &Scheduler{location: tc.location, tolerance: scheduleToleranceDefault}
 			j := &scheduledJob{schedule: schedule}
 			next := s.next(j, utc(tc.from))
 			require.True(t, next.Equal(utc(tc.want)), "next %s, want %s", next, tc.want)
