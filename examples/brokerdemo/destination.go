@@ -4,11 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -18,86 +14,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/demo"
 	"github.com/xadm/relay/kafka"
 	"github.com/xadm/relay/natsjs"
 )
 
-// destination is where a run delivers, and the consumer reading it.
-type destination interface {
-	// sender returns a new sender of type "order" with its own client, for
-	// one replica, and the function that closes it.
-	sender() (relay.Sender, func(), error)
-	// tally is what the consumer counted.
-	tally() *tally
-	// close stops the consumer and the broker.
-	close()
-}
-
 // destinations are the kinds -to names.
 var destinations = map[string]struct {
-	title string
-	start func(ctx context.Context) (destination, error)
+	title   string
+	start   func(ctx context.Context) (demo.Destination, error)
+	dropped string // what the copies handed to the senders but never consumed became
 }{
-	"kafka": {"an in-process Kafka (kfake), topic \"orders\"", startKafka},
-	"nats":  {"an embedded NATS JetStream, stream RELAY", startNATS},
-	"http":  {"an HTTP receiver on 127.0.0.1", startHTTP},
-}
-
-// tally counts the copies of each message a consumer received, by
-// Relay-Message-Id, with the Relay-Attempt of each copy.
-type tally struct {
-	mu       sync.Mutex
-	attempts map[int64][]int
-	copies   int
-}
-
-func newTally() *tally { return &tally{attempts: make(map[int64][]int)} }
-
-// add counts one copy of message id, carrying the headers' values.
-func (t *tally) add(id, attempt string) {
-	n, err := strconv.ParseInt(id, 10, 64)
-	if err != nil {
-		n = -1 // counted, and never matching a row: the report shows it as lost
-	}
-	a, _ := strconv.Atoi(attempt)
-	t.mu.Lock()
-	t.attempts[n] = append(t.attempts[n], a)
-	t.copies++
-	t.mu.Unlock()
-}
-
-// counts is what a consumer saw.
-type counts struct {
-	copies     int // messages consumed, copies included
-	distinct   int // distinct message ids
-	duplicates int // copies of a message already consumed
-	// unexplained are the duplicates that carry an attempt number already
-	// seen for their message: two replicas sending the same attempt at once
-	// (what the election prevents), or a send whose outcome was never recorded.
-	// The others are retries after a recorded failure: at-least-once delivery.
-	unexplained int
-}
-
-func (t *tally) counts() counts {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	c := counts{copies: t.copies, distinct: len(t.attempts), duplicates: t.copies - len(t.attempts)}
-	for _, as := range t.attempts {
-		seen := map[int]bool{}
-		for _, a := range as {
-			if seen[a] {
-				c.unexplained++
-			}
-			seen[a] = true
-		}
-	}
-	return c
-}
-
-func (t *tally) received(id int64) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.attempts[id]) > 0
+	"kafka": {"an in-process Kafka (kfake), topic \"orders\"", startKafka, "reached no consumer and were retried"},
+	"nats":  {"an embedded NATS JetStream, stream RELAY", startNATS, "the stream dropped as duplicates (Nats-Msg-Id)"},
+	"http":  {"an HTTP receiver on 127.0.0.1", demo.StartHTTP(0), "reached no consumer and were retried"},
 }
 
 // quiet is the logger of the senders' own clients: a replica rolled closes
@@ -109,12 +39,12 @@ var quiet = slog.New(slog.DiscardHandler)
 type kafkaDest struct {
 	cluster  *kfake.Cluster
 	consumer *kgo.Client
-	t        *tally
+	t        *demo.Tally
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
 
-func startKafka(ctx context.Context) (destination, error) {
+func startKafka(ctx context.Context) (demo.Destination, error) {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
 	if err != nil {
 		return nil, err
@@ -126,7 +56,7 @@ func startKafka(ctx context.Context) (destination, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d := &kafkaDest{cluster: cluster, consumer: consumer, t: newTally(), cancel: cancel, done: make(chan struct{})}
+	d := &kafkaDest{cluster: cluster, consumer: consumer, t: demo.NewTally(), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
 		for ctx.Err() == nil {
@@ -140,24 +70,24 @@ func startKafka(ctx context.Context) (destination, error) {
 						attempt = string(h.Value)
 					}
 				}
-				d.t.add(id, attempt)
+				d.t.Add(id, attempt)
 			})
 		}
 	}()
 	return d, nil
 }
 
-func (d *kafkaDest) sender() (relay.Sender, func(), error) {
-	s, err := kafka.NewSender(kafka.Config{Type: "order", Topic: "orders", Brokers: d.cluster.ListenAddrs()})
+func (d *kafkaDest) Sender() (relay.Sender, func(), error) {
+	s, err := kafka.NewSender(kafka.Config{Type: demo.OrderType, Topic: "orders", Brokers: d.cluster.ListenAddrs()})
 	if err != nil {
 		return nil, nil, err
 	}
 	return s, s.Close, nil
 }
 
-func (d *kafkaDest) tally() *tally { return d.t }
+func (d *kafkaDest) Tally() *demo.Tally { return d.t }
 
-func (d *kafkaDest) close() {
+func (d *kafkaDest) Close() {
 	d.cancel()
 	<-d.done
 	d.consumer.Close()
@@ -171,18 +101,18 @@ type natsDest struct {
 	dir     string
 	nc      *nats.Conn
 	consume jetstream.ConsumeContext
-	t       *tally
+	t       *demo.Tally
 }
 
-func startNATS(ctx context.Context) (d destination, err error) {
+func startNATS(ctx context.Context) (d demo.Destination, err error) {
 	dir, err := os.MkdirTemp("", "brokerdemo-nats-")
 	if err != nil {
 		return nil, err
 	}
-	n := &natsDest{dir: dir, t: newTally()}
+	n := &natsDest{dir: dir, t: demo.NewTally()}
 	defer func() {
 		if err != nil {
-			n.close()
+			n.Close()
 		}
 	}()
 	n.srv, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT,
@@ -211,7 +141,7 @@ func startNATS(ctx context.Context) (d destination, err error) {
 		return nil, err
 	}
 	n.consume, err = consumer.Consume(func(m jetstream.Msg) {
-		n.t.add(m.Headers().Get("Relay-Message-Id"), m.Headers().Get("Relay-Attempt"))
+		n.t.Add(m.Headers().Get("Relay-Message-Id"), m.Headers().Get("Relay-Attempt"))
 	})
 	if err != nil {
 		return nil, err
@@ -219,17 +149,17 @@ func startNATS(ctx context.Context) (d destination, err error) {
 	return n, nil
 }
 
-func (n *natsDest) sender() (relay.Sender, func(), error) {
-	s, err := natsjs.Connect(n.srv.ClientURL(), natsjs.Config{Type: "order", Logger: quiet})
+func (n *natsDest) Sender() (relay.Sender, func(), error) {
+	s, err := natsjs.Connect(n.srv.ClientURL(), natsjs.Config{Type: demo.OrderType, Logger: quiet})
 	if err != nil {
 		return nil, nil, err
 	}
 	return s, s.Close, nil
 }
 
-func (n *natsDest) tally() *tally { return n.t }
+func (n *natsDest) Tally() *demo.Tally { return n.t }
 
-func (n *natsDest) close() {
+func (n *natsDest) Close() {
 	if n.consume != nil {
 		n.consume.Stop()
 		<-n.consume.Closed()
@@ -242,46 +172,4 @@ func (n *natsDest) close() {
 		n.srv.WaitForShutdown()
 	}
 	_ = os.RemoveAll(n.dir)
-}
-
-// httpDest is an HTTP receiver on 127.0.0.1 that takes PUT /orders/{key}, as
-// examples/demo's, counting by Relay-Message-Id.
-type httpDest struct {
-	url string
-	srv *http.Server
-	t   *tally
-}
-
-func startHTTP(context.Context) (destination, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	d := &httpDest{url: "http://" + l.Addr().String(), t: newTally()}
-	mux := http.NewServeMux()
-	mux.HandleFunc("PUT /orders/{key}", func(w http.ResponseWriter, r *http.Request) {
-		d.t.add(r.Header.Get("Relay-Message-Id"), r.Header.Get("Relay-Attempt"))
-		w.WriteHeader(http.StatusNoContent)
-	})
-	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = d.srv.Serve(l) }()
-	return d, nil
-}
-
-func (d *httpDest) sender() (relay.Sender, func(), error) {
-	s, err := relay.NewHTTPSender(relay.HTTPSenderConfig{Type: "order", URL: relay.URLWithKey(d.url + "/orders")})
-	if err != nil {
-		return nil, nil, err
-	}
-	return s, func() {}, nil
-}
-
-func (d *httpDest) tally() *tally { return d.t }
-
-func (d *httpDest) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := d.srv.Shutdown(ctx); err != nil {
-		_ = d.srv.Close()
-	}
 }

@@ -24,6 +24,9 @@
 // that a retry does not explain (a copy with a higher Relay-Attempt: the relay
 // recorded a failure, a timeout say, of a send that had reached the broker);
 // 1 otherwise, and on Ctrl-C, after stopping what it started.
+//
+// The scenario is internal/demo's, which examples/demo runs too; this module
+// adds the destinations that need a broker.
 package main
 
 import (
@@ -37,6 +40,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/xadm/relay/internal/demo"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
@@ -72,8 +76,7 @@ func run() int {
 	}()
 	fmt.Printf("PostgreSQL ready (%s).\n", server.Kind)
 
-	p := defaultParams(*messages)
-	results, err := demo(ctx, os.Stdout, server.URL, *to, p, true)
+	results, err := runDemo(ctx, os.Stdout, server.URL, *to, demo.DefaultParams(*messages), true)
 	switch {
 	case ctx.Err() != nil:
 		fmt.Println("\ninterrupted; everything the demo started is stopped")
@@ -84,42 +87,32 @@ func run() int {
 	}
 	guarded := results[0]
 	verdict := "PASS"
-	if !guarded.ok() {
+	if !guarded.OK() {
 		verdict = "FAIL: the guarded run lost messages or delivered a duplicate that no retry explains"
 	}
 	fmt.Printf("\n%s (%.1fs in all)\n", verdict, time.Since(begin).Seconds())
-	if !guarded.ok() {
+	if !guarded.OK() {
 		return 1
 	}
 	return 0
 }
 
-// demo runs the guarded scenario, then the unguarded one if unguarded is set,
-// each on a fresh table and a fresh destination of kind to, and prints their
-// reports to out.
-func demo(ctx context.Context, out io.Writer, dbURL, to string, p params, unguarded bool) ([]result, error) {
-	logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelError}))
-	runs := []struct {
-		title, table string
-		guarded      bool
-	}{
-		{fmt.Sprintf("1. Guarded: %d replicas of app %q (ClusterLock = true) deliver %d messages\n   to %s; a replica is rolled every %s.",
-			p.replicas, appName, p.messages, destinations[to].title, p.rollEvery().Round(time.Millisecond)), "relay_brokerdemo_guarded", true},
-		{"2. Unguarded: the same with ClusterLock = false (the escape hatch), on a fresh table.", "relay_brokerdemo_unguarded", false},
-	}
-	if !unguarded {
-		runs = runs[:1]
-	}
-	var results []result
-	for _, r := range runs {
-		fmt.Fprintf(out, "\n%s\n", r.title)
-		s := &scenario{guarded: r.guarded, table: r.table, to: to, p: p, dbURL: dbURL, out: out, logger: logger}
-		res, err := s.run(ctx)
-		if err != nil {
-			return results, err
-		}
-		res.report(out)
-		results = append(results, res)
-	}
-	return results, nil
+// runDemo runs the guarded scenario, then the unguarded one if unguarded is
+// set, each on a fresh table and a fresh destination of kind to, and prints
+// their reports to w.
+func runDemo(ctx context.Context, w io.Writer, dbURL, to string, p demo.Params, unguarded bool) ([]demo.Result, error) {
+	out := demo.NewProgress(w)
+	d := destinations[to]
+	return demo.Run(ctx, demo.Options{
+		App:       "relay-brokerdemo",
+		Tables:    "relay_brokerdemo",
+		Title:     d.title,
+		Start:     d.start,
+		Dropped:   d.dropped,
+		Params:    p,
+		DBURL:     dbURL,
+		Out:       out,
+		Logger:    slog.New(demo.Hushed(ctx, slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelError}))),
+		Unguarded: unguarded,
+	})
 }

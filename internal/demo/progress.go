@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"fmt"
@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// progress writes the demo's output: events and log lines as lines of their
+// Progress writes a demo's output: events and log lines as lines of their
 // own, and a status line that is redrawn in place (\r) when the output is a
-// terminal, or printed once a second when it is a file or a pipe.
-type progress struct {
+// terminal, or printed once a second when it is a file, a pipe or a buffer.
+type Progress struct {
 	mu        sync.Mutex
 	out       io.Writer
 	live      bool   // out is a terminal
@@ -19,13 +19,18 @@ type progress struct {
 	lastPlain time.Time
 }
 
-func newProgress(f *os.File) *progress {
-	fi, err := f.Stat()
-	return &progress{out: f, live: err == nil && fi.Mode()&os.ModeCharDevice != 0}
+// NewProgress writes to w, live when w is a terminal.
+func NewProgress(w io.Writer) *Progress {
+	p := &Progress{out: w}
+	if f, ok := w.(*os.File); ok {
+		fi, err := f.Stat()
+		p.live = err == nil && fi.Mode()&os.ModeCharDevice != 0
+	}
+	return p
 }
 
-// Write prints p (whole lines: an event, a log record) above the status line.
-func (p *progress) Write(b []byte) (int, error) {
+// Write prints b (whole lines: an event, a log record) above the status line.
+func (p *Progress) Write(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.live && p.status != "" {
@@ -38,13 +43,13 @@ func (p *progress) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// printf prints one line above the status line.
-func (p *progress) printf(format string, args ...any) {
+// Printf prints one line above the status line.
+func (p *Progress) Printf(format string, args ...any) {
 	fmt.Fprintf(p, format+"\n", args...)
 }
 
-// update shows the status line: redrawn at once on a terminal, else at most once a second.
-func (p *progress) update(status string) {
+// Update shows the status line: redrawn at once on a terminal, else at most once a second.
+func (p *Progress) Update(status string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.live {
@@ -58,8 +63,8 @@ func (p *progress) update(status string) {
 	}
 }
 
-// finish leaves the last status on screen and ends its line.
-func (p *progress) finish(status string) {
+// Finish leaves the last status on screen and ends its line.
+func (p *Progress) Finish(status string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.live {
