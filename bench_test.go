@@ -11,7 +11,6 @@ package relay_test
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
@@ -26,14 +26,14 @@ import (
 type benchWorld struct {
 	pool  *pgxpool.Pool
 	table string
-	trips *benchTrips
+	trips *benchkit.Tracer // each query and each batch is one round trip
 	cfg   relay.Config
 }
 
 func benchSetup(b *testing.B, maxConns int32) *benchWorld {
 	b.Helper()
 	name := pgserver.Name(b)
-	w := &benchWorld{table: name, trips: &benchTrips{}}
+	w := &benchWorld{table: name, trips: &benchkit.Tracer{}}
 	w.pool = pgserver.Pool(b, server().URL, name, maxConns, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = w.trips })
 	if err := relay.CreateTable(context.Background(), w.pool, name); err != nil {
 		b.Fatal(err)
@@ -50,7 +50,7 @@ func benchSetup(b *testing.B, maxConns int32) *benchWorld {
 
 func (w *benchWorld) relay(b *testing.B, cfg relay.Config) *relay.Relay {
 	b.Helper()
-	r, err := relay.New(w.pool, cfg, benchNoop{})
+	r, err := relay.New(w.pool, cfg, benchkit.Noop("bench"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -68,28 +68,6 @@ func (w *benchWorld) load(b *testing.B, n int) {
 	}
 }
 
-// benchNoop is a sender that does nothing.
-type benchNoop struct{}
-
-func (benchNoop) Type() string                              { return "bench" }
-func (benchNoop) Send(context.Context, relay.Message) error { return nil }
-
-// benchTrips counts the statements the pool sends: each query and each batch is
-// one round trip (a cached prepared statement is one Bind/Execute/Sync).
-type benchTrips struct{ n atomic.Int64 }
-
-func (t *benchTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	t.n.Add(1)
-	return ctx
-}
-func (t *benchTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (t *benchTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	t.n.Add(1)
-	return ctx
-}
-func (t *benchTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (t *benchTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // benchBatches runs pass over a fresh batch of n rows b.N times, loading each
 // batch outside the timer, and reports messages per second and ns per message.
 func benchBatches(b *testing.B, w *benchWorld, n int, pass func() (int, error)) {
@@ -105,12 +83,12 @@ func benchBatches(b *testing.B, w *benchWorld, n int, pass func() (int, error)) 
 	for range b.N {
 		b.StopTimer()
 		w.load(b, n)
-		before := w.trips.n.Load()
+		before := w.trips.Statements()
 		b.StartTimer()
 		start := time.Now()
 		got, err := pass()
 		busy += time.Since(start)
-		trips += w.trips.n.Load() - before
+		trips += w.trips.Statements() - before
 		if err != nil || got != n {
 			b.Fatalf("pass: %d rows, %v; want %d", got, err, n)
 		}
@@ -167,29 +145,19 @@ func BenchmarkLockLossCost(b *testing.B) {
 	})
 	b.Run("elected", func(b *testing.B) {
 		w := benchSetup(b, 4)
-		var sent atomic.Int64
+		obs := benchkit.NewDrainObserver(0) // counts the messages recorded SENT
 		cfg := w.cfg
-		cfg.Observer = benchCount{&sent}
+		cfg.Observer = obs
 		r := w.relay(b, cfg)
 		benchBatches(b, w, n, func() (int, error) {
-			before := sent.Load()
+			before := obs.Sent.Load()
 			ran, err := r.RunIfElected(context.Background())
 			if err == nil && !ran {
 				b.Fatal("the elected pass coalesced")
 			}
-			return int(sent.Load() - before), err
+			return int(obs.Sent.Load() - before), err
 		})
 	})
-}
-
-// benchCount counts the messages recorded SENT.
-type benchCount struct{ sent *atomic.Int64 }
-
-func (benchCount) PassDone(relay.PassReport) {}
-func (c benchCount) MessageDone(m relay.MessageReport) {
-	if m.Outcome == relay.OutcomeSent {
-		c.sent.Add(1)
-	}
 }
 
 // benchEmpty times one empty pass and reports its round trips.
@@ -200,7 +168,7 @@ func benchEmpty(b *testing.B, w *benchWorld, pass func() error) {
 			b.Fatal(err)
 		}
 	}
-	before := w.trips.n.Load()
+	before := w.trips.Statements()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
@@ -209,7 +177,7 @@ func benchEmpty(b *testing.B, w *benchWorld, pass func() error) {
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(w.trips.n.Load()-before)/float64(b.N), "roundtrips/op")
+	b.ReportMetric(float64(w.trips.Statements()-before)/float64(b.N), "roundtrips/op")
 }
 
 // BenchmarkDirectEmptyPass is Run on a table with nothing to deliver: the fetch alone.

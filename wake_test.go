@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
@@ -200,11 +200,11 @@ func TestIdleCost(t *testing.T) {
 	cfg.Interval = 50 * time.Millisecond
 	type replica struct {
 		r     *relay.Relay
-		trips *statementCounter
+		trips *benchkit.Tracer
 	}
 	var replicas []replica
 	for range 3 {
-		trips := &statementCounter{}
+		trips := &benchkit.Tracer{}
 		pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trips })
 		r, err := relay.New(pool, cfg, newRecorder("t", nil))
 		require.NoError(t, err)
@@ -222,30 +222,15 @@ func TestIdleCost(t *testing.T) {
 	type mark struct{ passes, statements int64 }
 	before := make([]mark, len(replicas))
 	for i, rep := range replicas {
-		before[i] = mark{passes(rep.r), rep.trips.n.Load()}
+		before[i] = mark{passes(rep.r), rep.trips.Statements()}
 	}
 	for _, rep := range replicas {
 		require.Eventually(t, func() bool { return passes(rep.r) >= before[0].passes+20 }, 30*time.Second, 5*time.Millisecond)
 	}
 	for i, rep := range replicas {
-		p, s := passes(rep.r)-before[i].passes, rep.trips.n.Load()-before[i].statements
+		p, s := passes(rep.r)-before[i].passes, rep.trips.Statements()-before[i].statements
 		t.Logf("replica %d: %d statements in %d idle passes", i, s, p)
 		require.LessOrEqual(t, s, p+1, "replica %d: at most one statement per idle pass", i) // +1: a pass may straddle the marks
 		require.Zero(t, rep.r.Stats().Sent)
 	}
 }
-
-// statementCounter is a pgx tracer counting statements and batches.
-type statementCounter struct{ n atomic.Int64 }
-
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
