@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
@@ -68,7 +68,7 @@ func runLatency(ctx context.Context, srv *pgserver.Server) error {
 			return fmt.Errorf("%s: %w", round.name, err)
 		}
 		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t\n", round.name, len(lat),
-			ms(quantile(lat, 0.50)), ms(quantile(lat, 0.90)), ms(quantile(lat, 0.99)), ms(slices.Max(lat)))
+			ms(benchkit.Quantile(lat, 0.50)), ms(benchkit.Quantile(lat, 0.90)), ms(benchkit.Quantile(lat, 0.99)), ms(slices.Max(lat)))
 	}
 	w.Flush()
 	fmt.Println("targets (issue 11): wake on commit p50 ≤ 5 ms, p99 ≤ 50 ms; without a NOTIFY, within one Interval")
@@ -80,7 +80,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 // latencyOnce runs one round and returns each message's latency.
 func latencyOnce(ctx context.Context, url string, round latencyRound) ([]time.Duration, error) {
 	const table = "relaybench_latency"
-	admin, err := newPool(ctx, url, 4, nil)
+	admin, err := benchkit.Pool(ctx, url, "relaybench", 4)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +97,7 @@ func latencyOnce(ctx context.Context, url string, round latencyRound) ([]time.Du
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	var relays []*relay.Relay
 	for i := range 3 {
-		pool, err := newPoolNamed(ctx, url, 6, fmt.Sprintf("relaybench-latency-r%d", i))
+		pool, err := benchkit.Pool(ctx, url, fmt.Sprintf("relaybench-latency-r%d", i), 6)
 		if err != nil {
 			return nil, err
 		}
@@ -128,7 +128,7 @@ func latencyOnce(ctx context.Context, url string, round latencyRound) ([]time.Du
 	}()
 	time.Sleep(2 * time.Second) // every replica past its first passes and listening
 
-	producer, err := newPool(ctx, url, 2, nil)
+	producer, err := benchkit.Pool(ctx, url, "relaybench", 2)
 	if err != nil {
 		return nil, err
 	}
@@ -180,17 +180,6 @@ func latencyOnce(ctx context.Context, url string, round latencyRound) ([]time.Du
 	return lat, nil
 }
 
-// newPoolNamed is newPool with an application_name.
-func newPoolNamed(ctx context.Context, url string, maxConns int32, name string) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	pc.MaxConns = maxConns
-	pc.ConnConfig.RuntimeParams["application_name"] = name
-	return pgxpool.NewWithConfig(ctx, pc)
-}
-
 // notifyVariant is one way producers write in the notify-cost scenario.
 type notifyVariant struct {
 	name    string
@@ -200,7 +189,7 @@ type notifyVariant struct {
 
 func runNotifyCost(ctx context.Context, srv *pgserver.Server) error {
 	const table = "relaybench_notify"
-	admin, err := newPool(ctx, srv.URL, 4, nil)
+	admin, err := benchkit.Pool(ctx, srv.URL, "relaybench", 4)
 	if err != nil {
 		return err
 	}
@@ -249,9 +238,9 @@ func runNotifyCost(ctx context.Context, srv *pgserver.Server) error {
 	for i, v := range variants {
 		ratio := ""
 		if i%2 == 1 {
-			ratio = fmt.Sprintf("%.2f× the line above", median(rates[i])/median(rates[i-1]))
+			ratio = fmt.Sprintf("%.2f× the line above", benchkit.Median(rates[i])/benchkit.Median(rates[i-1]))
 		}
-		fmt.Fprintf(w, "%s\t%.0f\t%s\t%s\t\n", v.name, median(rates[i]), runsText(rates[i]), ratio)
+		fmt.Fprintf(w, "%s\t%.0f\t%s\t%s\t\n", v.name, benchkit.Median(rates[i]), runsText(rates[i]), ratio)
 	}
 	w.Flush()
 	fmt.Println("target (issue 11): wake-ups on ≥ 0.9× off")
@@ -272,7 +261,7 @@ func runsText(xs []float64) string {
 // producersRate runs n producers committing one write per transaction for d
 // and returns their commits per second.
 func producersRate(ctx context.Context, url string, n int, d time.Duration, write func(ctx context.Context, tx pgx.Tx, i int) error) (float64, error) {
-	pool, err := newPool(ctx, url, int32(n), nil)
+	pool, err := benchkit.Pool(ctx, url, "relaybench", int32(n))
 	if err != nil {
 		return 0, err
 	}

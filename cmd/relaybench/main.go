@@ -78,6 +78,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
@@ -179,7 +180,7 @@ func run(ctx context.Context) error {
 	}
 	defer srv.Stop()
 
-	admin, err := newPool(ctx, srv.URL, 4, nil)
+	admin, err := benchkit.Pool(ctx, srv.URL, "relaybench", 4)
 	if err != nil {
 		return err
 	}
@@ -445,7 +446,7 @@ func runRounds(ctx context.Context, srv *pgserver.Server, admin *pgxpool.Pool, d
 		}
 		fmt.Printf("round %d/%d: %s\n", round, *repeat, strings.Join(progress, ", "))
 	}
-	ref := refs{c1: median(c1), c1off: median(c1off), c8: median(c8)}
+	ref := refs{c1: benchkit.Median(c1), c1off: benchkit.Median(c1off), c8: benchkit.Median(c8)}
 	lines := []line{
 		{name: "pgbench -c 1 -j 1", rows: *rowsFlag, rate: ref.c1, runs: c1, ratioC1: 1, target: "reference"},
 		{name: "pgbench -c 1, synchronous_commit=off", rows: *rowsFlag, rate: ref.c1off, runs: c1off, ratioC1: ref.c1off / ref.c1, target: "reference"},
@@ -510,67 +511,6 @@ func (s sender) Send(ctx context.Context, _ relay.Message) error {
 	}
 }
 
-// drainObserver notes when the target number of messages has been recorded SENT.
-type drainObserver struct {
-	target int64
-	sent   atomic.Int64
-	failed atomic.Int64
-	last   atomic.Int64 // unix nanos of the target-th outcome
-	done   chan struct{}
-
-	mu      sync.Mutex
-	passErr error
-}
-
-func (o *drainObserver) PassDone(p relay.PassReport) {
-	if p.Err != nil {
-		o.mu.Lock()
-		o.passErr = p.Err
-		o.mu.Unlock()
-	}
-}
-
-func (o *drainObserver) MessageDone(m relay.MessageReport) {
-	if m.Outcome != relay.OutcomeSent {
-		o.failed.Add(1)
-		return
-	}
-	if o.sent.Add(1) == o.target {
-		o.last.Store(time.Now().UnixNano())
-		close(o.done)
-	}
-}
-
-// firstQuery is a pgx tracer that notes when the relay sent its first statement.
-type firstQuery struct{ at atomic.Int64 }
-
-func (f *firstQuery) mark() { f.at.CompareAndSwap(0, time.Now().UnixNano()) }
-
-func (f *firstQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	f.mark()
-	return ctx
-}
-func (f *firstQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (f *firstQuery) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	f.mark()
-	return ctx
-}
-func (f *firstQuery) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (f *firstQuery) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func newPool(ctx context.Context, url string, maxConns int32, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	pc.MaxConns = maxConns
-	pc.ConnConfig.RuntimeParams["application_name"] = "relaybench"
-	if tracer != nil {
-		pc.ConnConfig.Tracer = tracer
-	}
-	return pgxpool.NewWithConfig(ctx, pc)
-}
-
 // freshTable drops and recreates an outbox table and loads n rows into it with status.
 func freshTable(ctx context.Context, db *pgxpool.Pool, table string, n int, status string) error {
 	t := pgx.Identifier{table}.Sanitize()
@@ -592,7 +532,7 @@ func drainLine(s scenario, rates []float64, ref refs) line {
 	if s.slow {
 		n = *slowRows
 	}
-	l := line{name: s.name, rows: n, rate: median(rates), runs: rates, target: "report"}
+	l := line{name: s.name, rows: n, rate: benchkit.Median(rates), runs: rates, target: "report"}
 	if s.raw {
 		l.target = "reference"
 	}
@@ -629,8 +569,11 @@ func drainOnce(ctx context.Context, url string, admin *pgxpool.Pool, s scenario,
 	if s.raw {
 		return rawUpdates(ctx, url, s.concurrency, n, s.rawAsync)
 	}
-	first := &firstQuery{}
-	pool, err := newPool(ctx, url, int32(s.concurrency+2), first)
+	// The clock starts at the relay's first statement.
+	var firstAt atomic.Int64
+	mark := func() { firstAt.CompareAndSwap(0, time.Now().UnixNano()) }
+	first := &benchkit.Tracer{OnQuery: func(pgx.TraceQueryStartData) { mark() }, OnBatch: mark}
+	pool, err := benchkit.Pool(ctx, url, "relaybench", int32(s.concurrency+2), benchkit.Traced(first))
 	if err != nil {
 		return 0, err
 	}
@@ -647,9 +590,9 @@ func drainOnce(ctx context.Context, url string, admin *pgxpool.Pool, s scenario,
 	for _, c := range conns {
 		c.Release()
 	}
-	first.at.Store(0)
+	firstAt.Store(0)
 
-	obs := &drainObserver{target: int64(n), done: make(chan struct{})}
+	obs := benchkit.NewDrainObserver(int64(n))
 	cfg := relay.DefaultConfig()
 	cfg.AppName = benchApp
 	cfg.Table = benchTable
@@ -663,34 +606,17 @@ func drainOnce(ctx context.Context, url string, admin *pgxpool.Pool, s scenario,
 	if err != nil {
 		return 0, err
 	}
-	if err := r.Start(ctx); err != nil {
+	if err := benchkit.Drain(ctx, r, obs); err != nil {
 		return 0, err
-	}
-	timeout := time.Duration(n)*time.Second/50 + 30*time.Second // a floor of 50 msg/s
-	var waitErr error
-	select {
-	case <-obs.done:
-	case <-time.After(timeout):
-		waitErr = fmt.Errorf("only %d of %d messages sent after %s (last pass error: %v)", obs.sent.Load(), n, timeout, obs.err())
-	case <-ctx.Done():
-		waitErr = ctx.Err()
-	}
-	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := r.Stop(stopCtx); err != nil && waitErr == nil {
-		waitErr = err
-	}
-	if waitErr != nil {
-		return 0, waitErr
 	}
 	var sent int
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+benchTable+` WHERE status = 'SENT'`).Scan(&sent); err != nil {
 		return 0, err
 	}
-	if sent != n || obs.failed.Load() != 0 {
-		return 0, fmt.Errorf("%d rows SENT and %d failures, want %d and 0", sent, obs.failed.Load(), n)
+	if sent != n || obs.Failed.Load() != 0 {
+		return 0, fmt.Errorf("%d rows SENT and %d failures, want %d and 0", sent, obs.Failed.Load(), n)
 	}
-	elapsed := time.Duration(obs.last.Load() - first.at.Load())
+	elapsed := time.Duration(obs.Last().UnixNano() - firstAt.Load())
 	return float64(n) / elapsed.Seconds(), nil
 }
 
@@ -713,7 +639,7 @@ func rawUpdates(ctx context.Context, url string, conns, n int, async bool) (floa
 	if async {
 		stmt = sentAsyncSQL
 	}
-	pool, err := newPool(ctx, url, int32(conns), nil)
+	pool, err := benchkit.Pool(ctx, url, "relaybench", int32(conns))
 	if err != nil {
 		return 0, err
 	}
@@ -758,12 +684,6 @@ func rawUpdates(ctx context.Context, url string, conns, n int, async bool) (floa
 	return float64(n) / elapsed.Seconds(), nil
 }
 
-func (o *drainObserver) err() error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.passErr
-}
-
 // ---- guard: round trips and time of an empty pass ----
 
 // tripCounter counts what the pool's connections send: statements (pgx's
@@ -771,30 +691,14 @@ func (o *drainObserver) err() error {
 // to the socket, each of which is one round trip's request (pgx writes a
 // statement's messages, or a whole batch, in one write and then waits for the answer).
 type tripCounter struct {
-	queries, batches, prepares, writes atomic.Int64
+	benchkit.Tracer
+	writes atomic.Int64
 }
-
-func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.queries.Add(1)
-	return ctx
-}
-func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.batches.Add(1)
-	return ctx
-}
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-func (c *tripCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
-	c.prepares.Add(1)
-	return ctx
-}
-func (c *tripCounter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
 type counts struct{ queries, batches, prepares, writes int64 }
 
 func (c *tripCounter) snapshot() counts {
-	return counts{c.queries.Load(), c.batches.Load(), c.prepares.Load(), c.writes.Load()}
+	return counts{c.Queries.Load(), c.Batches.Load(), c.Prepares.Load(), c.writes.Load()}
 }
 
 func (a counts) minus(b counts) counts {
@@ -928,7 +832,7 @@ func runGuard(ctx context.Context, url string, admin *pgxpool.Pool) error {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "pass\tround trips (socket writes)\tstatements\tbatches\tprepares\tmedian\tp90\t")
 	for _, r := range results {
-		med, p90 := quantile(r.times, 0.5), quantile(r.times, 0.9)
+		med, p90 := benchkit.Quantile(r.times, 0.5), benchkit.Quantile(r.times, 0.9)
 		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", r.name, r.per.writes, r.per.queries, r.per.batches, r.per.prepares,
 			med.Round(time.Microsecond), p90.Round(time.Microsecond))
 	}
@@ -942,8 +846,8 @@ func runGuard(ctx context.Context, url string, admin *pgxpool.Pool) error {
 		return "FAIL"
 	}
 	fmt.Printf("guard: elected − direct = %d round trips, %s (target ≤ 2: %s); coalesced = %d round trip(s), %s (target 1: %s)\n",
-		extra, (quantile(e.times, 0.5) - quantile(d.times, 0.5)).Round(time.Microsecond), verdict(extra <= 2),
-		c.per.writes, quantile(c.times, 0.5).Round(time.Microsecond), verdict(c.per.writes == 1))
+		extra, (benchkit.Quantile(e.times, 0.5) - benchkit.Quantile(d.times, 0.5)).Round(time.Microsecond), verdict(extra <= 2),
+		c.per.writes, benchkit.Quantile(c.times, 0.5).Round(time.Microsecond), verdict(c.per.writes == 1))
 	_, err = admin.Exec(ctx, `DROP TABLE IF EXISTS `+table)
 	return err
 }
@@ -952,20 +856,24 @@ func runGuard(ctx context.Context, url string, admin *pgxpool.Pool) error {
 
 // fetchCapture keeps the last statement that starts with SELECT and its arguments: the pass's fetch.
 type fetchCapture struct {
+	benchkit.Tracer
 	mu   sync.Mutex
 	sql  string
 	args []any
 }
 
-func (f *fetchCapture) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.HasPrefix(strings.TrimSpace(d.SQL), "SELECT") {
-		f.mu.Lock()
-		f.sql, f.args = d.SQL, slices.Clone(d.Args)
-		f.mu.Unlock()
+// newFetchCapture returns a fetchCapture, tracing.
+func newFetchCapture() *fetchCapture {
+	f := &fetchCapture{}
+	f.OnQuery = func(d pgx.TraceQueryStartData) {
+		if strings.HasPrefix(strings.TrimSpace(d.SQL), "SELECT") {
+			f.mu.Lock()
+			f.sql, f.args = d.SQL, slices.Clone(d.Args)
+			f.mu.Unlock()
+		}
 	}
-	return ctx
+	return f
 }
-func (f *fetchCapture) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func runHistory(ctx context.Context, url string, admin *pgxpool.Pool) error {
 	small, large := 10_000, *historyRows
@@ -986,14 +894,14 @@ func runHistory(ctx context.Context, url string, admin *pgxpool.Pool) error {
 		_ = admin.QueryRow(ctx, `SELECT pg_size_pretty(pg_total_relation_size($1::regclass))`, t.name).Scan(&size)
 		fmt.Printf("history: %s: %d rows, %s with indexes, loaded and vacuumed in %.1fs\n", t.name, t.rows, size, time.Since(start).Seconds())
 	}
-	capture := &fetchCapture{}
+	capture := newFetchCapture()
 	type target struct {
 		relay *relay.Relay
 		times []time.Duration
 	}
 	var targets []*target
 	for _, t := range tables {
-		pool, err := newPool(ctx, url, 4, capture)
+		pool, err := benchkit.Pool(ctx, url, "relaybench", 4, benchkit.Traced(capture))
 		if err != nil {
 			return err
 		}
@@ -1024,7 +932,7 @@ func runHistory(ctx context.Context, url string, admin *pgxpool.Pool) error {
 			}
 		}
 	}
-	ms, ml := quantile(targets[0].times, 0.5), quantile(targets[1].times, 0.5)
+	ms, ml := benchkit.Quantile(targets[0].times, 0.5), benchkit.Quantile(targets[1].times, 0.5)
 	ratio := float64(ml) / float64(ms)
 	verdict := "FAIL"
 	if ratio <= 1.5 {
@@ -1134,7 +1042,7 @@ func backlogFetch(ctx context.Context, db *pgxpool.Pool, largeSQL string, args [
 			}
 		}
 	}
-	ms, ml := quantile(times[small], 0.5), quantile(times[large], 0.5)
+	ms, ml := benchkit.Quantile(times[small], 0.5), benchkit.Quantile(times[large], 0.5)
 	fmt.Printf("history: fetch of a full batch with %d PENDING rows on top (informative), median of 50: %s over the small history, %s over the large one: ratio %.2f\n",
 		backlogFetchRows, ms.Round(time.Microsecond), ml.Round(time.Microsecond), float64(ml)/float64(ms))
 	rows, err := db.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+largeSQL, args...)
@@ -1152,27 +1060,4 @@ func backlogFetch(ctx context.Context, db *pgxpool.Pool, largeSQL string, args [
 		}
 	}
 	return nil
-}
-
-// ---- statistics ----
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[min(int(q*float64(len(s))), len(s)-1)]
 }

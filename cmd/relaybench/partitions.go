@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 )
 
 // ---- partitions: the scale of a partitioned election, and its guard's cost ----
@@ -83,14 +84,14 @@ func runPartitions(ctx context.Context, url string, admin *pgxpool.Pool) error {
 		parted = append(parted, rate)
 		settles = append(settles, settle)
 	}
-	ratio := median(parted) / median(single)
+	ratio := benchkit.Median(parted) / benchkit.Median(single)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "replicas\tPartitions\tmsg/s (median)\truns\t")
-	fmt.Fprintf(w, "1\t1\t%.0f\t%s\t\n", median(single), runsText(single))
-	fmt.Fprintf(w, "%d\t%d\t%.0f\t%s\t\n", partitionsReplicas, partitionsN, median(parted), runsText(parted))
+	fmt.Fprintf(w, "1\t1\t%.0f\t%s\t\n", benchkit.Median(single), runsText(single))
+	fmt.Fprintf(w, "%d\t%d\t%.0f\t%s\t\n", partitionsReplicas, partitionsN, benchkit.Median(parted), runsText(parted))
 	w.Flush()
 	fmt.Printf("partitions: %d replicas = %.2f× 1 replica (target ≥ 3.5×: %s); shares settled %s after the %d replicas started (median)\n",
-		partitionsReplicas, ratio, verdictOf(ratio >= 3.5), quantile(settles, 0.5).Round(time.Millisecond), partitionsReplicas)
+		partitionsReplicas, ratio, verdictOf(ratio >= 3.5), benchkit.Quantile(settles, 0.5).Round(time.Millisecond), partitionsReplicas)
 	if err := partitionsGuard(ctx, url, admin); err != nil {
 		return fmt.Errorf("guard: %w", err)
 	}
@@ -117,7 +118,7 @@ func partitionsOnce(ctx context.Context, url string, admin *pgxpool.Pool, replic
 		return 0, 0, err
 	}
 	n := *partitionRows
-	obs := &drainObserver{target: int64(n), done: make(chan struct{})}
+	obs := benchkit.NewDrainObserver(int64(n))
 	dest := &orderedSender{delay: partitionsDelay, sent: map[int64]bool{}, last: map[string]int64{}}
 	var relays []*relay.Relay
 	var pools []*pgxpool.Pool
@@ -135,7 +136,7 @@ func partitionsOnce(ctx context.Context, url string, admin *pgxpool.Pool, replic
 	for range replicas {
 		// Each replica its own pool, as in its own process: the membership's
 		// session, the select, the workers' and the listener's.
-		pool, err := newPool(ctx, url, partitionsConc+4, nil)
+		pool, err := benchkit.Pool(ctx, url, "relaybench", partitionsConc+4)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -182,17 +183,17 @@ func partitionsOnce(ctx context.Context, url string, admin *pgxpool.Pool, replic
 	}
 	timeout := time.Duration(n)*time.Second/20 + 30*time.Second
 	select {
-	case <-obs.done:
+	case <-obs.Done():
 	case <-time.After(timeout):
-		return 0, 0, fmt.Errorf("only %d of %d messages sent after %s (last pass error: %v)", obs.sent.Load(), n, timeout, obs.err())
+		return 0, 0, fmt.Errorf("only %d of %d messages sent after %s (last pass error: %v)", obs.Sent.Load(), n, timeout, obs.Err())
 	case <-ctx.Done():
 		return 0, 0, ctx.Err()
 	}
-	elapsed := time.Duration(obs.last.Load() - start.UnixNano())
+	elapsed := obs.Last().Sub(start)
 	dest.mu.Lock()
 	defer dest.mu.Unlock()
-	if dest.repeats != 0 || dest.disorders != 0 || obs.failed.Load() != 0 {
-		return 0, 0, fmt.Errorf("%d repeats, %d out of key order and %d failures, want none", dest.repeats, dest.disorders, obs.failed.Load())
+	if dest.repeats != 0 || dest.disorders != 0 || obs.Failed.Load() != 0 {
+		return 0, 0, fmt.Errorf("%d repeats, %d out of key order and %d failures, want none", dest.repeats, dest.disorders, obs.Failed.Load())
 	}
 	return float64(n) / elapsed.Seconds(), settle, nil
 }
@@ -280,10 +281,10 @@ func partitionsGuard(ctx context.Context, url string, admin *pgxpool.Pool) error
 	fmt.Fprintln(w, "pass\tround trips (socket writes)\tstatements\tbatches\tmedian\tp90\t")
 	for _, t := range targets {
 		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t\n", t.name, t.per.writes, t.per.queries, t.per.batches,
-			quantile(t.times, 0.5).Round(time.Microsecond), quantile(t.times, 0.9).Round(time.Microsecond))
+			benchkit.Quantile(t.times, 0.5).Round(time.Microsecond), benchkit.Quantile(t.times, 0.9).Round(time.Microsecond))
 	}
 	w.Flush()
-	ratio := float64(quantile(targets[1].times, 0.5)) / float64(quantile(targets[0].times, 0.5))
+	ratio := float64(benchkit.Quantile(targets[1].times, 0.5)) / float64(benchkit.Quantile(targets[0].times, 0.5))
 	fmt.Printf("partitions guard: partitioned / single key = %.2f× (target ≤ 2×: %s)\n", ratio, verdictOf(ratio <= 2))
 	_, err := admin.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+partitionsTable)
 	return err

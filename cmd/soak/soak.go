@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
@@ -122,13 +123,7 @@ func (s *soak) close() {
 }
 
 func (s *soak) newPool(ctx context.Context, appName string, maxConns int32) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(s.srv.URL)
-	if err != nil {
-		return nil, err
-	}
-	pc.MaxConns = maxConns
-	pc.ConnConfig.RuntimeParams["application_name"] = appName
-	return pgxpool.NewWithConfig(ctx, pc)
+	return benchkit.Pool(ctx, s.srv.URL, appName, maxConns)
 }
 
 // replicaPrefix starts the application_name of every replica's sessions.
