@@ -46,29 +46,28 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"slices"
 	"strings"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 	"github.com/xadm/relay/internal/pgserver"
 	"github.com/xadm/relay/natsjs"
 )
 
 var (
-	rowsFlag    = flag.Int("rows", 20_000, "rows per run")
-	batchFlag   = flag.Int("batch", 1000, "Config.BatchSize")
+	drainFlags  = benchkit.RegisterDrainFlags(nil, 20_000, 1000, 3)
+	rowsFlag    = drainFlags.Rows
+	batchFlag   = drainFlags.Batch
+	roundsFlag  = drainFlags.Rounds
+	concFlag    = drainFlags.Concurrency
 	groupFlag   = flag.Int("group", 1000, "Config.GroupOutcomes of the grouped runs")
-	roundsFlag  = flag.Int("rounds", 3, "rounds; the table shows medians")
-	concFlag    = flag.Int("concurrency", 1, "Config.Concurrency")
 	storageFlag = flag.String("storage", "file", "JetStream storage of the stream: file or memory")
 	rttFlag     = flag.Duration("rtt", 0, "round-trip time added between the relay and the server, as a network would (0: none, the server is in-process)")
 )
@@ -104,8 +103,11 @@ type outcomes struct {
 }
 
 func run(ctx context.Context) error {
-	if *rowsFlag < 1 || *batchFlag < 1 || *roundsFlag < 1 || *concFlag < 1 || *groupFlag < 0 {
-		return errors.New("-rows, -batch, -rounds and -concurrency must be positive, -group not negative")
+	if err := drainFlags.Check(); err != nil {
+		return err
+	}
+	if *groupFlag < 0 {
+		return fmt.Errorf("-group must not be negative, got %d", *groupFlag)
 	}
 	storage := jetstream.FileStorage
 	switch *storageFlag {
@@ -150,12 +152,12 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	counted := &countingSender{}
 	sender, err := natsjs.New(js, natsjs.Config{Type: benchType})
 	if err != nil {
 		return err
 	}
-	counted.inner = sender
+	var calls benchkit.Calls // how the engine called the sender
+	counted := benchkit.Counted(sender, &calls)
 
 	rtt, err := measureRTT(nc)
 	if err != nil {
@@ -181,11 +183,11 @@ func run(ctx context.Context) error {
 				var s relay.Sender
 				switch d.name {
 				case "no-op":
-					s = relay.SenderFunc(benchType, func(context.Context, relay.Message) error { return nil })
+					s = benchkit.Noop(benchType)
 				case "nats":
 					s = counted
 				case "nats-sync":
-					s = perMessage{sender}
+					s = benchkit.PerMessage(sender)
 				}
 				rate, err := drain(ctx, pg.URL, js, storage, fmt.Sprintf("natsbench_%d", seq), o.group, d.name != "no-op", s)
 				if err != nil {
@@ -202,11 +204,11 @@ func run(ctx context.Context) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "outcomes\tdestination\tmsg/s\t× no-op\t× nats-sync\truns (msg/s)\t")
 	for _, o := range modes {
-		noop := median(rates[o.name+"/no-op"])
-		sync := median(rates[o.name+"/nats-sync"])
+		noop := benchkit.Median(rates[o.name+"/no-op"])
+		sync := benchkit.Median(rates[o.name+"/nats-sync"])
 		for _, d := range destinations {
 			rs := rates[o.name+"/"+d.name]
-			m := median(rs)
+			m := benchkit.Median(rs)
 			vsSync := ""
 			if d.name != "no-op" {
 				vsSync = fmt.Sprintf("%.2f", m/sync)
@@ -223,8 +225,8 @@ func run(ctx context.Context) error {
 	}
 	g := modes[1].name
 	fmt.Printf("\ntargets (issue 10): nats ≥ 0.70 × no-op with %s: %.2f; nats ≥ 5 × nats-sync: %.2f\n",
-		g, median(rates[g+"/nats"])/median(rates[g+"/no-op"]), median(rates[g+"/nats"])/median(rates[g+"/nats-sync"]))
-	batches, msgs, sends := counted.batches.Load(), counted.batched.Load(), counted.sends.Load()
+		g, benchkit.Median(rates[g+"/nats"])/benchkit.Median(rates[g+"/no-op"]), benchkit.Median(rates[g+"/nats"])/benchkit.Median(rates[g+"/nats-sync"]))
+	batches, msgs, sends := calls.Batches.Load(), calls.Batched.Load(), calls.Sends.Load()
 	if batches > 0 {
 		fmt.Printf("the engine called SendBatch %d times (%.0f messages a call on average) and Send %d times\n",
 			batches, float64(msgs)/float64(batches), sends)
@@ -258,24 +260,10 @@ func senderAlone(ctx context.Context, js jetstream.JetStream, storage jetstream.
 				ms[i] = relay.Message{ID: id, Type: benchType, Key: fmt.Sprintf("key-%d", i),
 					Payload: fmt.Appendf(nil, `{"n": %d, "text": "%s"}`, i, strings.Repeat("x", 64))}
 			}
-			start := time.Now()
-			for lo := 0; lo < n; lo += batch {
-				chunk := ms[lo:min(lo+batch, n)]
-				sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				var errs []error
-				if mode == "batch" {
-					errs = s.SendBatch(sctx, chunk)
-				} else {
-					for _, m := range chunk {
-						errs = append(errs, s.Send(sctx, m))
-					}
-				}
-				cancel()
-				if err := errors.Join(errs...); err != nil {
-					return fmt.Errorf("sender alone, %s: %w", mode, err)
-				}
+			rate, err := benchkit.SenderAlone(ctx, s, ms, batch, mode == "batch")
+			if err != nil {
+				return fmt.Errorf("sender alone, %s: %w", mode, err)
 			}
-			rate := float64(n) / time.Since(start).Seconds()
 			if mode == "batch" {
 				batched = append(batched, rate)
 			} else {
@@ -283,7 +271,7 @@ func senderAlone(ctx context.Context, js jetstream.JetStream, storage jetstream.
 			}
 		}
 	}
-	b, one := median(batched), median(single)
+	b, one := benchkit.Median(batched), benchkit.Median(single)
 	fmt.Printf("sender alone (no database): SendBatch of %d: %.0f msg/s; Send one at a time: %.0f msg/s; ratio %.1f\n\n",
 		batch, b, one, b/one)
 	return nil
@@ -299,7 +287,7 @@ func measureRTT(nc *nats.Conn) (time.Duration, error) {
 		}
 		rtts = append(rtts, float64(d))
 	}
-	return time.Duration(median(rtts)), nil
+	return time.Duration(benchkit.Median(rtts)), nil
 }
 
 // startNATS starts an embedded JetStream server on a free port of 127.0.0.1.
@@ -326,12 +314,7 @@ func startNATS() (*server.Server, error) {
 func drain(ctx context.Context, url string, js jetstream.JetStream, storage jetstream.StorageType,
 	table string, group int, toNATS bool, s relay.Sender) (float64, error) {
 	n := *rowsFlag
-	pc, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return 0, err
-	}
-	pc.MaxConns = int32(*concFlag + 2)
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	pool, err := benchkit.Pool(ctx, url, "natsbench", int32(*concFlag+2))
 	if err != nil {
 		return 0, err
 	}
@@ -364,7 +347,7 @@ func drain(ctx context.Context, url string, js jetstream.JetStream, storage jets
 		}
 	}
 
-	obs := &observer{target: int64(n), done: make(chan struct{})}
+	obs := benchkit.NewDrainObserver(int64(n))
 	cfg := relay.DefaultConfig()
 	cfg.AppName = table
 	cfg.Table = table
@@ -378,34 +361,17 @@ func drain(ctx context.Context, url string, js jetstream.JetStream, storage jets
 		return 0, err
 	}
 	start := time.Now()
-	if err := r.Start(ctx); err != nil {
+	if err := benchkit.Drain(ctx, r, obs); err != nil {
 		return 0, err
 	}
-	timeout := time.Duration(n)*time.Second/50 + 30*time.Second // a floor of 50 msg/s
-	var waitErr error
-	select {
-	case <-obs.done:
-	case <-time.After(timeout):
-		waitErr = fmt.Errorf("only %d of %d messages sent after %s (%d failed)", obs.sent.Load(), n, timeout, obs.failed.Load())
-	case <-ctx.Done():
-		waitErr = ctx.Err()
-	}
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := r.Stop(stopCtx); err != nil && waitErr == nil {
-		waitErr = err
-	}
-	if waitErr != nil {
-		return 0, waitErr
-	}
-	elapsed := time.Duration(obs.last.Load() - start.UnixNano())
+	elapsed := obs.Last().Sub(start)
 
 	var sent int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` WHERE status = 'SENT'`).Scan(&sent); err != nil {
 		return 0, err
 	}
-	if sent != n || obs.failed.Load() != 0 {
-		return 0, fmt.Errorf("%d rows SENT and %d failures, want %d and 0", sent, obs.failed.Load(), n)
+	if sent != n || obs.Failed.Load() != 0 {
+		return 0, fmt.Errorf("%d rows SENT and %d failures, want %d and 0", sent, obs.Failed.Load(), n)
 	}
 	if toNATS {
 		st, err := js.Stream(ctx, "BENCH")
@@ -421,65 +387,4 @@ func drain(ctx context.Context, url string, js jetstream.JetStream, storage jets
 		}
 	}
 	return float64(n) / elapsed.Seconds(), nil
-}
-
-// observer notes when the target number of messages has been recorded SENT.
-type observer struct {
-	target int64
-	sent   atomic.Int64
-	failed atomic.Int64
-	last   atomic.Int64 // unix nanos of the target-th outcome
-	done   chan struct{}
-}
-
-func (o *observer) PassDone(relay.PassReport) {}
-
-func (o *observer) MessageDone(m relay.MessageReport) {
-	if m.Outcome != relay.OutcomeSent {
-		o.failed.Add(1)
-		return
-	}
-	if o.sent.Add(1) == o.target {
-		o.last.Store(time.Now().UnixNano())
-		close(o.done)
-	}
-}
-
-// countingSender counts how the engine calls the natsjs sender.
-type countingSender struct {
-	inner   *natsjs.Sender
-	sends   atomic.Int64
-	batches atomic.Int64
-	batched atomic.Int64
-}
-
-func (c *countingSender) Type() string { return c.inner.Type() }
-
-func (c *countingSender) Send(ctx context.Context, m relay.Message) error {
-	c.sends.Add(1)
-	return c.inner.Send(ctx, m)
-}
-
-func (c *countingSender) SendBatch(ctx context.Context, ms []relay.Message) []error {
-	c.batches.Add(1)
-	c.batched.Add(int64(len(ms)))
-	return c.inner.SendBatch(ctx, ms)
-}
-
-// perMessage hides SendBatch: the engine sees a plain relay.Sender.
-type perMessage struct{ s relay.Sender }
-
-func (p perMessage) Type() string                                    { return p.s.Type() }
-func (p perMessage) Send(ctx context.Context, m relay.Message) error { return p.s.Send(ctx, m) }
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
