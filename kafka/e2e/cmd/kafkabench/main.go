@@ -43,8 +43,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"slices"
-	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -54,16 +52,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 	"github.com/xadm/relay/internal/pgserver"
 	"github.com/xadm/relay/kafka"
 )
 
 var (
-	rowsFlag    = flag.Int("rows", 20000, "rows of the backlog each drain delivers")
-	batchFlag   = flag.Int("batch", 1000, "Config.BatchSize, and Config.GroupOutcomes of the grouped runs")
-	roundsFlag  = flag.Int("rounds", 3, "rounds; the table shows each figure's median")
+	drainFlags  = benchkit.RegisterDrainFlags(nil, 20000, 1000, 3) // -batch is also GroupOutcomes of the grouped runs
+	rowsFlag    = drainFlags.Rows
+	batchFlag   = drainFlags.Batch
+	roundsFlag  = drainFlags.Rounds
+	concFlag    = drainFlags.Concurrency
 	keysFlag    = flag.Int("keys", 0, "distinct natural keys among the rows; 0: one per row")
-	concFlag    = flag.Int("concurrency", 1, "Config.Concurrency")
 	partsFlag   = flag.Int("partitions", 8, "partitions of each topic")
 	payloadFlag = flag.Int("payload", 100, "bytes of padding in each message's JSON payload")
 )
@@ -88,22 +88,21 @@ type destination struct {
 
 var destinations = []destination{
 	{"no-op sink", func(*bench, string) (relay.Sender, func(), error) {
-		return relay.SenderFunc(msgType, func(context.Context, relay.Message) error { return nil }), func() {}, nil
+		return benchkit.Noop(msgType), func() {}, nil
 	}},
 	{"kafka (batch)", func(b *bench, topic string) (relay.Sender, func(), error) {
 		s, err := b.kafkaSender(topic)
 		if err != nil {
 			return nil, nil, err
 		}
-		c := &counted{Sender: s, calls: &b.calls}
-		return c, s.Close, nil
+		return benchkit.Counted(s, &b.calls), s.Close, nil
 	}},
 	{"kafka (per message)", func(b *bench, topic string) (relay.Sender, func(), error) {
 		s, err := b.kafkaSender(topic)
 		if err != nil {
 			return nil, nil, err
 		}
-		return perMessage{&counted{Sender: s, calls: &b.calls}}, s.Close, nil
+		return benchkit.PerMessage(benchkit.Counted(s, &b.calls)), s.Close, nil
 	}},
 }
 
@@ -118,45 +117,9 @@ type bench struct {
 	srv     *pgserver.Server
 	cluster *kfake.Cluster
 	pool    *pgxpool.Pool
-	calls   calls
+	calls   benchkit.Calls // how the engine called the Kafka sender during one drain
 	tables  int
 }
-
-// calls counts how the engine called the Kafka sender during one drain.
-type calls struct{ send, batches, batched atomic.Int64 }
-
-func (c *calls) reset() { c.send.Store(0); c.batches.Store(0); c.batched.Store(0) }
-
-func (c *calls) String() string {
-	s := fmt.Sprintf("Send %d", c.send.Load())
-	if n := c.batches.Load(); n > 0 {
-		s += fmt.Sprintf(", SendBatch %d (%.0f msgs each)", n, float64(c.batched.Load())/float64(n))
-	}
-	return s
-}
-
-// counted is the kafka.Sender, counting its calls.
-type counted struct {
-	*kafka.Sender
-	calls *calls
-}
-
-func (c *counted) Send(ctx context.Context, m relay.Message) error {
-	c.calls.send.Add(1)
-	return c.Sender.Send(ctx, m)
-}
-
-func (c *counted) SendBatch(ctx context.Context, ms []relay.Message) []error {
-	c.calls.batches.Add(1)
-	c.calls.batched.Add(int64(len(ms)))
-	return c.Sender.SendBatch(ctx, ms)
-}
-
-// perMessage hides SendBatch: the engine sees a plain relay.Sender.
-type perMessage struct{ s *counted }
-
-func (p perMessage) Type() string                                    { return p.s.Type() }
-func (p perMessage) Send(ctx context.Context, m relay.Message) error { return p.s.Send(ctx, m) }
 
 func (b *bench) kafkaSender(topic string) (*kafka.Sender, error) {
 	return kafka.NewSender(kafka.Config{Type: msgType, Topic: topic, Brokers: b.cluster.ListenAddrs()})
@@ -169,8 +132,11 @@ type result struct {
 }
 
 func run(ctx context.Context) error {
-	if *rowsFlag < 1 || *batchFlag < 1 || *roundsFlag < 1 || *keysFlag < 0 || *concFlag < 1 || *partsFlag < 1 || *payloadFlag < 0 {
-		return errors.New("-rows, -batch, -rounds, -concurrency and -partitions must be at least 1; -keys and -payload at least 0")
+	if err := drainFlags.Check(); err != nil {
+		return err
+	}
+	if *keysFlag < 0 || *partsFlag < 1 || *payloadFlag < 0 {
+		return errors.New("-partitions must be at least 1; -keys and -payload at least 0")
 	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	srv, err := pgserver.StartWith(sctx, "DATABASE_URL", pgserver.Options{Durable: true})
@@ -184,12 +150,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer cluster.Close()
-	pc, err := pgxpool.ParseConfig(srv.URL)
-	if err != nil {
-		return err
-	}
-	pc.MaxConns = int32(*concFlag + 4)
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	pool, err := benchkit.Pool(ctx, srv.URL, "kafkabench", int32(*concFlag+4))
 	if err != nil {
 		return err
 	}
@@ -233,7 +194,7 @@ func run(ctx context.Context) error {
 		}
 		for di, d := range destinations {
 			k := [2]int{mi, di}
-			medians[k] = median(rates[k])
+			medians[k] = benchkit.Median(rates[k])
 			fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.2f\t%s\n", name, d.name, medians[k], medians[k]/medians[[2]int{mi, 0}], lastCalls[k])
 		}
 	}
@@ -252,7 +213,7 @@ func run(ctx context.Context) error {
 		}
 	}
 	fmt.Printf("\nthe sender alone, no relay (%d messages): SendBatch of %d: %.0f msg/s; Send, one at a time: %.0f msg/s (%.1f×)\n",
-		*rowsFlag, *batchFlag, median(direct[0]), median(direct[1]), median(direct[0])/median(direct[1]))
+		*rowsFlag, *batchFlag, benchkit.Median(direct[0]), benchkit.Median(direct[1]), benchkit.Median(direct[0])/benchkit.Median(direct[1]))
 
 	fmt.Println()
 	for mi, mode := range outcomeModes {
@@ -300,7 +261,7 @@ func (b *bench) drain(ctx context.Context, d destination, group int) (result, er
 		return result{}, err
 	}
 
-	b.calls.reset()
+	b.calls.Reset()
 	s, closeSender, err := d.sender(b, topic)
 	if err != nil {
 		return result{}, err
@@ -380,29 +341,5 @@ func (b *bench) senderAlone(ctx context.Context, batched bool) (float64, error) 
 		ms[i] = relay.Message{ID: int64(i + 1), Type: msgType, Key: fmt.Sprint("key-", i),
 			Payload: fmt.Appendf(nil, `{"n": %d, "pad": %q}`, i, make([]byte, *payloadFlag)), CreatedAt: time.Now()}
 	}
-	start := time.Now()
-	for i := 0; i < len(ms); i += *batchFlag {
-		chunk := ms[i:min(i+*batchFlag, len(ms))]
-		if batched {
-			if err := errors.Join(s.SendBatch(ctx, chunk)...); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		for _, m := range chunk {
-			if err := s.Send(ctx, m); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return float64(len(ms)) / time.Since(start).Seconds(), nil
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	return benchkit.SenderAlone(ctx, s, ms, *batchFlag, batched)
 }
