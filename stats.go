@@ -76,9 +76,6 @@ const (
 	OutcomeDead  Outcome = "DEAD"  // failed at the ceiling, refused as permanent, or undeliverable: not retried
 )
 
-// String returns the outcome's text, "SENT", "ERROR" or "DEAD".
-func (o Outcome) String() string { return string(o) }
-
 // counters are the relay's running totals behind Stats.
 type counters struct {
 	elected, coalesced, passFailed, sent, failed, dead atomic.Int64

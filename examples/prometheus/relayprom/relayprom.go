@@ -109,7 +109,7 @@ func (o *Observer) PassDone(p relay.PassReport) {
 
 // MessageDone implements [relay.Observer].
 func (o *Observer) MessageDone(m relay.MessageReport) {
-	o.messages.WithLabelValues(m.Type, strings.ToLower(m.Outcome.String())).Inc()
+	o.messages.WithLabelValues(m.Type, strings.ToLower(string(m.Outcome))).Inc()
 	o.sendDuration.WithLabelValues(m.Type).Observe(m.Duration.Seconds())
 }
 
