@@ -135,7 +135,7 @@ func memRelay(t *testing.T, concurrency, batch int, s Sender) *Relay {
 // runMem runs one pass of r's engine over t.
 func runMem(r *Relay, t *memTable, o passOpts) passResult {
 	e := r.newEngine(context.Background(), o, t)
-	e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res}
+	e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res, pipeline: outcomePipeline}
 	e.rec.outcomeStrategy = memOutcomes{rc: e.rec, t: t}
 	e.run()
 	return e.res

@@ -73,6 +73,12 @@ const (
 	// round trip (each in its own transaction). It is also what a crash of the
 	// relay re-delivers at most, per worker, beyond the messages in flight.
 	outcomePipeline = 8
+	// adaptivePipeline is outcomePipeline for the adaptive default: what
+	// queues behind one write goes in the next as one statement, so a worker
+	// may run further ahead of its writes. A crash of the relay re-delivers
+	// at most this many per worker, beyond the message in flight
+	// (docs/decisions/0037-adaptive-outcomes.md).
+	adaptivePipeline = 64
 )
 
 // ErrPoolExhausted says the relay's pool had no free connection within a few
@@ -138,11 +144,13 @@ func (h *heldConn) release() {
 }
 
 // recorder records the outcomes of one pass through its strategy, chosen once
-// per pass (newRecorder): each outcome in its own short transaction on the
-// sending worker's held connection (eachOutcomes, outcomes_each.go), or, with
-// GroupOutcomes > 1, up to that many in one statement on a connection the
-// strategy holds (groupedOutcomes, outcomes_grouped.go). Both write through
-// recorder.write, which fences, retries and reports. The first failure to
+// per pass (newRecorder) from GroupOutcomes: by default (0) as soon as the
+// sending worker's writer is free, alone when they trickle and together when
+// they queue (adaptiveOutcomes, outcomes_adaptive.go); with 1, each in its own
+// short transaction (eachOutcomes, outcomes_each.go); above 1, up to that many
+// in one statement on a connection the strategy holds (groupedOutcomes,
+// outcomes_grouped.go). All write through recorder.writeAs, which fences,
+// retries and reports. The first failure to
 // record stops the pass: nothing new is sent, and the messages whose outcome
 // was lost are held back from re-sending.
 //
@@ -154,6 +162,10 @@ type recorder struct {
 	ctx context.Context // never cancelled: a send that happened is recorded even during a stop
 	res *passResult
 	outcomeStrategy
+
+	// pipeline is how many of a worker's outcomes may wait to be written
+	// while it sends on, and so how many its writer hands over at once.
+	pipeline int
 
 	mu  sync.Mutex
 	err error // the first failure that stops the pass
@@ -176,11 +188,14 @@ type outcomeStrategy interface {
 }
 
 func (r *Relay) newRecorder(ctx context.Context, res *passResult) *recorder {
-	rc := &recorder{r: r, ctx: context.WithoutCancel(ctx), res: res}
-	if r.cfg.GroupOutcomes > 1 {
-		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: r.cfg.GroupOutcomes, conn: heldConn{pool: r.pool}}
-	} else {
+	rc := &recorder{r: r, ctx: context.WithoutCancel(ctx), res: res, pipeline: outcomePipeline}
+	switch n := r.cfg.GroupOutcomes; {
+	case n > 1:
+		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.pool}}
+	case n == 1:
 		rc.outcomeStrategy = eachOutcomes{rc}
+	default:
+		rc.outcomeStrategy, rc.pipeline = adaptiveOutcomes{rc}, adaptivePipeline
 	}
 	return rc
 }
@@ -212,13 +227,27 @@ func (rc *recorder) errorOf() error { return rc.keep(nil) }
 // It returns the outcomes it recorded, for the caller to [recorder.report]
 // once it holds no lock.
 func (rc *recorder) write(ds []delivery, conn *heldConn) ([]delivery, error) {
-	return rc.writeEach(ds, conn, false)
+	return rc.writeAs(ds, conn, writeTogether)
 }
 
-// writeEach is write; with each, ds are written one transaction each, in one
-// round trip (repository.recordEach), and a statement that fails alone is
-// written again on its own, as write would write it.
-func (rc *recorder) writeEach(ds []delivery, conn *heldConn, each bool) (recorded []delivery, err error) {
+// writeMode is how writeAs writes several outcomes.
+type writeMode int
+
+const (
+	// writeTogether writes them in one statement, one transaction.
+	writeTogether writeMode = iota
+	// writeApart writes each in its own transaction, all in one round trip
+	// (repository.recordEach); a statement that fails alone is written again
+	// on its own, as write would write it.
+	writeApart
+	// writeTogetherOrApart writes them together, and apart if the server
+	// refuses the statement as a whole: one row's failure (a constraint, a
+	// trigger) never costs the others their outcome.
+	writeTogetherOrApart
+)
+
+// writeAs is write, with several outcomes written as mode says.
+func (rc *recorder) writeAs(ds []delivery, conn *heldConn, mode writeMode) (recorded []delivery, err error) {
 	r := rc.r
 	ctx, cancel := context.WithTimeout(rc.ctx, outcomeTimeout)
 	defer cancel()
@@ -229,7 +258,7 @@ func (rc *recorder) writeEach(ds []delivery, conn *heldConn, each bool) (recorde
 		if err != nil {
 			return nil, err
 		}
-		if each && len(ds) > 1 {
+		if mode == writeApart && len(ds) > 1 {
 			var stale map[int64]bool
 			stale, failed, err = r.repo.recordEach(ctx, c, ds, r.cfg.MaxAttempts, width)
 			return stale, err
@@ -256,6 +285,9 @@ func (rc *recorder) writeEach(ds []delivery, conn *heldConn, each bool) (recorde
 			}
 		}
 		stale, err = record()
+	}
+	if err != nil && mode == writeTogetherOrApart && len(ds) > 1 && sqlState(err) != "" && !connectionFailed(err) && ctx.Err() == nil {
+		return rc.writeAs(ds, conn, writeApart)
 	}
 	if err != nil {
 		return nil, rc.unrecorded(ctx, ds, err)

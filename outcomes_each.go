@@ -2,7 +2,7 @@ package relay
 
 import "context"
 
-// eachOutcomes records each outcome in its own short transaction, on the
+// eachOutcomes (GroupOutcomes 1) records each outcome in its own short transaction, on the
 // connection the sending worker's writer holds from before its first send;
 // what waits to be written while the worker sends on goes in one round trip
 // (a pipeline, one transaction per outcome). A crash re-delivers at most the
@@ -17,7 +17,7 @@ func (s eachOutcomes) hold(ctx context.Context, conn *heldConn) error {
 }
 
 func (s eachOutcomes) add(ds []delivery, conn *heldConn) error {
-	recorded, err := s.rc.writeEach(ds, conn, true)
+	recorded, err := s.rc.writeAs(ds, conn, writeApart)
 	s.rc.report(recorded)
 	return s.rc.keep(err)
 }

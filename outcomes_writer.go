@@ -14,7 +14,7 @@ type writer struct {
 	rc    *recorder
 	conn  heldConn
 	in    chan submission
-	slots chan struct{} // one per outcome handed over and not yet recorded: at most outcomePipeline
+	slots chan struct{} // one per outcome handed over and not yet recorded: at most the recorder's pipeline
 	done  chan struct{}
 }
 
@@ -29,10 +29,10 @@ type submission struct {
 
 // newWriter starts a worker's writer, holding its connection first.
 func (rc *recorder) newWriter(ctx context.Context) (*writer, error) {
-	// The worker sends on while up to outcomePipeline outcomes wait to be
+	// The worker sends on while up to the recorder's pipeline of outcomes wait to be
 	// written (slots), in submissions that also carry its tasks' keys.
-	w := &writer{rc: rc, conn: heldConn{pool: rc.r.pool}, in: make(chan submission, 2*outcomePipeline),
-		slots: make(chan struct{}, outcomePipeline), done: make(chan struct{})}
+	w := &writer{rc: rc, conn: heldConn{pool: rc.r.pool}, in: make(chan submission, 2*rc.pipeline),
+		slots: make(chan struct{}, rc.pipeline), done: make(chan struct{})}
 	if err := rc.hold(ctx, &w.conn); err != nil {
 		return nil, err
 	}
@@ -48,7 +48,7 @@ func (w *writer) run() {
 		batch := []submission{s}
 		n := len(s.ds)
 	more:
-		for n < outcomePipeline {
+		for n < w.rc.pipeline {
 			select {
 			case next, ok := <-w.in:
 				if !ok {
@@ -87,7 +87,7 @@ func (w *writer) run() {
 // stopping failure, if any.
 func (w *writer) record(ds []delivery, wait bool) error {
 	for len(ds) > 0 || wait {
-		n := min(len(ds), outcomePipeline)
+		n := min(len(ds), w.rc.pipeline)
 		s := submission{ds: ds[:n:n]}
 		ds = ds[n:]
 		last := len(ds) == 0
@@ -95,7 +95,7 @@ func (w *writer) record(ds []delivery, wait bool) error {
 			s.ack = make(chan struct{})
 		}
 		for range s.ds {
-			w.slots <- struct{}{} // waits while outcomePipeline outcomes wait
+			w.slots <- struct{}{} // waits while the pipeline is full
 		}
 		w.in <- s
 		if s.ack != nil {
