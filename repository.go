@@ -9,7 +9,6 @@ import (
 	"hash/fnv"
 	"maps"
 	"math"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,84 +20,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// Every SQL statement of the package lives in this file (and schema.sql).
-
-//go:embed schema.sql
-var schemaTemplate string
-
-// identifierRE is what a part of Config.Table may be: a plain SQL identifier.
-var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
-// parseTable validates a possibly schema-qualified table name and returns it as
-// an identifier, so that it is always quoted and never pasted into SQL as given.
-func parseTable(name string) (pgx.Identifier, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return nil, fmt.Errorf("table %q: want name or schema.name", name)
-	}
-	for _, p := range parts {
-		if !identifierRE.MatchString(p) {
-			return nil, fmt.Errorf("table %q: %q is not an identifier of at most 63 letters, digits and underscores, starting with a letter or underscore", name, p)
-		}
-	}
-	return pgx.Identifier(parts), nil
-}
-
-// SchemaSQL returns the outbox table's DDL for table (optionally schema-qualified),
-// for adopters who keep it in their own migrations. It is idempotent.
-func SchemaSQL(table string) (string, error) {
-	id, err := parseTable(table)
-	if err != nil {
-		return "", fmt.Errorf("relay: %w", err)
-	}
-	name := id[len(id)-1]
-	return strings.NewReplacer(
-		"{{table}}", id.Sanitize(),
-		"{{outbox_index}}", indexName(name, "_outbox"),
-		"{{pending_index}}", indexName(name, "_outbox_pending"),
-		"{{error_index}}", indexName(name, "_outbox_error"),
-		"{{retry_index}}", indexName(name, "_outbox_retry"),
-	).Replace(schemaTemplate), nil
-}
-
-// indexName is table+suffix. Past PostgreSQL's 63 bytes, the table's part is
-// cut and a hash of the whole name keeps it apart from another long table with
-// the same beginning: two tables never share an index name (with IF NOT
-// EXISTS, the second would silently get no index).
-func indexName(table, suffix string) string {
-	if len(table)+len(suffix) > 63 {
-		h := fnv.New32a()
-		h.Write([]byte(table))
-		tag := fmt.Sprintf("_%08x", h.Sum32())
-		table = table[:63-len(suffix)-len(tag)] + tag
-	}
-	return pgx.Identifier{table + suffix}.Sanitize()
-}
-
-// Beginner starts a transaction: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// CreateTable creates the outbox table and its indexes if they do not exist.
-// Replicas may call it at the same time on start-up: it serialises them on a
-// transaction-scoped advisory lock.
-func CreateTable(ctx context.Context, db Beginner, table string) error {
-	ddl, err := SchemaSQL(table)
-	if err != nil {
-		return err
-	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "relay_schema:"+table); err != nil {
-			return fmt.Errorf("relay: create table %s: %w", table, err)
-		}
-		if _, err := tx.Exec(ctx, ddl); err != nil {
-			return fmt.Errorf("relay: create table %s: %w", table, err)
-		}
-		return nil
-	})
-}
 
 // execer runs a statement: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx satisfy it.
 type execer interface {
@@ -306,45 +227,6 @@ RETURNING id`
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 	return r, nil
-}
-
-// namedSQL is a statement whose parameters were named ("@max") and numbered
-// ($1) by numbered, in order of first appearance.
-type namedSQL struct {
-	sql   string
-	names []string
-}
-
-var paramName = regexp.MustCompile(`@[a-z]+`)
-
-// numbered numbers the named parameters of a statement's template.
-func numbered(template string) namedSQL {
-	var n namedSQL
-	index := map[string]int{}
-	n.sql = paramName.ReplaceAllStringFunc(template, func(name string) string {
-		i, ok := index[name]
-		if !ok {
-			n.names = append(n.names, name[1:])
-			i = len(n.names)
-			index[name] = i
-		}
-		return "$" + strconv.Itoa(i)
-	})
-	return n
-}
-
-// args orders values by the statement's parameters; a name it lacks is a
-// bug, and panics.
-func (n namedSQL) args(values map[string]any) []any {
-	args := make([]any, len(n.names))
-	for i, name := range n.names {
-		v, ok := values[name]
-		if !ok {
-			panic("relay: no value for the statement's parameter @" + name)
-		}
-		args[i] = v
-	}
-	return args
 }
 
 // partitionOf is the partition of a natural key, for Config.Partitions

@@ -131,7 +131,7 @@ func CreateWakeTrigger(ctx context.Context, db Beginner, table string) error {
 		return err
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "relay_schema:"+table); err != nil {
+		if _, err := tx.Exec(ctx, schemaLockSQL, "relay_schema:"+table); err != nil {
 			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
 		}
 		if _, err := tx.Exec(ctx, ddl); err != nil {
