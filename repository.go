@@ -4,62 +4,9 @@ import (
 	"context"
 	_ "embed"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// ---- The producer (Enqueue) and the operator's statements (Admin) ----
-
-// enqueue inserts one outbound PENDING row and returns its id. The payload
-// goes as text cast to jsonb, which works in every pgx query mode.
-//
-// It first takes the key's order lock (keyOrderLockSQL) in the same statement,
-// before the id is drawn: two transactions writing messages of one key get
-// their ids in the order they commit.
-func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, wakeChannel string, wakeWindowDue bool) (int64, error) {
-	// The NOTIFY, when there is one, rides in the same statement: it is sent
-	// when the producer's transaction commits, and never if it rolls back.
-	wake, args := "", []any{m.Type, m.Key, string(m.Payload), table[len(table)-1]}
-	if wakeChannel != "" {
-		wake, args = ", "+wakeTokenSQL, append(args, wakeChannel, wakeWindowDue)
-	}
-	var id int64
-	err := q.QueryRow(ctx, `INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts)
-SELECT 'OUT', $1, $2, $3::jsonb, 'PENDING', 0
-FROM (SELECT `+keyOrderLockSQL+wake+`) AS key_order
-RETURNING id`, args...).Scan(&id)
-	return id, err
-}
-
-// wakeTokenSQL notifies channel $5 of type $1 when this transaction takes the
-// wake-up token (a transaction-scoped try-lock: one notifying transaction in
-// flight at a time, so notifying commits never queue behind each other), or
-// when $6, the producer's own window, says a NOTIFY is due anyway (a token
-// held by a long transaction must not silence everyone else for its length).
-// WakeTriggerSQL's trigger takes the same token.
-//
-// The token is tried first, in a CASE of its own: "try OR $6" would let the
-// planner fold a true $6 and never take the token.
-const wakeTokenSQL = `CASE WHEN pg_try_advisory_xact_lock(hashtext('relay:wake'), hashtext($5)) THEN pg_notify($5, $1)
-  WHEN $6::bool THEN pg_notify($5, $1) END`
-
-// keyOrderLockSQL is the lock a producer takes, in its transaction, before it
-// writes a message of key $2 into table $4 (its name without schema), so that
-// ids of one key are drawn in commit order. It is transaction-scoped and
-// two-int, apart from the elections' one-bigint session locks. A producer that
-// writes by plain SQL takes the same lock:
-//
-//	SELECT pg_advisory_xact_lock(hashtext('relay:' || 'mensagem_m2m'), hashtext(<key>));
-const keyOrderLockSQL = `pg_advisory_xact_lock(hashtext('relay:' || $4), hashtext($2))`
-
-// databaseNow reads the database's clock: the one clock every replica's
-// [Scheduler] agrees on, whatever their own clocks say.
-func databaseNow(ctx context.Context, db querier) (time.Time, error) {
-	var t time.Time
-	err := db.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t)
-	return t, err
-}
 
 // ---- The partitioned election (partitions.go) ----
 //
