@@ -217,7 +217,7 @@ func (r *Relay) pollable() bool {
 }
 
 // poll is the timer's pass: one statement that wins the election for its own
-// length and looks for work (repository.go, pollSQL). Without work, it is the
+// length and looks for work (sql/pass.sql, poll). Without work, it is the
 // whole pass, elected or coalesced: an idle replica costs one statement per
 // Interval. With work, the pass takes the election for real.
 func (r *Relay) poll(ctx context.Context, o passOpts) passResult {

@@ -31,7 +31,8 @@ import (
 // whose optional list of parameters fixes their numbering ($1, $2 ...);
 // parameters it does not list are numbered in order of first appearance.
 // The comment lines right under the marker document the statement and are
-// not sent; the rest, up to the next marker, is the statement. Parameters are
+// not sent; the rest, up to the next marker, is the statement, but for the
+// comment lines and blank lines that end it (the next section's comment). Parameters are
 // named (@max, @types) and numbered by numbered.
 //
 // A statement is a text/template run once when the statements are built (per
@@ -84,7 +85,10 @@ func parseSQL(fsys fs.FS) (*sqlSet, error) {
 			if name == "" {
 				return nil
 			}
-			text := strings.TrimRight(strings.Join(body, "\n"), " \t\n")
+			for len(body) > 0 && (strings.HasPrefix(body[len(body)-1], "--") || strings.TrimSpace(body[len(body)-1]) == "") {
+				body = body[:len(body)-1] // the next section's comment
+			}
+			text := strings.TrimRight(strings.Join(body, "\n"), " \t")
 			if text == "" {
 				return fmt.Errorf("%s: statement %s is empty", path, name)
 			}
