@@ -137,8 +137,13 @@ func (r *adminRepository) countSentBefore(ctx context.Context, db querier, cutof
 	if srv.pages > sentCountMaxPages {
 		return r.estimate(ctx, db, r.estimatePurgeSQL, cutoff)
 	}
+	return r.countSentRows(ctx, db, cutoff)
+}
+
+// countSentRows counts the SENT rows sent before cutoff, by a scan.
+func (r *adminRepository) countSentRows(ctx context.Context, db querier, cutoff time.Time) (int64, error) {
 	var n int64
-	err = db.QueryRow(ctx, r.countPurgeSQL, cutoff).Scan(&n)
+	err := db.QueryRow(ctx, r.countPurgeSQL, cutoff).Scan(&n)
 	return n, err
 }
 

@@ -13,6 +13,12 @@ import (
 // wakeProbeSQL is the listener's test notification.
 var wakeProbeSQL = statements.positional("wakeProbe", sqlData{})
 
+// wakeProbe notifies channel with payload, the listener's test notification.
+func wakeProbe(ctx context.Context, db execer, channel, payload string) error {
+	_, err := db.Exec(ctx, wakeProbeSQL, channel, payload)
+	return err
+}
+
 // listenSQL subscribes a connection to channel.
 func listenSQL(channel string) string {
 	return statements.text("listen", sqlData{Channel: pgx.Identifier{channel}.Sanitize()})

@@ -171,7 +171,7 @@ func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, er
 	// proxy the LISTEN's server connection went back to the proxy's pool, and
 	// a notification to it never reaches this client, even if the proxy
 	// happens to lend this client the same server connection again.
-	if _, err := r.pool.Exec(lctx, wakeProbeSQL, channel, probe); err != nil {
+	if err := wakeProbe(lctx, r.pool, channel, probe); err != nil {
 		return fail(err)
 	}
 	for {
