@@ -28,20 +28,23 @@ import (
 //
 //	-- name: stmtName @first @second
 //
-// whose optional list of parameters fixes their numbering ($1, $2 ...);
-// parameters it does not list are numbered in order of first appearance.
-// The comment lines right under the marker document the statement and are
-// not sent; the rest, up to the next marker, is the statement, but for the
-// comment lines and blank lines that end it (the next section's comment). Parameters are
-// named (@max, @types) and numbered by numbered.
+// whose optional list of parameters fixes their numbering ($1, $2 ...), for
+// callers that pass their arguments in that order; parameters it does not
+// list are numbered in order of first appearance (numbered). The comment
+// lines right under the marker document the statement and are not sent; the
+// rest, up to the next marker, is the statement, but for the comment and
+// blank lines that end it (the next section's comment).
 //
-// A statement is a text/template run once when the statements are built (per
-// table and options, when a Relay or an Admin is made, or at package
-// initialisation for those that name no table), never per pass: {{.Table}} is
-// the quoted table, {{if .Backoff}}, {{if .Async}}, {{if .Partitioned}} the
-// options, and {{template "name" .}} includes another statement of any file
-// (a fragment). TestSQLFiles checks that every statement is used and gets
-// exactly its parameters.
+// A statement is a text/template run once when the statements are built,
+// never per pass: per table and options when a Relay or an Admin is made, at
+// package initialisation for those that name no table, once per won election
+// for the heartbeat (its start) and per connection for the listener's
+// LISTEN (its channel). Enqueue's insert is rendered once and cut where its
+// per-call table goes. {{.Table}} is the quoted table; {{if .Backoff}},
+// {{if .Async}}, {{if .Partitioned}}, {{if .Wake}} the options (sqlData);
+// {{template "name" .}} includes another statement of any file, a fragment.
+// TestSQLFiles checks that every statement is used, lists only its own
+// parameters, and is sent with exactly its arguments.
 
 //go:embed sql/*.sql
 var sqlFiles embed.FS
@@ -168,7 +171,7 @@ func (s *sqlSet) text(name string, d sqlData) string {
 
 // named renders statement name for d and numbers its parameters.
 func (s *sqlSet) named(name string, d sqlData) namedSQL {
-	return numberedAs(s.text(name, d), s.params[name])
+	return numbered(s.text(name, d), s.params[name])
 }
 
 // positional renders statement name for d and numbers its parameters, for a
@@ -186,13 +189,9 @@ type namedSQL struct {
 
 var paramName = regexp.MustCompile(`@[a-z][a-z0-9_]*`)
 
-// numbered numbers the named parameters of a statement in order of first
-// appearance.
-func numbered(text string) namedSQL { return numberedAs(text, nil) }
-
-// numberedAs numbers the named parameters of a statement: those of order
+// numbered numbers the named parameters of a statement: those of order
 // first, in its order, then the others in order of first appearance.
-func numberedAs(text string, order []string) namedSQL {
+func numbered(text string, order []string) namedSQL {
 	var n namedSQL
 	index := map[string]int{}
 	for _, name := range order {
