@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bufio"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -81,56 +80,60 @@ func parseSQL(fsys fs.FS) (*sqlSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		var name string
-		var body []string
-		doc := false
-		flush := func() error {
-			if name == "" {
-				return nil
-			}
-			for len(body) > 0 && (strings.HasPrefix(body[len(body)-1], "--") || strings.TrimSpace(body[len(body)-1]) == "") {
-				body = body[:len(body)-1] // the next section's comment
-			}
-			text := strings.TrimRight(strings.Join(body, "\n"), " \t")
-			if text == "" {
-				return fmt.Errorf("%s: statement %s is empty", path, name)
-			}
-			if _, err := s.tmpl.New(name).Parse(text); err != nil {
-				return fmt.Errorf("%s: statement %s: %w", path, name, err)
-			}
-			return nil
-		}
-		sc := bufio.NewScanner(strings.NewReader(string(data)))
-		for sc.Scan() {
-			line := sc.Text()
-			if m := sqlMarker.FindStringSubmatch(line); m != nil {
-				if err := flush(); err != nil {
-					return nil, err
-				}
-				name, body, doc = m[1], nil, true
-				if prev, ok := s.files[name]; ok {
-					return nil, fmt.Errorf("%s: statement %s is also in %s", path, name, prev)
-				}
-				s.files[name] = path
-				for _, p := range strings.Fields(m[2]) {
-					s.params[name] = append(s.params[name], p[1:])
-				}
-				continue
-			}
-			if strings.HasPrefix(line, "-- name:") {
-				return nil, fmt.Errorf("%s: malformed marker %q", path, line)
-			}
-			if name == "" || doc && (strings.HasPrefix(line, "--") || strings.TrimSpace(line) == "") {
-				continue // the file's header, or the statement's own comment
-			}
-			doc = false
-			body = append(body, line)
-		}
-		if err := flush(); err != nil {
+		if err := s.parseFile(path, string(data)); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
+}
+
+// parseFile adds the statements of the file at path.
+func (s *sqlSet) parseFile(path, data string) error {
+	var name string
+	var body []string
+	doc := false
+	flush := func() error {
+		if name == "" {
+			return nil
+		}
+		for len(body) > 0 && (strings.HasPrefix(body[len(body)-1], "--") || strings.TrimSpace(body[len(body)-1]) == "") {
+			body = body[:len(body)-1] // the next section's comment
+		}
+		text := strings.TrimRight(strings.Join(body, "\n"), " \t")
+		if text == "" {
+			return fmt.Errorf("%s: statement %s is empty", path, name)
+		}
+		if _, err := s.tmpl.New(name).Parse(text); err != nil {
+			return fmt.Errorf("%s: statement %s: %w", path, name, err)
+		}
+		return nil
+	}
+	for line := range strings.Lines(data) {
+		line = strings.TrimSuffix(line, "\n")
+		m := sqlMarker.FindStringSubmatch(line)
+		switch {
+		case m != nil:
+			if err := flush(); err != nil {
+				return err
+			}
+			name, body, doc = m[1], nil, true
+			if prev, ok := s.files[name]; ok {
+				return fmt.Errorf("%s: statement %s is also in %s", path, name, prev)
+			}
+			s.files[name] = path
+			for _, p := range strings.Fields(m[2]) {
+				s.params[name] = append(s.params[name], p[1:])
+			}
+		case strings.HasPrefix(line, "-- name:"):
+			return fmt.Errorf("%s: malformed marker %q", path, line)
+		case name == "" || doc && (strings.HasPrefix(line, "--") || strings.TrimSpace(line) == ""):
+			// the file's header, or the statement's own comment
+		default:
+			doc = false
+			body = append(body, line)
+		}
+	}
+	return flush()
 }
 
 // sqlData is what a statement's template reads.
