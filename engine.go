@@ -238,9 +238,9 @@ func (e *engine) run() {
 		var send chan task
 		var next task
 		if len(queue) > 0 {
-			if e.rec.grouped && inFlight == 0 {
+			if inFlight == 0 {
 				// Grouped outcomes are written on the recorder's connection:
-				// hold it before anything is sent.
+				// it is held before anything is sent.
 				if e.rec.ready(e.ctx) != nil {
 					queue = nil
 					continue

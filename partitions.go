@@ -50,10 +50,12 @@ import (
 // replica delivers a key at any time. Partitioned passes drain for at most
 // Interval, so that rebalancing happens at least that often.
 
-// membership is this relay's part in the partitioned election. It is used
-// under the relay's pass semaphore only (r.pass), except for the watch's
-// loss, which takes mu.
+// membership is this relay's part in the partitioned election. Its
+// memberElection (election.go) uses it under turn only, except for the
+// watch's loss, which takes mu.
 type membership struct {
+	turn sync.Mutex // held by a pass, and by the loop's begin and end
+
 	r     *Relay
 	n     int
 	start int // where this member starts looking for free partitions
@@ -293,22 +295,4 @@ func (m *membership) announce(st partitionState) {
 	if msg != "" {
 		m.r.logger.LogAttrs(context.Background(), slog.LevelWarn, msg, append(attrs, slog.String("key", m.r.key))...)
 	}
-}
-
-// partitionedPass is the elected pass of a partitioned relay: its
-// membership's pass, which delivers this replica's partitions.
-func (r *Relay) partitionedPass(ctx context.Context, o passOpts) (passResult, bool) {
-	m := r.members
-	var res passResult
-	o.drainFor = min(r.cfg.Interval, drainMax)
-	ran, err := m.pass(ctx, func(ctx context.Context, parts []int) error {
-		o.parts = parts
-		res = r.dispatch(ctx, o)
-		return res.err
-	})
-	res.err, res.ran = err, ran
-	if !m.stay {
-		m.leave(ctx)
-	}
-	return res, ran
 }
