@@ -17,7 +17,7 @@ import (
 // This file is the partitioned election (Config.Partitions > 1, decision
 // 0036): several replicas deliver at once, each only the rows of the
 // partitions whose locks it holds, and a row's partition is a hash of its
-// natural key (repository.go, partitionOf), so a key's messages keep their
+// natural key (sql/pass.sql, partitionOf), so a key's messages keep their
 // order on one replica at a time.
 //
 // A replica is a member while one session of its own, the membership's,
@@ -25,7 +25,7 @@ import (
 // other and exclude every exclusive one: a JVM relay, a replica with
 // Partitions 1, an operator's pause. On that same session the member holds
 // its partitions' locks, two-int advisory locks that name N and the
-// partition (repository.go). Nothing else is stored: the server frees a
+// partition (sql/election.sql). Nothing else is stored: the server frees a
 // member's locks when its session ends, and the session carries the lease of
 // the field-faults issue (lease.go): idle_session_timeout and the watch's
 // heartbeat, so a member cut off or frozen loses its partitions within the
