@@ -51,6 +51,9 @@ type Relay struct {
 	// pass is a one-slot semaphore: one pass of this relay at a time.
 	pass chan struct{}
 
+	// presence is what this relay says of itself while started (presence.go).
+	presence *presence
+
 	// members is the partitioned election's membership (Partitions > 1).
 	members *membership
 
@@ -133,6 +136,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 
 		sendTimedOut: fmt.Errorf("send timed out after %s", cfg.SendTimeout),
 	}
+	r.presence = newPresence(cfg, r.types)
 	if cfg.Partitions > 1 {
 		r.members = newMembership(r)
 	}
@@ -252,7 +256,7 @@ func (r *Relay) tryRun(ctx context.Context, fn func(ctx context.Context) error) 
 			err = fmt.Errorf("relay: the election panicked: %v", p)
 		}
 	}()
-	return r.guard.TryRun(ctx, r.key, fn)
+	return r.guard.TryRun(withReplica(ctx, r.presence.id), r.key, fn)
 }
 
 func (r *Relay) passDone(res passResult, start time.Time) {

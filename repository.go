@@ -812,21 +812,24 @@ func newAdminRepository(table string) (*adminRepository, error) {
 WHERE ` + dead + ` AND id > $2` + byType + ` ORDER BY id LIMIT $3`
 	}
 	const sent = `direction = 'OUT' AND status = 'SENT'`
+	// The Admin's scope (Admin.Scope): NULL is every type.
+	const inScope = ` AND ($2::text[] IS NULL OR type = ANY($2::text[]))`
+	const inScope3 = ` AND ($3::text[] IS NULL OR type = ANY($3::text[]))`
 	return &adminRepository{
 		table: t,
 		countSQL: `SELECT type, status, status = 'ERROR' AND attempts >= $1 AS dead, count(*) FROM ` + t + `
 WHERE direction = 'OUT' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`,
 		deadPageSQL:    deadPage(""),
 		deadTypeSQL:    deadPage(" AND type = $6"),
-		requeueAllSQL:  `UPDATE ` + t + ` ` + requeue,
+		requeueAllSQL:  `UPDATE ` + t + ` ` + requeue + inScope,
 		requeueTypeSQL: `UPDATE ` + t + ` ` + requeue + ` AND type = $2`,
-		requeueIDsSQL:  `UPDATE ` + t + ` ` + requeue + ` AND id = ANY($2::bigint[])`,
+		requeueIDsSQL:  `UPDATE ` + t + ` ` + requeue + ` AND id = ANY($2::bigint[])` + inScope3,
 		// One bounded chunk, oldest first: short statements, few locks. SENT
 		// rows are never written by a pass again. id = ANY(ARRAY(...)) deletes
 		// by primary key; "id IN (subquery)" plans a hash join that reads the
 		// whole table for every chunk.
 		purgeSQL: `DELETE FROM ` + t + ` WHERE id = ANY(ARRAY(SELECT id FROM ` + t + `
-WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < $1 ORDER BY id LIMIT $2))`,
+WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < $1` + inScope3 + ` ORDER BY id LIMIT $2))`,
 
 		// The live rows by type and state, each group with its first row (the
 		// lowest id). Each branch repeats a partial index's predicate word for
@@ -896,16 +899,16 @@ func cutRunes(s string, n int) string {
 	return s
 }
 
-func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling))
+func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling, scope))
 }
 
 func (r *adminRepository) requeueType(ctx context.Context, db execer, ceiling int, typ string) (int64, error) {
 	return rowsAffected(db.Exec(ctx, r.requeueTypeSQL, ceiling, typ))
 }
 
-func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids))
+func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids, scope))
 }
 
 // cutoff is the database's now() minus retention, fixed once for a whole purge.
@@ -915,8 +918,8 @@ func (r *adminRepository) cutoff(ctx context.Context, db querier, retention time
 	return t, err
 }
 
-func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit))
+func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit, scope))
 }
 
 func (r *adminRepository) countSentBefore(ctx context.Context, db querier, cutoff time.Time) (int64, error) {
@@ -1173,8 +1176,8 @@ func rebalanceStatement(ctx context.Context, db querier, key string, n, start in
 	var foreign *int32
 	var held []int32
 	b := &pgx.Batch{}
-	b.Queue(partitionConfigSQL, key)
-	b.Queue(rebalanceSQL.sql, rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start})...).
+	b.Queue(markReplica(partitionConfigSQL, replicaOf(ctx)), key)
+	b.Queue(markReplica(rebalanceSQL.sql, replicaOf(ctx)), rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start})...).
 		QueryRow(func(row pgx.Row) error {
 			return row.Scan(&st.members, &foreign, &st.waiter, &st.fewest, &held)
 		})
@@ -1203,6 +1206,6 @@ func releasePartitionsStatement(ctx context.Context, db querier, key string, n i
 // markStatement takes the member mark of n.
 func markStatement(ctx context.Context, db querier, key string, n int) (bool, error) {
 	var ok bool
-	err := db.QueryRow(ctx, markSQL, key, n).Scan(&ok)
+	err := db.QueryRow(ctx, markReplica(markSQL, replicaOf(ctx)), key, n).Scan(&ok)
 	return ok, err
 }

@@ -1,0 +1,209 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// replicasOf reads the live replicas of admin's app.
+func replicasOf(t *testing.T, a *relay.Admin) []relay.Replica {
+	t.Helper()
+	reps, err := a.Replicas(context.Background())
+	require.NoError(t, err)
+	return reps
+}
+
+func startRelay(t *testing.T, r *relay.Relay) {
+	t.Helper()
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+}
+
+// TestPresenceListsLiveReplicas: a single-key relay (with wake-ups) and a
+// partitioned one (without) of one app are listed between passes with their
+// types, ceiling and Partitions; a relay of another app is not; Stop removes
+// a replica before it returns.
+func TestPresenceListsLiveReplicas(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+
+	single := b.cfg
+	single.MaxAttempts = 7
+	r1 := b.newRelay(t, single, newRecorder("order", nil))
+	parted := b.cfg
+	parted.MaxAttempts = 7
+	parted.Partitions = 4
+	parted.WakeOnCommit = false
+	r2 := b.newRelay(t, parted, newRecorder("order", nil), newRecorder("invoice", nil))
+	other := b.cfg
+	other.AppName = b.cfg.AppName + "_other"
+	r3 := b.newRelay(t, other, newRecorder("payment", nil))
+	for _, r := range []*relay.Relay{r1, r2, r3} {
+		startRelay(t, r)
+	}
+
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	var reps []relay.Replica
+	require.Eventually(t, func() bool {
+		reps = replicasOf(t, admin)
+		return len(reps) == 2 && (len(reps[0].Held) > 0 || len(reps[1].Held) > 0)
+	}, 20*time.Second, 10*time.Millisecond, "both replicas of the app, and the partitioned one a member")
+	byParts := map[int]relay.Replica{}
+	for _, r := range reps {
+		byParts[r.Partitions] = r
+		require.Equal(t, 7, r.MaxAttempts)
+		require.NotZero(t, r.PID)
+		require.NotEmpty(t, r.ID)
+		require.NotZero(t, r.Process)
+		require.False(t, r.BackendStart.IsZero())
+		require.Zero(t, r.UnnamedTypes)
+	}
+	require.Equal(t, []string{"order"}, byParts[1].Types)
+	require.Equal(t, []string{"invoice", "order"}, byParts[4].Types)
+	require.True(t, byParts[4].Elected, "a partitioned replica is a member for as long as it runs")
+	require.NotEmpty(t, byParts[4].Held)
+
+	otherAdmin, err := relay.NewAdmin(b.pool, other)
+	require.NoError(t, err)
+	oreps := replicasOf(t, otherAdmin)
+	require.Len(t, oreps, 1)
+	require.Equal(t, []string{"payment"}, oreps[0].Types)
+
+	// Stop lets go before it returns: no waiting here.
+	require.NoError(t, r2.Stop(ctx))
+	reps = replicasOf(t, admin)
+	require.Len(t, reps, 1)
+	require.Equal(t, 1, reps[0].Partitions)
+	require.NoError(t, r1.Stop(ctx))
+	require.Empty(t, replicasOf(t, admin))
+}
+
+// TestPresenceReconnects: a presence session that is terminated (a killed
+// backend, a failover) is taken again by the reconnected listener.
+func TestPresenceReconnects(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, wake := range []bool{true, false} {
+		cfg := b.cfg
+		cfg.WakeOnCommit = wake
+		r := b.newRelay(t, cfg, newRecorder("order", nil))
+		startRelay(t, r)
+		admin, err := relay.NewAdmin(b.pool, cfg)
+		require.NoError(t, err)
+		var first relay.Replica
+		require.Eventually(t, func() bool {
+			reps := replicasOf(t, admin)
+			if len(reps) == 1 {
+				first = reps[0]
+			}
+			return len(reps) == 1
+		}, 10*time.Second, 10*time.Millisecond)
+		_, err = b.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", first.PID)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			reps := replicasOf(t, admin)
+			return len(reps) == 1 && reps[0].PID != first.PID && reps[0].ID == first.ID
+		}, 20*time.Second, 20*time.Millisecond, "wake %v: the reconnected session holds the presence again", wake)
+		require.NoError(t, r.Stop(context.Background()))
+	}
+}
+
+// TestPresenceInPass: while a replica's pass runs, Replicas says it is
+// elected, through the replica id its election's statements carry.
+func TestPresenceInPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.insert(t, "order", "k1")
+	release := make(chan struct{})
+	sending := make(chan struct{}, 1)
+	r := b.newRelay(t, b.cfg, newRecorder("order", func(ctx context.Context, m relay.Message) error {
+		select {
+		case sending <- struct{}{}:
+		default:
+		}
+		<-release
+		return nil
+	}))
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	<-sending
+	reps := replicasOf(t, admin)
+	require.Len(t, reps, 1)
+	require.True(t, reps[0].Elected, "in a pass")
+	holders, err := admin.Election(context.Background())
+	require.NoError(t, err)
+	require.Len(t, holders, 1)
+	require.Equal(t, reps[0].ID, holders[0].ReplicaID)
+	close(release)
+	require.Eventually(t, func() bool {
+		reps := replicasOf(t, admin)
+		return len(reps) == 1 && !reps[0].Elected
+	}, 10*time.Second, 10*time.Millisecond, "between passes it is live but not elected")
+}
+
+// TestPresenceSilentCut: a replica cut off without a word (its proxy stops
+// forwarding) disappears once the server ends its session, within the lease.
+func TestPresenceSilentCut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, viaProxy, err := pgserver.ProxyURL(server().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	pool := pgserver.Pool(t, viaProxy, pgserver.Name(t)+"_cut", 4)
+	cfg := b.cfg
+	cfg.Enabled = true
+	r, err := relay.New(pool, cfg, newRecorder("order", nil))
+	require.NoError(t, err)
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	proxy.Freeze()
+	cut := time.Now()
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 0 }, 30*time.Second, 50*time.Millisecond)
+	took := time.Since(cut)
+	t.Logf("a silently cut replica left the list after %s", took.Round(time.Millisecond))
+	require.Less(t, took, 15*time.Second, "the lease (idle_session_timeout 10s) bounds it")
+	proxy.Thaw()
+}
+
+// TestPresenceKeysConflictWithNothing: with presence held, the JVM's lock,
+// the election and the partitions' locks are all still free.
+func TestPresenceKeysConflictWithNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.newRelay(t, b.cfg, newRecorder("order", nil))
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.Stop(context.Background()))
+	require.NoError(t, r.Start(context.Background()))
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	conn, err := pgx.Connect(context.Background(), server().URL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	// Every exclusive key of the library's other locks, taken from another
+	// session while the presence is held: none is refused.
+	var ok bool
+	key := b.cfg.AppName + "_relay_m2m"
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT bool_and(x) FROM (
+	  SELECT pg_try_advisory_lock(hashtext($1)) x
+	  UNION ALL SELECT pg_try_advisory_lock(hashtext($1), (4 << 16) | p) FROM generate_series(0, 3) p
+	  UNION ALL SELECT pg_try_advisory_lock(hashtext($1), -1)
+	  UNION ALL SELECT pg_try_advisory_lock(hashtext('relay:' || $2), hashtext('k'))
+	  UNION ALL SELECT pg_try_advisory_lock(hashtext('relay:wake'), hashtext('relay:' || $2))) s`, key, b.table).Scan(&ok))
+	require.True(t, ok)
+	_, err = conn.Exec(context.Background(), "SELECT pg_advisory_unlock_all()")
+	require.NoError(t, err)
+}
