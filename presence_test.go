@@ -207,3 +207,73 @@ func TestPresenceKeysConflictWithNothing(t *testing.T) {
 	_, err = conn.Exec(context.Background(), "SELECT pg_advisory_unlock_all()")
 	require.NoError(t, err)
 }
+
+// TestAdminActsOnItsAppsTypes: two apps share a table. The Admin of app A
+// learns A's types from A's live relay and re-queues and purges only them;
+// app B's dead and SENT rows are left alone. Without a live relay it refuses
+// unless told the types; and it refuses a re-queue when the live relays'
+// MaxAttempts is not its own.
+func TestAdminActsOnItsAppsTypes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfgA := b.cfg
+	cfgA.MaxAttempts = adminCeiling
+
+	admin, err := relay.NewAdmin(b.pool, cfgA)
+	require.NoError(t, err)
+	_, err = admin.RequeueAll(ctx)
+	require.ErrorIs(t, err, relay.ErrNoScope, "no live relay of A: nothing to learn its types from")
+
+	ids := b.insert(t, "order", "a-dead", "a-sent")
+	bids := b.insert(t, "invoice", "b-dead", "b-sent")
+	b.exec(t, "UPDATE %s SET status = 'ERROR', attempts = $2, last_error = 'boom' WHERE id = ANY($1)", []int64{ids[0], bids[0]}, adminCeiling)
+	b.exec(t, "UPDATE %s SET status = 'SENT', sent_at = now() - interval '2 days' WHERE id = ANY($1)", []int64{ids[1], bids[1]})
+
+	// A's relay serves "order" but delivers nothing here: Enabled stays on for
+	// its presence, the sender refuses so a re-queued row dies again slowly.
+	cfgA.Interval = time.Hour
+	ra := b.newRelay(t, cfgA, newRecorder("order", nil))
+	startRelay(t, ra)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+
+	scope, err := admin.Scope(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"order"}, scope.Types)
+	require.Contains(t, scope.String(), `"order" (live replicas)`)
+
+	n, err := admin.RequeueAll(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only A's dead row")
+	require.Equal(t, "PENDING", b.state(t, ids[0]).Status)
+	require.Equal(t, "ERROR", b.state(t, bids[0]).Status, "B's dead row is left alone")
+	_, err = admin.RequeueType(ctx, "invoice")
+	require.ErrorContains(t, err, `type "invoice" is not among the types this Admin acts on`)
+	n, err = admin.RequeueIDs(ctx, bids[0])
+	require.NoError(t, err)
+	require.Zero(t, n)
+	n, err = admin.PurgeSent(ctx, time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only A's SENT row")
+	require.True(t, b.rowExists(t, bids[1]))
+
+	// Asked explicitly, an Admin acts on every type.
+	all, err := relay.NewAdmin(b.pool, cfgA, relay.AdminAllTypes())
+	require.NoError(t, err)
+	n, err = all.RequeueIDs(ctx, bids[0])
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, err = relay.NewAdmin(b.pool, cfgA, relay.AdminAllTypes(), relay.AdminTypes("x"))
+	require.Error(t, err)
+	_, err = relay.NewAdmin(b.pool, cfgA, relay.AdminTypes(" "))
+	require.ErrorContains(t, err, "AdminTypes")
+
+	// An Admin whose ceiling is not the live relays' refuses to re-queue.
+	cfgHigh := cfgA
+	cfgHigh.MaxAttempts = 1000
+	high, err := relay.NewAdmin(b.pool, cfgHigh, relay.AdminTypes("order"))
+	require.NoError(t, err)
+	_, err = high.RequeueAll(ctx)
+	require.ErrorIs(t, err, relay.ErrCeilingDiffers)
+	require.ErrorContains(t, err, "MaxAttempts 3")
+}
