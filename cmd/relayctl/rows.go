@@ -120,6 +120,7 @@ func requeueFlags(fs *flag.FlagSet, o *opts) {
 	fs.Var(&o.ids, "id", "re-queue these dead rows: an id, or ids separated by commas (repeatable)")
 	fs.StringVar(&o.typ, "type", "", "re-queue every dead row of this type")
 	fs.BoolVar(&o.all, "all", false, "re-queue every dead row")
+	scopeFlags(fs, o)
 }
 
 func runRequeue(ctx context.Context, e *env) int {
@@ -132,8 +133,11 @@ func runRequeue(ctx context.Context, e *env) int {
 	if modes != 1 {
 		return e.usageErr("requeue: give exactly one of --id, --type or --all")
 	}
+	scope, err := e.scope(ctx)
+	if err != nil {
+		return e.fail(err)
+	}
 	var n int64
-	var err error
 	var what string
 	switch {
 	case e.o.all:
@@ -150,7 +154,7 @@ func runRequeue(ctx context.Context, e *env) int {
 		return e.fail(err)
 	}
 	if e.o.json {
-		if err := writeJSON(e.stdout, map[string]int64{"requeued": n}); err != nil {
+		if err := writeJSON(e.stdout, map[string]any{"requeued": n, "types": scope.Types, "all_types": scope.All}); err != nil {
 			return e.fail(err)
 		}
 		return exitOK
