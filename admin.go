@@ -146,6 +146,12 @@ func (a *Admin) Scope(ctx context.Context) (AdminScope, error) {
 	if err != nil {
 		return AdminScope{}, err
 	}
+	return a.ScopeOf(reps)
+}
+
+// ScopeOf is [Admin.Scope] from live replicas already read with
+// [Admin.Replicas].
+func (a *Admin) ScopeOf(reps []Replica) (AdminScope, error) {
 	switch {
 	case a.allTypes:
 		return AdminScope{All: true, Source: "all", Replicas: reps}, nil
