@@ -67,6 +67,17 @@ type RowHead struct {
 	Attempts  int
 	CreatedAt time.Time
 	LastError string // cut to [LastErrorMax] characters; "" if none
+	// Permanent and AttemptsMade are as in [DeadMessage].
+	Permanent    bool
+	AttemptsMade int
+}
+
+// permanence sets Permanent and AttemptsMade from the last error.
+func permanence(lastError string, attempts int) (bool, int) {
+	if n, ok := ParsePermanent(lastError); ok {
+		return true, n
+	}
+	return false, attempts
 }
 
 // sentCountMaxPages is the largest table (in 8 kB pages: 32 MB) whose SENT

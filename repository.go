@@ -881,6 +881,7 @@ func (r *adminRepository) deadPage(ctx context.Context, db querier, ceiling int,
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadMessage, error) {
 		var d DeadMessage
 		err := row.Scan(&d.ID, &d.Type, &d.Key, &d.Attempts, &d.LastError, &d.CreatedAt, &d.UpdatedAt, &d.Payload)
+		d.Permanent, d.AttemptsMade = permanence(d.LastError, d.Attempts)
 		if n := utf8.RuneCountInString(d.Payload); n > PayloadPreviewMax {
 			d.Payload, d.PayloadCut = cutRunes(d.Payload, PayloadPreviewMax), true
 		}
@@ -952,6 +953,7 @@ func (r *adminRepository) liveGroups(ctx context.Context, db querier, ceiling in
 		var g liveGroup
 		err := row.Scan(&g.typ, &g.status, &g.dead, &g.count,
 			&g.head.ID, &g.head.Status, &g.head.Attempts, &g.head.CreatedAt, &g.head.LastError)
+		g.head.Permanent, g.head.AttemptsMade = permanence(g.head.LastError, g.head.Attempts)
 		return g, err
 	})
 }

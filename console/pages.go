@@ -321,7 +321,10 @@ func parseTemplates() (map[string]*template.Template, error) {
 			}
 			return diagnose.Duration(at.Sub(t)) + " ago"
 		},
-		"cut":   diagnose.Cut,
+		"cut": diagnose.Cut,
+		"attempts": func(d relay.DeadMessage) string {
+			return diagnose.Attempts(d.Permanent, d.AttemptsMade, d.Attempts)
+		},
 		"upper": strings.ToUpper,
 		"ms": func(d time.Duration) string {
 			return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) + " ms"

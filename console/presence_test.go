@@ -57,3 +57,16 @@ func TestConsoleReplicasAndScope(t *testing.T) {
 	st, _ = w.status(t, dead)
 	require.Equal(t, "ERROR", st, "another app's type is left alone")
 }
+
+// TestConsoleDeadShowsPermanent: the dead page says "permanent, 1 attempt"
+// for a row refused with a 4xx.
+func TestConsoleDeadShowsPermanent(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	w.rows(t, "order", 1, "ERROR", ceiling, time.Hour)
+	w.exec(t, "UPDATE %s SET last_error = 'permanent after 1 attempt(s): PUT http://dest/order: 400 Bad Request'")
+	srv := w.serve(t, console.Options{Authorize: users})
+	code, body := newClient(t, srv, "viewer").get("/dead?s=0")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<td class="n attempts">permanent, 1 attempt</td>`)
+}

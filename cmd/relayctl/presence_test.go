@@ -122,3 +122,23 @@ func TestWhoListsReplicas(t *testing.T) {
 	require.Len(t, who.Replicas, 1, "the stopped replica is gone")
 	require.Equal(t, 1, who.Replicas[0].Partitions)
 }
+
+// TestDeadShowsPermanent: a row that died of a permanent failure shows as
+// "permanent, 1 attempt", not as its attempts at the ceiling.
+func TestDeadShowsPermanent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	w.rows(t, "order", 1, "ERROR", ceiling, time.Minute)
+	w.exec(t, "UPDATE %s SET last_error = 'permanent after 1 attempt(s): PUT http://dest/order: 400 Bad Request'")
+	code, stdout, _ := w.ctl(t, ctx, "dead")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, "permanent, 1 attempt")
+	code, stdout, _ = w.ctl(t, ctx, "dead", "--json")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, `"permanent": true`)
+	require.Contains(t, stdout, `"attempts_made": 1`)
+	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, exitDead, code)
+	require.Contains(t, stdout, "died of a permanent failure (permanent, 1 attempt)")
+}

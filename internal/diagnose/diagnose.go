@@ -204,7 +204,8 @@ func (j *judge) decide() {
 		return
 	case j.d.Waiting == 0 && o.Dead > 0:
 		j.set(Dead, CauseDeadRows, fmt.Sprintf(
-			"Nothing waits to be delivered, but %s row(s) are dead: they failed %d times (MaxAttempts) and are never retried until re-queued.",
+			"Nothing waits to be delivered, but %s row(s) are dead: they failed %d times (MaxAttempts), or once with a permanent failure, "+
+				"and are never retried until re-queued.",
 			Count(o.Dead), o.MaxAttempts))
 		return
 	case j.d.Waiting == 0 && o.Sent == 0:
@@ -592,7 +593,11 @@ func (j *judge) deadNote() {
 		if t.Dead > 0 {
 			parts = append(parts, fmt.Sprintf("%s %s", t.Type, Count(t.Dead)))
 			if example == "" && t.FirstDead != nil && t.FirstDead.LastError != "" {
-				example = fmt.Sprintf(" The oldest dead row of %s (id %d) last failed with %s.", t.Type, t.FirstDead.ID, quote(Cut(t.FirstDead.LastError, 200)))
+				how := "last failed with"
+				if t.FirstDead.Permanent {
+					how = fmt.Sprintf("died of a permanent failure (%s):", Attempts(true, t.FirstDead.AttemptsMade, t.FirstDead.Attempts))
+				}
+				example = fmt.Sprintf(" The oldest dead row of %s (id %d) %s %s.", t.Type, t.FirstDead.ID, how, quote(Cut(t.FirstDead.LastError, 200)))
 			}
 		}
 	}
@@ -604,6 +609,18 @@ func (j *judge) deadNote() {
 	}
 	j.note("%s%s.%s Re-queue them once the cause is fixed: `relayctl requeue --type T` or `--all`, or the console's buttons.",
 		lead, strings.Join(parts, ", "), example)
+}
+
+// Attempts writes a dead row's attempts: "permanent, 1 attempt" for a row
+// that died of a permanent failure, else the count ("10").
+func Attempts(permanent bool, made, attempts int) string {
+	if !permanent {
+		return strconv.Itoa(attempts)
+	}
+	if made == 1 {
+		return "permanent, 1 attempt"
+	}
+	return fmt.Sprintf("permanent, %d attempts", made)
 }
 
 // Holder describes a holder of the election in one phrase.
