@@ -241,17 +241,17 @@ func (a *Admin) CountByStatus(ctx context.Context) ([]StatusCount, error) {
 type DeadMessage struct {
 	ID        int64
 	Type      string
-	Key       string    // the natural key
-	Attempts  int       // at or above the ceiling
-	LastError string    // the last failure's text, cut to [LastErrorMax] bytes; "" if none was recorded
+	Key       string // the natural key
+	Attempts  int    // at or above the ceiling
+	LastError string // the last failure's text, cut to [LastErrorMax] bytes; "" if none was recorded
 	// Permanent says the row died of a permanent failure ([Permanent], a 4xx)
 	// rather than by reaching the ceiling; AttemptsMade is then how many
 	// attempts were really made (Attempts is set to the ceiling, which keeps
 	// the row dead). Otherwise AttemptsMade is Attempts. See [ParsePermanent].
 	Permanent    bool
 	AttemptsMade int
-	CreatedAt time.Time // when it was written
-	UpdatedAt time.Time // when it died
+	CreatedAt    time.Time // when it was written
+	UpdatedAt    time.Time // when it died
 
 	// Payload is the start of the payload's JSON text, at most
 	// [PayloadPreviewMax] characters, cut by the database: a page of dead rows
