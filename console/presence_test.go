@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
@@ -69,4 +70,18 @@ func TestConsoleDeadShowsPermanent(t *testing.T) {
 	code, body := newClient(t, srv, "viewer").get("/dead?s=0")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `<td class="n attempts">permanent, 1 attempt</td>`)
+}
+
+// TestConsoleMissingIndexes: the page says which of the relay's indexes the
+// table lacks, with the statement that adds it.
+func TestConsoleMissingIndexes(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	_, err := w.pool.Exec(context.Background(), "DROP INDEX "+pgx.Identifier{w.table + "_outbox_error"}.Sanitize())
+	require.NoError(t, err)
+	srv := w.serve(t, console.Options{Authorize: users})
+	code, body := newClient(t, srv, "viewer").get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "The table lacks 1 of the relay&#39;s indexes ("+w.table+"_outbox_error)")
+	require.Contains(t, body, "CREATE INDEX IF NOT EXISTS")
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
@@ -141,4 +142,26 @@ func TestDeadShowsPermanent(t *testing.T) {
 	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0")
 	require.Equal(t, exitDead, code)
 	require.Contains(t, stdout, "died of a permanent failure (permanent, 1 attempt)")
+}
+
+// TestStatusMissingIndexes: status names the relay's indexes the table lacks
+// and the statements that add them.
+func TestStatusMissingIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	_, err := w.pool.Exec(ctx, "DROP INDEX "+pgx.Identifier{w.table + "_outbox_pending"}.Sanitize())
+	require.NoError(t, err)
+	code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, "indexes:  MISSING 1 of the relay's indexes; add them with:")
+	require.Contains(t, stdout, "CREATE INDEX IF NOT EXISTS \""+w.table+"_outbox_pending\"")
+	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0", "--json")
+	require.Equal(t, exitOK, code)
+	var st struct {
+		Missing []struct{ Name, Statement string } `json:"missing_indexes"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st))
+	require.Len(t, st.Missing, 1)
+	require.Equal(t, w.table+"_outbox_pending", st.Missing[0].Name)
 }

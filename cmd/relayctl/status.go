@@ -104,6 +104,12 @@ type jsonStatus struct {
 	Types           []jsonType    `json:"types"`
 	Election        []jsonHolder  `json:"election"`
 	Replicas        []jsonReplica `json:"replicas"`
+	MissingIndexes  []jsonIndex   `json:"missing_indexes"`
+}
+
+type jsonIndex struct {
+	Name      string `json:"name"`
+	Statement string `json:"statement"`
 }
 
 func statusJSON(l diagnose.Look, d diagnose.Diagnosis) jsonStatus {
@@ -114,7 +120,10 @@ func statusJSON(l diagnose.Look, d diagnose.Diagnosis) jsonStatus {
 		Sent: o.Sent, SentEstimated: o.SentEstimated, LagSeconds: o.Lag.Seconds(),
 		InRecovery: o.InRecovery, DefaultReadOnly: o.DefaultReadOnly,
 		Types: make([]jsonType, 0, len(o.Types)), Election: holdersJSON(l.Holders),
-		Replicas: replicasJSON(l.Replicas)}
+		Replicas: replicasJSON(l.Replicas), MissingIndexes: []jsonIndex{}}
+	for _, m := range o.MissingIndexes {
+		s.MissingIndexes = append(s.MissingIndexes, jsonIndex{m.Name, m.Statement})
+	}
 	for _, t := range o.Types {
 		jt := jsonType{Type: t.Type, Pending: t.Pending, Retrying: t.Retrying, Dead: t.Dead,
 			LagSeconds: t.Lag.Seconds(), Next: headJSON(t.Next), FirstDead: headJSON(t.FirstDead)}
@@ -174,6 +183,14 @@ func printStatus(e *env, l diagnose.Look, d diagnose.Diagnosis) {
 		server = "READ-ONLY for this role: default_transaction_read_only is on"
 	}
 	fprintf(w, "server:   %s\n", server)
+	if len(o.MissingIndexes) == 0 {
+		fprintf(w, "indexes:  the relay's indexes are all there\n")
+	} else {
+		fprintf(w, "indexes:  MISSING %d of the relay's indexes; add them with:\n", len(o.MissingIndexes))
+		for _, m := range o.MissingIndexes {
+			fprintf(w, "  %s\n", m.Statement)
+		}
+	}
 	if d.Trend != "" {
 		fprintf(w, "lag:      %s\n", d.Trend)
 	}

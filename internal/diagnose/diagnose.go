@@ -190,6 +190,7 @@ func (j *judge) decide() {
 	defer j.trendNote()
 	defer j.readOnlyNote()
 	defer j.ceilingNote()
+	defer j.indexNote()
 
 	switch {
 	case pause != nil:
@@ -413,6 +414,22 @@ func anyElected(reps []relay.Replica) bool {
 		}
 	}
 	return false
+}
+
+// indexNote says which of the relay's indexes the table lacks, and how to add them.
+func (j *judge) indexNote() {
+	m := j.o.MissingIndexes
+	if len(m) == 0 {
+		return
+	}
+	var names, stmts []string
+	for _, x := range m {
+		names = append(names, x.Name)
+		stmts = append(stmts, x.Statement)
+	}
+	j.note("The table lacks %d of the relay's indexes (%s): each pass reads past the SENT, dead and other apps' rows, "+
+		"which costs more as they accumulate. Add them (CONCURRENTLY on a busy table): %s",
+		len(m), strings.Join(names, ", "), strings.Join(stmts, " "))
 }
 
 // ceilingNote says when the live relays count dead rows at another ceiling.
