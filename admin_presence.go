@@ -128,7 +128,7 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 		}
 		return reps, hashes, nameHashes, rows.Err()
 	}
-	reps, hashes, _, err := read(names)
+	reps, _, _, err := read(names)
 	if err != nil || len(reps) == 0 {
 		return reps, err
 	}
