@@ -314,9 +314,11 @@ func (a *Admin) DeadPage(ctx context.Context, q DeadQuery) ([]DeadMessage, error
 	return dead, nil
 }
 
-// RequeueAll re-queues every dead row: status PENDING, attempts 0, last_error
-// kept for the record. The next pass delivers them. It returns how many rows it
-// re-queued.
+// RequeueAll re-queues every dead row of the Admin's scope ([Admin.Scope]):
+// status PENDING, attempts 0, last_error kept for the record. The next pass
+// delivers them. It returns how many rows it re-queued. It refuses, with
+// [ErrCeilingDiffers], while a live relay of the app runs with another
+// MaxAttempts, and with [ErrNoScope] when it has no scope.
 //
 // A re-queued row goes back in its key's order by id: if later messages of the
 // same key were delivered while it was dead, it now arrives after them, and the
@@ -334,7 +336,7 @@ func (a *Admin) RequeueAll(ctx context.Context) (int64, error) {
 }
 
 // RequeueType re-queues the dead rows of type typ, as [Admin.RequeueAll] does,
-// and returns how many. typ must not be blank.
+// and returns how many. typ must not be blank, and must be in the Admin's scope.
 func (a *Admin) RequeueType(ctx context.Context, typ string) (int64, error) {
 	if strings.TrimSpace(typ) == "" {
 		return 0, errors.New("relay: RequeueType: the type must not be empty (use RequeueAll to re-queue every dead row)")
@@ -356,7 +358,8 @@ func (a *Admin) RequeueType(ctx context.Context, typ string) (int64, error) {
 
 // RequeueIDs re-queues the rows of ids that are dead, as [Admin.RequeueAll]
 // does, and returns how many; ids of rows that are not dead (live, SENT,
-// inbound or missing) are left alone. No ids re-queues nothing.
+// inbound, missing, or of a type outside the Admin's scope) are left alone.
+// No ids re-queues nothing.
 func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
@@ -372,7 +375,8 @@ func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
 	return n, nil
 }
 
-// PurgeSent deletes the outbound SENT rows whose sent_at is older than
+// PurgeSent deletes the outbound SENT rows of the Admin's scope ([Admin.Scope])
+// whose sent_at is older than
 // retention (measured on the database's clock), oldest first, in statements of
 // at most [PurgeChunk] rows each, and returns how many it deleted. Live and
 // dead rows, inbound rows and SENT rows within retention are left alone.
