@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -276,4 +278,60 @@ func TestAdminActsOnItsAppsTypes(t *testing.T) {
 	_, err = high.RequeueAll(ctx)
 	require.ErrorIs(t, err, relay.ErrCeilingDiffers)
 	require.ErrorContains(t, err, "MaxAttempts 3")
+}
+
+// TestPresenceKilledProcess: a replica whose process is killed (SIGKILL on
+// Unix) disappears from the list with its session; the other stays.
+func TestPresenceKilledProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stay := b.newRelay(t, b.cfg, newRecorder("order", nil))
+	startRelay(t, stay)
+
+	var out logBuffer
+	child := exec.Command(os.Args[0], "-test.run=^TestPresenceKilledProcessChild$", "-test.v")
+	child.Env = append(os.Environ(), "RELAY_PRESENCE_CHILD=1", "RELAY_TEST_DATABASE_URL="+server().URL, "RELAY_PRESENCE_TABLE="+b.table)
+	child.Stdout, child.Stderr = &out, &out
+	require.NoError(t, child.Start())
+	t.Cleanup(func() {
+		_ = child.Process.Kill()
+		_ = child.Wait()
+		if t.Failed() {
+			t.Logf("the child's output:\n%s", out.String())
+		}
+	})
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 2 }, 60*time.Second, 20*time.Millisecond)
+	var childID string
+	for _, r := range replicasOf(t, admin) {
+		if r.Process == child.Process.Pid {
+			childID = r.ID
+			require.Equal(t, []string{"invoice"}, r.Types)
+		}
+	}
+	require.NotEmpty(t, childID, "the child's replica says its process id")
+
+	require.NoError(t, child.Process.Kill())
+	killed := time.Now()
+	require.Eventually(t, func() bool {
+		reps := replicasOf(t, admin)
+		return len(reps) == 1 && reps[0].ID != childID
+	}, 20*time.Second, 10*time.Millisecond)
+	t.Logf("a killed replica left the list after %s", time.Since(killed).Round(time.Millisecond))
+}
+
+// TestPresenceKilledProcessChild is the replica TestPresenceKilledProcess
+// kills; it runs only as that test's child process.
+func TestPresenceKilledProcessChild(t *testing.T) {
+	if os.Getenv("RELAY_PRESENCE_CHILD") == "" {
+		t.Skip("the killed replica of TestPresenceKilledProcess; it runs only as that test's child process")
+	}
+	table := os.Getenv("RELAY_PRESENCE_TABLE")
+	cfg := relay.DefaultConfig()
+	cfg.AppName, cfg.Table = table, table
+	r, err := relay.New(pgserver.Pool(t, server().URL, table+"_child", 4), cfg, newRecorder("invoice", nil))
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	select {} // until the parent kills it
 }
