@@ -48,27 +48,6 @@ type Replica struct {
 // Serves says whether the replica has a sender for typ.
 func (r Replica) Serves(typ string) bool { return slices.Contains(r.Types, typ) }
 
-// replicasSQL lists the sessions holding the app's presence key ($1 app),
-// with their other presence locks.
-const replicasSQL = `WITH l AS (SELECT pid, classid::bigint AS c, objid::bigint AS o FROM pg_locks
-    WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND mode = 'ShareLock'
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
-  ns AS (SELECT hashtext('relay_presence_app')::bigint & 4294967295 AS app_ns, hashtext($1)::bigint & 4294967295 AS app_id,
-    hashtext('relay_presence_replica:' || $1)::bigint & 4294967295 AS replica_ns,
-    hashtext('relay_presence_max_attempts:' || $1)::bigint & 4294967295 AS max_ns,
-    hashtext('relay_presence_partitions:' || $1)::bigint & 4294967295 AS parts_ns,
-    hashtext('relay_presence_type:' || $1)::bigint & 4294967295 AS type_ns),
-  m AS (SELECT DISTINCT l.pid FROM l, ns WHERE l.c = ns.app_ns AND l.o = ns.app_id)
-SELECT m.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start,
-  a.backend_start IS NULL, coalesce(a.query, ''), now(),
-  coalesce((SELECT min(o) FROM l WHERE l.pid = m.pid AND l.c = ns.replica_ns), 0),
-  coalesce((SELECT min(o) FROM l WHERE l.pid = m.pid AND l.c = ns.max_ns), 0),
-  coalesce((SELECT min(o) FROM l WHERE l.pid = m.pid AND l.c = ns.parts_ns), 0),
-  coalesce((SELECT array_agg(o ORDER BY o) FROM l WHERE l.pid = m.pid AND l.c = ns.type_ns), '{}'),
-  coalesce((SELECT array_agg(hashtext(t)::bigint & 4294967295 ORDER BY n) FROM unnest($2::text[]) WITH ORDINALITY u(t, n)), '{}')
-FROM m CROSS JOIN ns LEFT JOIN pg_stat_activity a ON a.pid = m.pid
-ORDER BY a.backend_start, m.pid`
-
 // Replicas returns the live relays of the Admin's app, oldest session first:
 // every started relay, single key or partitioned, between passes as in one,
 // with the types it serves and whether it holds the election now. A killed
@@ -98,35 +77,22 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 // recognise besides those the replicas' own statements carry.
 func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error) {
 	read := func(names []string) ([]Replica, map[int][]int64, []int64, error) {
-		rows, err := a.pool.Query(ctx, replicasSQL, a.app, names)
+		rows, err := replicasStatement(ctx, a.pool, a.app, names)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("relay: read the live replicas of app %q: %w", a.app, err)
 		}
-		defer rows.Close()
 		var reps []Replica
 		hashes := make(map[int][]int64)
 		var nameHashes []int64
-		for rows.Next() {
-			var r Replica
-			var start *time.Time
-			var query string
-			var id, maxAttempts, parts int64
-			var types []int64
-			if err := rows.Scan(&r.PID, &r.ApplicationName, &r.ClientAddr, &start, &r.Hidden, &query, &r.At,
-				&id, &maxAttempts, &parts, &types, &nameHashes); err != nil {
-				return nil, nil, nil, fmt.Errorf("relay: read the live replicas of app %q: %w", a.app, err)
-			}
-			if start != nil {
-				r.BackendStart = *start
-			}
-			r.ID, r.MaxAttempts, r.Partitions = replicaID(int32(uint32(id))), int(maxAttempts), int(parts)
-			if d, ok := parsePresenceComment(query); ok && d.App == a.app && d.Replica == r.ID {
+		for i, x := range rows {
+			r := x.r
+			if d, ok := parsePresenceComment(x.query); ok && d.App == a.app && d.Replica == r.ID {
 				r.Types, r.Host, r.Process, r.Since = d.Types, d.Host, d.Process, d.Since
 			}
-			hashes[len(reps)] = types
+			hashes[i], nameHashes = x.typeHashes, x.nameHashes
 			reps = append(reps, r)
 		}
-		return reps, hashes, nameHashes, rows.Err()
+		return reps, hashes, nameHashes, nil
 	}
 	reps, _, _, err := read(names)
 	if err != nil || len(reps) == 0 {

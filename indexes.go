@@ -35,15 +35,6 @@ var relayIndexes = []relayIndex{
 	{"_outbox_retry", "per-key order under RetryBackoff", []string{"natural_key", "id"}},
 }
 
-// tableIndexesSQL lists the indexes of table $1: name, key columns, predicate.
-const tableIndexesSQL = `SELECT coalesce(json_agg(json_build_object('name', ic.relname::text,
-    'cols', (SELECT coalesce(array_agg(a.attname::text ORDER BY k.ord), '{}') FROM unnest(ix.indkey::int2[]) WITH ORDINALITY k(attnum, ord)
-      JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = k.attnum),
-    'pred', coalesce(pg_get_expr(ix.indpred, ix.indrelid), ''),
-    'valid', ix.indisvalid)), '[]')
-FROM pg_index ix JOIN pg_class ic ON ic.oid = ix.indexrelid
-WHERE ix.indrelid = to_regclass($1)`
-
 type tableIndex struct {
 	Name  string   `json:"name"`
 	Cols  []string `json:"cols"`
@@ -61,8 +52,8 @@ func missingIndexes(ctx context.Context, db querier, table string) ([]MissingInd
 	if err != nil {
 		return nil, err
 	}
-	var doc []byte
-	if err := db.QueryRow(ctx, tableIndexesSQL, table).Scan(&doc); err != nil {
+	doc, err := tableIndexesStatement(ctx, db, table)
+	if err != nil {
 		return nil, fmt.Errorf("read the indexes of %s: %w", table, err)
 	}
 	var have []tableIndex

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -114,36 +113,11 @@ func parsePresenceComment(query string) (presenceDescriptor, bool) {
 	return d, true
 }
 
-// presenceKeysSQL lists a replica's presence keys ($1 app, $2 replica id, $3
-// MaxAttempts, $4 Partitions, $5 types).
-const presenceKeysSQL = `SELECT hashtext('relay_presence_app') AS a, hashtext($1) AS b
-  UNION ALL SELECT hashtext('relay_presence_replica:' || $1), $2::int
-  UNION ALL SELECT hashtext('relay_presence_max_attempts:' || $1), $3::int
-  UNION ALL SELECT hashtext('relay_presence_partitions:' || $1), $4::int
-  UNION ALL SELECT hashtext('relay_presence_type:' || $1), hashtext(t) FROM unnest($5::text[]) t`
-
-// takePresenceSQL takes the presence locks and sets the session's lease, in
-// one round trip: $6 idle_session_timeout (ms), $7..$9 TCP keepalives (s),
-// $10 tcp_user_timeout (ms) on PostgreSQL 13.
-const takePresenceSQL = `SELECT s.pid, s.ok,
-  CASE WHEN s.version >= 140000 THEN set_config('idle_session_timeout', $6, false) END,
-  CASE WHEN s.version < 140000 THEN set_config('tcp_keepalives_idle', $7, false) || set_config('tcp_keepalives_interval', $8, false)
-    || set_config('tcp_keepalives_count', $9, false) || set_config('tcp_user_timeout', $10, false) END
-FROM (SELECT pg_backend_pid() AS pid, coalesce(bool_and(pg_try_advisory_lock_shared(k.a, k.b)), false) AS ok,
-    current_setting('server_version_num')::int AS version
-  FROM (` + presenceKeysSQL + `) k OFFSET 0) s`
-
 // take takes the presence locks on conn, a session of this relay's own, and
 // returns its backend's pid.
 func (p *presence) take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
-	var pid uint32
-	var ok bool
-	var ignored [2]*string
-	args := append(append([]any{}, p.args...),
-		strconv.Itoa(int(presenceLease/time.Millisecond)),
-		strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
-		strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(presenceLease/time.Millisecond)))
-	if err := conn.QueryRow(ctx, p.mark+takePresenceSQL, args...).Scan(&pid, &ok, &ignored[0], &ignored[1]); err != nil {
+	pid, ok, err := presenceTakeStatement(ctx, conn, p.mark, p.args, presenceLease)
+	if err != nil {
 		return 0, fmt.Errorf("relay: take the presence locks: %w", err)
 	}
 	if !ok {
@@ -162,8 +136,8 @@ var errPresenceMoved = errors.New("relay: the presence session answers from anot
 func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 	bctx, cancel := context.WithTimeout(ctx, guardHeartbeatTimeout)
 	defer cancel()
-	var got uint32
-	if err := conn.QueryRow(bctx, p.mark+"SELECT pg_backend_pid()").Scan(&got); err != nil {
+	got, err := presenceBeatStatement(bctx, conn, p.mark)
+	if err != nil {
 		return fmt.Errorf("relay: presence keepalive: %w", err)
 	}
 	if got != pid {
@@ -177,5 +151,5 @@ func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 func (p *presence) release(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), guardUnlockTimeout)
 	defer cancel()
-	_, _ = conn.Exec(ctx, "SELECT pg_advisory_unlock_all()")
+	_ = presenceReleaseStatement(ctx, conn)
 }
