@@ -110,11 +110,13 @@ func NewAdmin(pool *pgxpool.Pool, cfg Config, opts ...AdminOption) (*Admin, erro
 
 // AdminScope is what an [Admin] re-queues and purges, as [Admin.Scope] says.
 type AdminScope struct {
-	// All says every type of the table ([AdminAllTypes]); Types is empty then.
-	All   bool
-	Types []string
+	// All says every type of the table ([AdminAllTypes], or no live relay to
+	// learn the app's types from: then Unknown is set too); Types is empty then.
+	All     bool
+	Unknown bool
+	Types   []string
 	// Source says where Types came from: "explicit" ([AdminTypes]), "live
-	// replicas" (the default) or "all".
+	// replicas" (the default), "all", or "no live relay".
 	Source string
 	// Replicas are the live relays of the app, read for the default scope
 	// and for the ceiling check of a re-queue.
@@ -123,7 +125,10 @@ type AdminScope struct {
 
 // String says the scope in words: `types "a", "b" (live replicas)`.
 func (s AdminScope) String() string {
-	if s.All {
+	switch {
+	case s.Unknown:
+		return "every type: no live relay of the app to learn its types from (name them with relay.AdminTypes or relayctl --types)"
+	case s.All:
 		return "every type (all apps' rows)"
 	}
 	q := make([]string, len(s.Types))
@@ -133,14 +138,12 @@ func (s AdminScope) String() string {
 	return "types " + strings.Join(q, ", ") + " (" + s.Source + ")"
 }
 
-// ErrNoScope says an Admin without [AdminTypes] or [AdminAllTypes] found no
-// live relay of its app to learn its types from, and so acts on nothing.
-var ErrNoScope = errors.New("relay: no live relay of this app to learn its types from")
-
 // Scope returns the types the Admin's re-queues and purges act on: those of
 // [AdminTypes], every type with [AdminAllTypes], or else the types the live
 // relays of its app serve ([Admin.Replicas]). Without a live relay, and with
-// neither option, it returns an error wrapping [ErrNoScope].
+// neither option, nothing tells the app's types from another's: it acts on
+// every type, as before scopes existed, and says so (AdminScope.Unknown) —
+// name the types when the table is shared and the app is down.
 func (a *Admin) Scope(ctx context.Context) (AdminScope, error) {
 	reps, err := a.replicas(ctx, a.types)
 	if err != nil {
@@ -165,8 +168,7 @@ func (a *Admin) ScopeOf(reps []Replica) (AdminScope, error) {
 	slices.Sort(types)
 	types = slices.Compact(types)
 	if len(types) == 0 {
-		return AdminScope{Replicas: reps}, fmt.Errorf("%w %q (table %s): start one, or name the types to act on "+
-			"(relay.AdminTypes, relayctl --types) or ask for all of them (relay.AdminAllTypes, relayctl --all-types)", ErrNoScope, a.app, a.table)
+		return AdminScope{All: true, Unknown: true, Source: "no live relay", Replicas: reps}, nil
 	}
 	return AdminScope{Types: types, Source: "live replicas", Replicas: reps}, nil
 }
@@ -325,7 +327,7 @@ func (a *Admin) DeadPage(ctx context.Context, q DeadQuery) ([]DeadMessage, error
 // status PENDING, attempts 0, last_error kept for the record. The next pass
 // delivers them. It returns how many rows it re-queued. It refuses, with
 // [ErrCeilingDiffers], while a live relay of the app runs with another
-// MaxAttempts, and with [ErrNoScope] when it has no scope.
+// MaxAttempts.
 //
 // A re-queued row goes back in its key's order by id: if later messages of the
 // same key were delivered while it was dead, it now arrives after them, and the

@@ -156,5 +156,5 @@ func (c *Console) redirect(w http.ResponseWriter, page string, i int, done strin
 // refused says err is the Admin declining to act (no scope, another
 // ceiling), which the operator fixes, not a failure of the console.
 func refused(err error) bool {
-	return errors.Is(err, relay.ErrNoScope) || errors.Is(err, relay.ErrCeilingDiffers)
+	return errors.Is(err, relay.ErrCeilingDiffers)
 }
