@@ -785,12 +785,12 @@ type adminRepository struct {
 	requeueIDsSQL  string
 	purgeSQL       string
 
-	liveGroupsSQL    string
-	sentByTypeSQL    string
-	estimateSentSQL  string
-	sampleSentSQL    string
-	countPurgeSQL    string
-	estimatePurgeSQL string
+	liveGroupsSQL   string
+	sentByTypeSQL   string
+	estimateSentSQL string
+	sampleSentSQL   string
+	countPurgeSQL   string
+	samplePurgeSQL  string
 }
 
 func newAdminRepository(table string) (*adminRepository, error) {
@@ -848,9 +848,11 @@ ORDER BY g.type, g.status, g.dead`,
 		// The planner's row estimates, from the table's statistics: no scan.
 		estimateSentSQL: `EXPLAIN (FORMAT JSON) SELECT 1 FROM ` + t + ` WHERE ` + sent,
 		// A table never analyzed: count a sample of its pages ($1 percent).
-		sampleSentSQL:    `SELECT count(*) FROM ` + t + ` TABLESAMPLE SYSTEM ($1) WHERE ` + sent,
-		countPurgeSQL:    `SELECT count(*) FROM ` + t + ` WHERE ` + sent + ` AND sent_at < $1`,
-		estimatePurgeSQL: `EXPLAIN (FORMAT JSON) SELECT 1 FROM ` + t + ` WHERE ` + sent + ` AND sent_at < $1`,
+		sampleSentSQL: `SELECT count(*) FROM ` + t + ` TABLESAMPLE SYSTEM ($1) WHERE ` + sent,
+		countPurgeSQL: `SELECT type, count(*) FROM ` + t + ` WHERE ` + sent + ` AND sent_at < $1 GROUP BY type ORDER BY type`,
+		// A table too large to count: a sample of its pages ($2 percent).
+		samplePurgeSQL: `SELECT type, count(*) FROM ` + t + ` TABLESAMPLE SYSTEM ($2) WHERE ` + sent + ` AND sent_at < $1
+GROUP BY type ORDER BY type`,
 	}, nil
 }
 
@@ -919,17 +921,49 @@ func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time
 	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit))
 }
 
-func (r *adminRepository) countSentBefore(ctx context.Context, db querier, cutoff time.Time) (int64, error) {
+// purgeSamplePages is about how many pages estimatePurge samples of a table
+// too large to count: 8 MB, a few milliseconds; on a table of a million rows
+// (about 40,000 pages) see TestPurgeEstimateMillion for its accuracy.
+const purgeSamplePages = 1024
+
+// estimatePurge counts the SENT rows delivered before cutoff, by type, on a
+// table of at most sentCountMaxPages pages, and scales a TABLESAMPLE of about
+// purgeSamplePages pages on a larger one. Not the planner: on a table never
+// analyzed (a bulk load autovacuum has not reached) it guesses from default
+// selectivities, and even analyzed it multiplies status = 'SENT' by
+// sent_at < cutoff as if they were independent, though only SENT rows have a
+// sent_at.
+func (r *adminRepository) estimatePurge(ctx context.Context, db querier, cutoff time.Time) (PurgeEstimate, error) {
+	est := PurgeEstimate{Cutoff: cutoff}
 	srv, err := r.server(ctx, db)
 	if err != nil {
-		return 0, err
+		return est, err
 	}
-	if srv.pages > sentCountMaxPages {
-		return r.estimate(ctx, db, r.estimatePurgeSQL, cutoff)
+	est.Pages = srv.pages
+	sql, args, scale := r.countPurgeSQL, []any{cutoff}, 1.0
+	if est.Exact = srv.pages <= sentCountMaxPages; !est.Exact {
+		pct := 100 * float64(purgeSamplePages) / float64(srv.pages)
+		sql, args, scale = r.samplePurgeSQL, append(args, pct), 100/pct
+		est.SampledPages = purgeSamplePages
 	}
-	var n int64
-	err = db.QueryRow(ctx, r.countPurgeSQL, cutoff).Scan(&n)
-	return n, err
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return est, err
+	}
+	counts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (TypeCount, error) {
+		var c TypeCount
+		err := row.Scan(&c.Type, &c.Rows)
+		return c, err
+	})
+	if err != nil {
+		return est, err
+	}
+	for i := range counts {
+		counts[i].Rows = int64(float64(counts[i].Rows)*scale + 0.5)
+		est.Rows += counts[i].Rows
+	}
+	est.Types = counts
+	return est, nil
 }
 
 // liveGroup is one row of liveGroupsSQL: a type's rows in one state.
