@@ -242,7 +242,7 @@ func TestBrowserCrossSitePost(t *testing.T) {
 	evil := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "text/html")
 		fmt.Fprintf(rw, `<!doctype html><title>free coupons</title>
-<form method="post" action="%s/requeue"><input type="hidden" name="s" value="0"><input type="hidden" name="all" value="1">
+<form method="post" action="%s/requeue"><input type="hidden" name="s" value="0"><input type="hidden" name="all" value="1"><input type="hidden" name="confirm" value="1">
 <input type="hidden" name="token" value="%s"><button id="go" type="submit">Claim</button></form>`, srv.URL, token)
 	}))
 	t.Cleanup(evil.Close)
@@ -255,8 +255,13 @@ func TestBrowserCrossSitePost(t *testing.T) {
 	require.Equal(t, "ERROR", st, "nothing was re-queued")
 	require.Len(t, w.logs.Lines("refused: cross-origin request", "who=admin", "sec_fetch_site=cross-site"), 1)
 
-	// The same form on the console's own page goes through.
+	// The same form on the console's own page asks first, then goes through.
 	step(t, ctx, chromedp.Navigate(srv.URL+"/"))
 	require.EqualValues(t, http.StatusOK, submit(t, ctx, "#requeue-all"))
+	require.Contains(t, text(t, ctx, "#confirm-lead"), "Re-queue 2 dead row(s)")
+	require.Equal(t, "2", text(t, ctx, `#confirm-types tr[data-type="invoices"] td.n`))
+	st, _ = w.status(t, dead)
+	require.Equal(t, "ERROR", st, "not before the confirmation")
+	require.EqualValues(t, http.StatusOK, submit(t, ctx, "#confirm-button"))
 	require.Equal(t, "Re-queued 2 dead row(s): the next pass delivers them.", text(t, ctx, "#flash"))
 }
