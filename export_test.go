@@ -1,8 +1,12 @@
 package relay
 
 import (
+	"context"
 	"math"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // FetchForTest is the select of a batch of at most limit rows of types as a
@@ -23,4 +27,36 @@ func SetWakeUpWindowForTest(d time.Duration) (restore func()) {
 	old := wakeUpWindow
 	wakeUpWindow = d
 	return func() { wakeUpWindow = old }
+}
+
+// HistoryPlansForTest returns the plans (EXPLAIN ANALYZE, text) of the
+// statements Admin.History runs for window and step: the binary search, one
+// step of the search back, and the read of the window.
+func HistoryPlansForTest(ctx context.Context, a *Admin, window, step time.Duration) (search, back, read string, err error) {
+	var now time.Time
+	var lo, first int64
+	if err := a.pool.QueryRow(ctx, a.repo.historyStartSQL(), window.Seconds()).Scan(&now, &lo, &first); err != nil {
+		return "", "", "", err
+	}
+	from := now.Add(-window)
+	at := float64(from.UnixMicro()) / 1e6
+	explain := func(sql string, args ...any) (string, error) {
+		rows, err := a.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+		if err != nil {
+			return "", err
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		return strings.Join(lines, "\n"), err
+	}
+	if search, err = explain(a.repo.historyStartSQL(), window.Seconds()); err != nil {
+		return
+	}
+	if back, err = explain(a.repo.historyBackSQL(), first-historyBackChunk, first, at, a.maxAttempts); err != nil {
+		return
+	}
+	if first, err = a.repo.historyBack(ctx, a.pool, lo, first, from, a.maxAttempts); err != nil {
+		return
+	}
+	read, err = explain(a.repo.historySQL(), first, at, step.Seconds(), int(window/step), a.maxAttempts)
+	return
 }
