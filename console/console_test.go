@@ -398,3 +398,70 @@ func TestInputValidation(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "No row matches now")
 }
+
+// TestCharts: the charts page draws, per type and for all, the deliveries per
+// minute and the lag as inline SVG, with nothing to fetch and no script; and
+// this process's relay's deliveries from its Stats.
+func TestCharts(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	// orders: 30 written 12m30s ago and delivered a minute later; 1 waits
+	// since 20m ago. refunds: 5 delivered 2m ago, written 3m ago.
+	w.exec(t, `INSERT INTO %s (type, natural_key, payload, status, created_at, updated_at, sent_at)
+		SELECT 'orders', 'k' || g, '{}', 'SENT', now() - interval '12 minutes 30 seconds', now(), now() - interval '11 minutes 30 seconds'
+		FROM generate_series(1, 30) g`)
+	w.rows(t, "orders", 1, "PENDING", 0, 20*time.Minute)
+	w.exec(t, `INSERT INTO %s (type, natural_key, payload, status, created_at, updated_at, sent_at)
+		SELECT 'refunds', 'k' || g, '{}', 'SENT', now() - interval '3 minutes', now(), now() - interval '2 minutes 10 seconds'
+		FROM generate_series(1, 5) g`)
+	w.rows(t, "shipments", 4, "PENDING", 0, 10*time.Second)
+	rl, err := relay.New(w.pool, w.cfg, &recorder{typ: "shipments"})
+	require.NoError(t, err)
+	_, err = rl.Run(context.Background())
+	require.NoError(t, err)
+	srv := w.serve(t, console.Options{Sources: []console.Source{{Admin: w.admin, Relay: rl}}})
+	c := newClient(t, srv, "")
+
+	code, body := c.get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `href="./charts?s=0"`)
+
+	resp, err := c.hc.Get(c.base + "/charts?s=0")
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	body = string(b)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'none'", "no script, nothing fetched")
+	require.NotContains(t, body, "<script")
+	require.NotContains(t, body, "http://www.w3.org/2000/svg\" href", "nothing linked")
+	for _, id := range []string{"delivered-all", "lag-all", "delivered-type-orders", "lag-type-orders", "delivered-type-refunds", "lag-type-refunds", "delivered-type-shipments"} {
+		require.Contains(t, body, `<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="`+id+`"`)
+	}
+	// One bar per minute with deliveries: orders' minute, refunds', shipments' (now).
+	bars := regexp.MustCompile(`<rect x="[0-9.]+" y="[0-9.]+" width="[0-9.]+" height="[0-9.]+" fill="#2f6fd0"><title>([^<]*)</title>`)
+	svgOf := func(id string) string {
+		i := strings.Index(body, `id="`+id+`"`)
+		require.Positive(t, i, id)
+		j := strings.Index(body[i:], "</svg>")
+		return body[i : i+j]
+	}
+	orders := bars.FindAllStringSubmatch(svgOf("delivered-type-orders"), -1)
+	require.Len(t, orders, 1)
+	require.Equal(t, "−12m to −11m: 30", orders[0][1])
+	refunds := bars.FindAllStringSubmatch(svgOf("delivered-type-refunds"), -1)
+	require.Len(t, refunds, 1)
+	require.Equal(t, "−3m to −2m: 5", refunds[0][1])
+	require.Contains(t, body, "39 delivered in the hour, at most 30 in a minute", "orders', refunds' and shipments' (just now)")
+	require.Contains(t, svgOf("lag-type-orders"), "<polyline", "orders waited all hour")
+	require.Contains(t, body, "Lag now 20m", "the pending row's age")
+	require.Contains(t, body, "<h2>This process's relay</h2>")
+	require.Contains(t, body, "4 delivered since it started")
+
+	code, _ = c.get("/charts?s=x")
+	require.Equal(t, http.StatusBadRequest, code)
+	code, _ = c.get("/charts?s=3")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Empty(t, w.logs.Lines("level=ERROR"))
+}

@@ -117,6 +117,7 @@ func (c *Console) look(ctx context.Context, s *source) (diagnose.Look, diagnose.
 	if s.Relay != nil {
 		st := s.Relay.Stats()
 		in.Stats = &st
+		s.sample(st, time.Now())
 	}
 	s.mu.Lock()
 	if s.last != nil {
@@ -284,6 +285,30 @@ func (c *Console) dead(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "dead", p)
 }
 
+// charts draws one source's last hour: per type, the rows delivered per
+// minute and the lag, from Admin.History; and this process's relay's
+// deliveries, from its Stats sampled at each view.
+func (c *Console) charts(w http.ResponseWriter, r *http.Request) {
+	i, s, ok := c.sourceOf(w, r)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	h, err := s.Admin.History(r.Context(), chartWindow, chartStep)
+	if err != nil {
+		c.dbError(w, r, err)
+		return
+	}
+	v := newChartsView(i, s, h)
+	if s.Relay != nil {
+		st := s.Relay.Stats()
+		v.Process = newProcessView(st, s.sample(st, time.Now()), time.Now())
+	}
+	p := c.newPage(r, "charts · "+s.Admin.AppName(), i)
+	p.Took, p.Content = time.Since(start), v
+	c.render(w, r, http.StatusOK, "charts", p)
+}
+
 // dbError answers a failed read.
 func (c *Console) dbError(w http.ResponseWriter, r *http.Request, err error) {
 	c.logger.LogAttrs(r.Context(), slog.LevelError, "relay console: read failed", slog.String("path", r.URL.Path), slog.Any("error", err))
@@ -334,7 +359,7 @@ func parseTemplates() (map[string]*template.Template, error) {
 		return nil, err
 	}
 	pages := make(map[string]*template.Template)
-	for _, name := range []string{"index", "app", "dead", "error", "confirm"} {
+	for _, name := range []string{"index", "app", "dead", "error", "confirm", "charts"} {
 		body, err := fs.ReadFile(templateFS, "templates/"+name+".html")
 		if err != nil {
 			return nil, err
