@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -104,48 +105,54 @@ func (r *adminRepository) historyStartSQL() string {
 SELECT b.now, b.lo, (SELECT min(lo) FROM s WHERE lo >= hi) FROM b`
 }
 
-// historySQL groups the rows of the window, in one read: $1 the first id,
-// $2 From, $3 the step in seconds, $4 the number of steps, $5 the ceiling.
-// Each row waits over [created_at, ended): ended is sent_at for a SENT row,
-// updated_at (when it died) for a dead one, and none for a live one. Instant
-// k is From + k·step (k = 1..steps, the end of step k-1); a row covers the
-// instants k1..k2 with created_at <= instant < ended. Grouping by (type, k1,
-// k2) keeps, per group, the oldest created_at; grouping by (type, b) counts
-// the deliveries of step b. Both are hash aggregates over the range: no sort.
-// The live rows before $1 are read through the partial indexes of the
-// pending and the failed rows (their predicates repeated word for word).
+// historySQL groups the rows of the window that were delivered or died in
+// it, in one read of the primary key's range: $1 the first id, $2 From (as
+// seconds since the epoch: date_part is float8 arithmetic, where extract()
+// would be numeric, several times slower), $3 the step in seconds, $4 the
+// number of steps, $5 the ceiling, $6 From. A row waits over [created_at,
+// ended): ended is sent_at for a SENT row, updated_at (when it died) for a
+// dead one. Instant k is From + k·step (k = 1..steps, the end of step k-1);
+// a row covers the instants k1..k2 with created_at <= instant < ended.
+// Grouping by (type, k1, k2) keeps each group's oldest created_at; grouping
+// by (type, b) counts the deliveries of step b: hash aggregates, no sort.
+// The live rows of the range are filtered out before any arithmetic:
+// historyLiveSQL reads the one of them that matters per type.
 func (r *adminRepository) historySQL() string {
-	t := r.table
-	// $2 is From as seconds since the epoch: date_part is float8 arithmetic,
-	// where extract() would be numeric, several times slower per row.
-	return `WITH w AS (
-  SELECT type, date_part('epoch', created_at) AS c,
-    date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at WHEN status = 'ERROR' AND attempts >= $5 THEN updated_at END) AS e,
-    status = 'SENT' AS sent
-  FROM ` + t + ` WHERE id >= $1 AND direction = 'OUT'
-  UNION ALL
-  SELECT type, date_part('epoch', created_at), NULL, false FROM ` + t + `
-  WHERE id < $1 AND direction = 'OUT' AND (status = 'PENDING' OR status IS NULL)
-  UNION ALL
-  SELECT type, date_part('epoch', created_at), NULL, false FROM ` + t + `
-  WHERE id < $1 AND direction = 'OUT' AND status = 'ERROR' AND attempts < $5
-), k AS (
-  SELECT type, c,
-    greatest(ceil((c - $2::float8) / $3::float8), 1)::int AS k1,
-    CASE WHEN e IS NULL THEN $4::int ELSE least(ceil((e - $2::float8) / $3::float8) - 1, $4::int)::int END AS k2,
+	return `SELECT type, k1, k2, b, min(c), count(*) FROM (
+  SELECT type, c, greatest(ceil((c - $2::float8) / $3::float8), 1)::int AS k1,
+    least(ceil((e - $2::float8) / $3::float8) - 1, $4::int)::int AS k2,
     CASE WHEN sent AND e >= $2::float8 THEN least(floor((e - $2::float8) / $3::float8), $4::int - 1)::int END AS b
-  FROM w
-)
-SELECT type, k1, k2, b, min(c), count(*) FROM k
+  FROM (
+    SELECT type, date_part('epoch', created_at) AS c, status = 'SENT' AS sent,
+      date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at ELSE updated_at END) AS e
+    FROM ` + r.table + `
+    WHERE id >= $1 AND direction = 'OUT'
+      AND (status = 'SENT' AND sent_at >= $6 OR status = 'ERROR' AND attempts >= $5 AND updated_at > $6)
+  ) r
+) k
 WHERE k1 <= k2 OR b IS NOT NULL
 GROUP BY GROUPING SETS ((type, k1, k2), (type, b))`
 }
 
-// historyBackSQL counts the rows of an id range [$1, $2) that were waiting
-// at From ($3, seconds since the epoch), and the range's oldest created_at:
-// one pk range read per step of the search back.
+// historyLiveSQL reads, per type, the first live row (the lowest id, the
+// one the relays deliver first) of the pending and of the failed rows,
+// through their partial indexes (their predicates repeated word for word):
+// the oldest row waiting, which alone sets a type's lag while its rows wait.
+// $1 the ceiling.
+func (r *adminRepository) historyLiveSQL() string {
+	t := r.table
+	return `SELECT g.type, date_part('epoch', h.created_at) FROM (
+  SELECT type, min(id) AS head FROM ` + t + ` WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) GROUP BY type
+  UNION ALL
+  SELECT type, min(id) FROM ` + t + ` WHERE direction = 'OUT' AND status = 'ERROR' AND attempts < $1 GROUP BY type
+) g JOIN ` + t + ` h ON h.id = g.head`
+}
+
+// historyBackSQL reads the lowest id of the rows of an id range [$1, $2)
+// that were waiting at From ($3, seconds since the epoch), and the range's
+// oldest created_at: one pk range read per step of the search back.
 func (r *adminRepository) historyBackSQL() string {
-	return `SELECT count(*) FILTER (WHERE status IS NULL OR status = 'PENDING' OR status = 'ERROR' AND attempts < $4
+	return `SELECT min(id) FILTER (WHERE status IS NULL OR status = 'PENDING' OR status = 'ERROR' AND attempts < $4
     OR date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at WHEN status = 'ERROR' THEN updated_at END) > $3::float8),
   min(created_at)
 FROM ` + r.table + ` WHERE id >= $1 AND id < $2 AND direction = 'OUT'`
@@ -160,15 +167,18 @@ FROM ` + r.table + ` WHERE id >= $1 AND id < $2 AND direction = 'OUT'`
 func (r *adminRepository) historyBack(ctx context.Context, db querier, minID, first int64, from time.Time, ceiling int) (int64, error) {
 	at := float64(from.UnixMicro()) / 1e6
 	oldest := from.Add(-HistoryLookbackMax)
-	for size := int64(historyBackChunk); first > minID; size *= 2 {
-		lo := max(first-size, minID)
-		var waiting int64
+	for hi, size := first, int64(historyBackChunk); hi > minID; size *= 2 {
+		lo := max(hi-size, minID)
+		var waiting *int64
 		var created *time.Time
-		if err := db.QueryRow(ctx, r.historyBackSQL(), lo, first, at, ceiling).Scan(&waiting, &created); err != nil {
+		if err := db.QueryRow(ctx, r.historyBackSQL(), lo, hi, at, ceiling).Scan(&waiting, &created); err != nil {
 			return 0, err
 		}
-		first = lo
-		if waiting == 0 || created != nil && created.Before(oldest) {
+		if waiting == nil {
+			break // none of the range waited at from
+		}
+		first, hi = *waiting, lo
+		if created != nil && created.Before(oldest) {
 			break
 		}
 	}
@@ -191,15 +201,13 @@ func (r *adminRepository) history(ctx context.Context, db querier, ceiling int, 
 		return h, err
 	}
 	h.FromID = first
-	rows, err := db.Query(ctx, r.historySQL(), first, float64(h.From.UnixMicro())/1e6, step.Seconds(), steps, ceiling)
-	if err != nil {
-		return h, err
-	}
-	type group struct {
-		k1, k2, b *int32
-		oldest    float64 // seconds since the epoch
-		n         int64
-	}
+	at := float64(h.From.UnixMicro()) / 1e6
+	batch := &pgx.Batch{}
+	batch.Queue(r.historySQL(), first, at, step.Seconds(), steps, ceiling, h.From)
+	batch.Queue(r.historyLiveSQL(), ceiling)
+	br := db.SendBatch(ctx, batch)
+	defer br.Close()
+
 	byType := map[string]*TypeHistory{}
 	oldest := map[string][]float64{} // per type, per instant k (index k-1): the oldest row waiting then (0: none)
 	get := func(typ string) *TypeHistory {
@@ -211,23 +219,45 @@ func (r *adminRepository) history(ctx context.Context, db querier, ceiling int, 
 		}
 		return th
 	}
-	var typ string
-	var g group
-	_, err = pgx.ForEachRow(rows, []any{&typ, &g.k1, &g.k2, &g.b, &g.oldest, &g.n}, func() error {
-		th := get(typ)
-		switch {
-		case g.b != nil: // the (type, b) set: deliveries of step b
-			if i := int(*g.b); i >= 0 && i < steps {
-				th.Delivered[i] += g.n
-			}
-		case g.k1 != nil && g.k2 != nil && *g.k1 <= *g.k2: // the (type, k1, k2) set: rows waiting at k1..k2
-			o := oldest[typ]
-			for k := max(int(*g.k1), 1); k <= min(int(*g.k2), steps); k++ {
-				if o[k-1] == 0 || g.oldest < o[k-1] {
-					o[k-1] = g.oldest
-				}
+	cover := func(typ string, k1, k2 int, created float64) {
+		o := oldest[typ]
+		for k := max(k1, 1); k <= min(k2, steps); k++ {
+			if o[k-1] == 0 || created < o[k-1] {
+				o[k-1] = created
 			}
 		}
+	}
+	var typ string
+	var k1, k2, b *int32
+	var created float64
+	var n int64
+	rows, err := br.Query()
+	if err != nil {
+		return h, err
+	}
+	_, err = pgx.ForEachRow(rows, []any{&typ, &k1, &k2, &b, &created, &n}, func() error {
+		th := get(typ)
+		switch {
+		case b != nil: // the (type, b) set: deliveries of step b
+			if i := int(*b); i >= 0 && i < steps {
+				th.Delivered[i] += n
+			}
+		case k1 != nil && k2 != nil: // the (type, k1, k2) set: rows waiting at k1..k2
+			cover(typ, int(*k1), int(*k2), created)
+		}
+		return nil
+	})
+	if err != nil {
+		return h, err
+	}
+	// A live row waits from its first instant to now.
+	if rows, err = br.Query(); err != nil {
+		return h, err
+	}
+	_, err = pgx.ForEachRow(rows, []any{&typ, &created}, func() error {
+		get(typ)
+		first := int(math.Ceil((created - at) / step.Seconds()))
+		cover(typ, first, steps, created)
 		return nil
 	})
 	if err != nil {

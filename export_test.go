@@ -57,6 +57,10 @@ func HistoryPlansForTest(ctx context.Context, a *Admin, window, step time.Durati
 	if first, err = a.repo.historyBack(ctx, a.pool, lo, first, from, a.maxAttempts); err != nil {
 		return
 	}
-	read, err = explain(a.repo.historySQL(), first, at, step.Seconds(), int(window/step), a.maxAttempts)
+	if read, err = explain(a.repo.historySQL(), first, at, step.Seconds(), int(window/step), a.maxAttempts, from); err != nil {
+		return
+	}
+	live, err := explain(a.repo.historyLiveSQL(), a.maxAttempts)
+	read += "\n" + live
 	return
 }

@@ -265,3 +265,52 @@ func TestBrowserCrossSitePost(t *testing.T) {
 	require.EqualValues(t, http.StatusOK, submit(t, ctx, "#confirm-button"))
 	require.Equal(t, "Re-queued 2 dead row(s): the next pass delivers them.", text(t, ctx, "#flash"))
 }
+
+// TestBrowserCharts: the charts render in Chromium as the page's own SVG:
+// bars where rows were delivered, a line for the lag, no script, nothing
+// fetched besides the page.
+func TestBrowserCharts(t *testing.T) {
+	w := setup(t)
+	// orders: 20 rows a minute, written and delivered 5 s apart, for the
+	// last 30 minutes but for minutes 10 to 14 ago, when nothing was.
+	w.exec(t, `INSERT INTO %s (type, natural_key, payload, status, created_at, updated_at, sent_at)
+		SELECT 'orders', 'k' || g, '{}', 'SENT', now() - make_interval(secs => g * 3 + 5), now(), now() - make_interval(secs => g * 3)
+		FROM generate_series(1, 600) g WHERE g * 3 NOT BETWEEN 600 AND 899`)
+	w.rows(t, "invoices", 1, "PENDING", 0, 25*time.Minute)
+	srv := w.serve(t, console.Options{})
+
+	ctx := browser(t)
+	step(t, ctx, chromedp.Navigate(srv.URL+"/"))
+	status := submit(t, ctx, "#charts-link") // a link: a GET the click follows
+	require.EqualValues(t, http.StatusOK, status)
+	sctx, cancel := context.WithTimeout(ctx, browserTimeout)
+	defer cancel()
+	type drawn struct {
+		Charts, Scripts, Fetched int
+		Width, Height            float64
+		OrdersBars, AllBars      int
+		LagPoints                int
+	}
+	got, err := chromedp.Run(sctx, chromedp.Evaluate[drawn](`(() => {
+		const box = document.querySelector("#delivered-all").getBoundingClientRect();
+		return {
+			Charts: document.querySelectorAll("svg.chart").length,
+			Scripts: document.scripts.length,
+			Fetched: performance.getEntriesByType("resource").length,
+			Width: box.width, Height: box.height,
+			OrdersBars: document.querySelectorAll('#delivered-type-orders rect[fill="#2f6fd0"]').length,
+			AllBars: document.querySelectorAll('#delivered-all rect[fill="#2f6fd0"]').length,
+			LagPoints: document.querySelector("#lag-type-invoices polyline").points.length,
+		};
+	})()`))
+	require.NoError(t, err)
+	require.Equal(t, 6, got.Charts, "all types, orders and invoices: two each")
+	require.Zero(t, got.Scripts)
+	require.Zero(t, got.Fetched, "nothing but the page")
+	require.InDelta(t, 560, got.Width, 1)
+	require.InDelta(t, 150, got.Height, 1)
+	require.InDelta(t, 25.5, got.OrdersBars, 2, "30 minutes of deliveries less the 5 without, give or take the minutes the window cuts")
+	require.Equal(t, got.OrdersBars, got.AllBars)
+	require.Equal(t, 60, got.LagPoints, "one point a minute")
+	require.Contains(t, text(t, ctx, `#chart-all`), "Lag now 25m")
+}

@@ -41,14 +41,22 @@ func (c chart) svg() template.HTML {
 	for _, v := range c.Values {
 		top = max(top, v)
 	}
-	top = niceCeil(top)
+	if c.Bars {
+		top = niceCeil(top)
+	} else {
+		top = niceSeconds(top)
+	}
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="%s" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="%s">`,
 		html.EscapeString(c.ID), chartW, chartH, chartW, chartH, html.EscapeString(c.Title))
 	fmt.Fprintf(&b, `<title>%s</title>`, html.EscapeString(c.Title))
 	fmt.Fprintf(&b, `<rect x="0" y="0" width="%d" height="%d" fill="#fff"/>`, chartW, chartH)
 	fmt.Fprintf(&b, `<text x="%d" y="14" class="ct">%s</text>`, chartLeft, html.EscapeString(c.Title))
-	// Grid lines and the y axis's labels: 0, half, top.
-	for _, f := range []float64{0, 0.5, 1} {
+	// Grid lines and the y axis's labels: 0, half, top (only 0 when empty).
+	marks := []float64{0, 0.5, 1}
+	if top == 0 {
+		marks = marks[:1]
+	}
+	for _, f := range marks {
 		y := float64(chartTop) + ph*(1-f)
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s"/>`, chartLeft, y, chartW-chartRight, y, map[bool]string{true: "#9aa6bd", false: "#e6e8ec"}[f == 0])
 		fmt.Fprintf(&b, `<text x="%d" y="%.1f" class="cy" text-anchor="end">%s</text>`, chartLeft-6, y+4, html.EscapeString(c.Label(top*f)))
@@ -107,9 +115,19 @@ func stepLabel(n, i int, step time.Duration) string {
 	return "−" + short(from) + " to −" + short(to)
 }
 
-// short is a whole number of minutes or hours as 45m or 1h, else as
-// diagnose.Duration writes it.
+// short is a whole number of seconds, minutes or hours as 30s, 45m or 1h,
+// else as diagnose.Duration writes it.
 func short(d time.Duration) string {
+	switch {
+	case d >= time.Hour && d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d >= time.Minute && d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d >= time.Minute && d%time.Second == 0 && d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", d/time.Minute, d%time.Minute/time.Second)
+	case d >= time.Second && d%time.Second == 0:
+		return fmt.Sprintf("%ds", d/time.Second)
+	}
 	switch {
 	case d >= time.Hour && d%time.Hour == 0:
 		return fmt.Sprintf("%dh", d/time.Hour)
@@ -133,6 +151,21 @@ func niceCeil(v float64) float64 {
 	return 10 * p
 }
 
+// niceSeconds is the smallest round duration, in seconds, at or above v: 1,
+// 2, 5, 10, 15, 30 s, 1, 2, 5, 10, 15, 30 min, 1, 2, 3, 6, 12, 24 h, then
+// whole days by niceCeil (0 for 0).
+func niceSeconds(v float64) float64 {
+	if v <= 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0
+	}
+	for _, s := range []float64{1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400} {
+		if s >= v {
+			return s
+		}
+	}
+	return 86400 * niceCeil(v/86400)
+}
+
 // countLabel and lagLabel are the y axes' labels.
 func countLabel(v float64) string { return diagnose.Count(int64(math.Round(v))) }
 
@@ -140,7 +173,7 @@ func lagLabel(v float64) string {
 	if v == 0 {
 		return "0"
 	}
-	return diagnose.Duration(time.Duration(v * float64(time.Second)))
+	return short(time.Duration(v * float64(time.Second)))
 }
 
 // The charts page's window and step.
@@ -155,6 +188,7 @@ type chartsView struct {
 	App, Table string
 	From, To   time.Time
 	FromID     int64
+	Cached     bool // read less than historyFresh ago, by an earlier view
 	All        chartPair
 	Types      []chartPair
 	Process    *processView

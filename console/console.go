@@ -30,6 +30,7 @@
 package console
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
@@ -114,6 +115,33 @@ type source struct {
 	mu      sync.Mutex
 	last    *diagnose.Look
 	samples []statSample // this process's relay's Stats at the views of the last hour, oldest first
+
+	history   relay.History // the charts' last read, reused for historyFresh
+	historyAt time.Time
+}
+
+// historyFresh is how long the charts page reuses its last read of the
+// table: the pictures are by the minute, and a busy table's hour is tens of
+// thousands of rows to read again.
+const historyFresh = 10 * time.Second
+
+// cachedHistory returns the source's history of the last hour, read again
+// when the last read is older than historyFresh.
+func (s *source) cachedHistory(ctx context.Context, now time.Time) (relay.History, bool, error) {
+	s.mu.Lock()
+	h, at := s.history, s.historyAt
+	s.mu.Unlock()
+	if !at.IsZero() && now.Sub(at) < historyFresh {
+		return h, true, nil
+	}
+	h, err := s.Admin.History(ctx, chartWindow, chartStep)
+	if err != nil {
+		return h, false, err
+	}
+	s.mu.Lock()
+	s.history, s.historyAt = h, now
+	s.mu.Unlock()
+	return h, false, nil
 }
 
 // statSample is this process's relay's Stats.Sent at a view of the console.

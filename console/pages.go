@@ -294,12 +294,13 @@ func (c *Console) charts(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	h, err := s.Admin.History(r.Context(), chartWindow, chartStep)
+	h, cached, err := s.cachedHistory(r.Context(), start)
 	if err != nil {
 		c.dbError(w, r, err)
 		return
 	}
 	v := newChartsView(i, s, h)
+	v.Cached = cached
 	if s.Relay != nil {
 		st := s.Relay.Stats()
 		v.Process = newProcessView(st, s.sample(st, time.Now()), time.Now())
