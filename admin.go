@@ -212,9 +212,10 @@ func (a *Admin) PurgeSent(ctx context.Context, retention time.Duration) (int64, 
 	return a.PurgeSentProgress(ctx, retention, nil)
 }
 
-// PurgeSentProgress is [Admin.PurgeSent] reporting its progress: after each
-// chunk it calls progress with the rows deleted so far and how many it expects
-// to delete in all. expected is fixed before the first chunk, by
+// PurgeSentProgress is [Admin.PurgeSent] reporting its progress: once before
+// the first chunk (deleted 0) and after each chunk it calls progress with the
+// rows deleted so far and how many it expects to delete in all. expected is
+// fixed before the first chunk, by
 // [Admin.EstimatePurge] (exact on a small table, estimated from a sample of its
 // pages on a large one), and never follows deleted: a purge may overtake its
 // estimate, or end below it. A nil progress is PurgeSent.
@@ -233,6 +234,7 @@ func (a *Admin) PurgeSentProgress(ctx context.Context, retention time.Duration, 
 			return 0, err
 		}
 		expected = est.Rows
+		progress(0, expected)
 	}
 	var total int64
 	for {
