@@ -83,80 +83,8 @@ func (a *Admin) History(ctx context.Context, window, step time.Duration) (Histor
 	return h, nil
 }
 
-// historyStartSQL reads the clock and finds, by a binary search on the
-// primary key, the first id whose row was written at or after $1 (now() - $1
-// seconds): each step one index lookup of one row, all in one statement.
-// created_at follows the ids but for transactions that overlap: near enough
-// for a boundary, which historyBack then moves back over the rows waiting.
-func (r *adminRepository) historyStartSQL() string {
-	t := r.table
-	return `WITH RECURSIVE b AS (
-  SELECT now() AS now, now() - make_interval(secs => $1::float8) AS at,
-    coalesce((SELECT min(id) FROM ` + t + `), 0) AS lo, coalesce((SELECT max(id) FROM ` + t + `), 0) AS hi
-), s(lo, hi) AS (
-  SELECT lo, hi + 1 FROM b
-  UNION ALL
-  SELECT CASE WHEN p.created_at < b.at THEN least(p.id + 1, s.hi) ELSE s.lo END,
-    CASE WHEN p.created_at < b.at THEN s.hi ELSE s.lo + (s.hi - s.lo) / 2 END
-  FROM s CROSS JOIN b
-  LEFT JOIN LATERAL (SELECT id, created_at FROM ` + t + ` WHERE id >= s.lo + (s.hi - s.lo) / 2 ORDER BY id LIMIT 1) p ON true
-  WHERE s.lo < s.hi
-)
-SELECT b.now, b.lo, (SELECT min(lo) FROM s WHERE lo >= hi) FROM b`
-}
-
-// historySQL groups the rows of the window that were delivered or died in
-// it, in one read of the primary key's range: $1 the first id, $2 From (as
-// seconds since the epoch: date_part is float8 arithmetic, where extract()
-// would be numeric, several times slower), $3 the step in seconds, $4 the
-// number of steps, $5 the ceiling, $6 From. A row waits over [created_at,
-// ended): ended is sent_at for a SENT row, updated_at (when it died) for a
-// dead one. Instant k is From + k·step (k = 1..steps, the end of step k-1);
-// a row covers the instants k1..k2 with created_at <= instant < ended.
-// Grouping by (type, k1, k2) keeps each group's oldest created_at; grouping
-// by (type, b) counts the deliveries of step b: hash aggregates, no sort.
-// The live rows of the range are filtered out before any arithmetic:
-// historyLiveSQL reads the one of them that matters per type.
-func (r *adminRepository) historySQL() string {
-	return `SELECT type, k1, k2, b, min(c), count(*) FROM (
-  SELECT type, c, greatest(ceil((c - $2::float8) / $3::float8), 1)::int AS k1,
-    least(ceil((e - $2::float8) / $3::float8) - 1, $4::int)::int AS k2,
-    CASE WHEN sent AND e >= $2::float8 THEN least(floor((e - $2::float8) / $3::float8), $4::int - 1)::int END AS b
-  FROM (
-    SELECT type, date_part('epoch', created_at) AS c, status = 'SENT' AS sent,
-      date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at ELSE updated_at END) AS e
-    FROM ` + r.table + `
-    WHERE id >= $1 AND direction = 'OUT'
-      AND (status = 'SENT' AND sent_at >= $6 OR status = 'ERROR' AND attempts >= $5 AND updated_at > $6)
-  ) r
-) k
-WHERE k1 <= k2 OR b IS NOT NULL
-GROUP BY GROUPING SETS ((type, k1, k2), (type, b))`
-}
-
-// historyLiveSQL reads, per type, the first live row (the lowest id, the
-// one the relays deliver first) of the pending and of the failed rows,
-// through their partial indexes (their predicates repeated word for word):
-// the oldest row waiting, which alone sets a type's lag while its rows wait.
-// $1 the ceiling.
-func (r *adminRepository) historyLiveSQL() string {
-	t := r.table
-	return `SELECT g.type, date_part('epoch', h.created_at) FROM (
-  SELECT type, min(id) AS head FROM ` + t + ` WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) GROUP BY type
-  UNION ALL
-  SELECT type, min(id) FROM ` + t + ` WHERE direction = 'OUT' AND status = 'ERROR' AND attempts < $1 GROUP BY type
-) g JOIN ` + t + ` h ON h.id = g.head`
-}
-
-// historyBackSQL reads the lowest id of the rows of an id range [$1, $2)
-// that were waiting at From ($3, seconds since the epoch), and the range's
-// oldest created_at: one pk range read per step of the search back.
-func (r *adminRepository) historyBackSQL() string {
-	return `SELECT min(id) FILTER (WHERE status IS NULL OR status = 'PENDING' OR status = 'ERROR' AND attempts < $4
-    OR date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at WHEN status = 'ERROR' THEN updated_at END) > $3::float8),
-  min(created_at)
-FROM ` + r.table + ` WHERE id >= $1 AND id < $2 AND direction = 'OUT'`
-}
+// History's statements are in sql/admin.sql (historyStart, historyBack,
+// historyRead, historyLive).
 
 // historyBack extends the window's first id back, from first, over the rows
 // that were still waiting at from (written before it, delivered or dead
@@ -171,7 +99,7 @@ func (r *adminRepository) historyBack(ctx context.Context, db querier, minID, fi
 		lo := max(hi-size, minID)
 		var waiting *int64
 		var created *time.Time
-		if err := db.QueryRow(ctx, r.historyBackSQL(), lo, hi, at, ceiling).Scan(&waiting, &created); err != nil {
+		if err := db.QueryRow(ctx, r.historyBackSQL, lo, hi, at, ceiling).Scan(&waiting, &created); err != nil {
 			return 0, err
 		}
 		if waiting == nil {
@@ -185,10 +113,20 @@ func (r *adminRepository) historyBack(ctx context.Context, db querier, minID, fi
 	return first, nil
 }
 
+// historyBatch is the window's two reads, sent together: the rows delivered
+// or dead in it (historyRead, sql/admin.sql) and the oldest live row of
+// each type (historyLive).
+func (r *adminRepository) historyBatch(first int64, fromEpoch float64, step time.Duration, steps, ceiling int, from time.Time) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(r.historyReadSQL, first, fromEpoch, step.Seconds(), steps, ceiling, from)
+	b.Queue(r.historyLiveSQL, ceiling)
+	return b
+}
+
 func (r *adminRepository) history(ctx context.Context, db querier, ceiling int, window, step time.Duration) (History, error) {
 	var h History
 	var minID, first int64
-	if err := db.QueryRow(ctx, r.historyStartSQL(), window.Seconds()).Scan(&h.To, &minID, &first); err != nil {
+	if err := db.QueryRow(ctx, r.historyStartSQL, window.Seconds()).Scan(&h.To, &minID, &first); err != nil {
 		return h, err
 	}
 	h.From, h.Step = h.To.Add(-window), step
@@ -202,10 +140,7 @@ func (r *adminRepository) history(ctx context.Context, db querier, ceiling int, 
 	}
 	h.FromID = first
 	at := float64(h.From.UnixMicro()) / 1e6
-	batch := &pgx.Batch{}
-	batch.Queue(r.historySQL(), first, at, step.Seconds(), steps, ceiling, h.From)
-	batch.Queue(r.historyLiveSQL(), ceiling)
-	br := db.SendBatch(ctx, batch)
+	br := db.SendBatch(ctx, r.historyBatch(first, at, step, steps, ceiling, h.From))
 	defer br.Close()
 
 	byType := map[string]*TypeHistory{}

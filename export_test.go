@@ -35,7 +35,7 @@ func SetWakeUpWindowForTest(d time.Duration) (restore func()) {
 func HistoryPlansForTest(ctx context.Context, a *Admin, window, step time.Duration) (search, back, read string, err error) {
 	var now time.Time
 	var lo, first int64
-	if err := a.pool.QueryRow(ctx, a.repo.historyStartSQL(), window.Seconds()).Scan(&now, &lo, &first); err != nil {
+	if err := a.pool.QueryRow(ctx, a.repo.historyStartSQL, window.Seconds()).Scan(&now, &lo, &first); err != nil {
 		return "", "", "", err
 	}
 	from := now.Add(-window)
@@ -48,19 +48,19 @@ func HistoryPlansForTest(ctx context.Context, a *Admin, window, step time.Durati
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		return strings.Join(lines, "\n"), err
 	}
-	if search, err = explain(a.repo.historyStartSQL(), window.Seconds()); err != nil {
+	if search, err = explain(a.repo.historyStartSQL, window.Seconds()); err != nil {
 		return
 	}
-	if back, err = explain(a.repo.historyBackSQL(), first-historyBackChunk, first, at, a.maxAttempts); err != nil {
+	if back, err = explain(a.repo.historyBackSQL, first-historyBackChunk, first, at, a.maxAttempts); err != nil {
 		return
 	}
 	if first, err = a.repo.historyBack(ctx, a.pool, lo, first, from, a.maxAttempts); err != nil {
 		return
 	}
-	if read, err = explain(a.repo.historySQL(), first, at, step.Seconds(), int(window/step), a.maxAttempts, from); err != nil {
+	if read, err = explain(a.repo.historyReadSQL, first, at, step.Seconds(), int(window/step), a.maxAttempts, from); err != nil {
 		return
 	}
-	live, err := explain(a.repo.historyLiveSQL(), a.maxAttempts)
+	live, err := explain(a.repo.historyLiveSQL, a.maxAttempts)
 	read += "\n" + live
 	return
 }
