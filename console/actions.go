@@ -84,12 +84,13 @@ type confirmView struct {
 	Note   string
 	Button string
 	Fields [][2]string // the hidden fields the second POST repeats, with confirm=1
+	start  time.Time   // when the count began, for the page's footer
 }
 
 func (c *Console) confirm(w http.ResponseWriter, r *http.Request, i int, s *source, v confirmView) {
 	v.Index, v.App, v.Table = i, s.Admin.AppName(), s.Admin.Table()
 	p := c.newPage(r, v.Title+" · "+s.Admin.AppName(), i)
-	p.Content = v
+	p.Took, p.Content = time.Since(v.start), v
 	c.render(w, r, http.StatusOK, "confirm", p)
 }
 
@@ -130,13 +131,14 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 		scope = []slog.Attr{slog.String("type", typ)}
 	case all == "1" && id == "" && !hasType:
 		if !confirmed(r) {
+			start := time.Now()
 			o, err := s.Admin.Overview(r.Context())
 			if err != nil {
 				c.dbError(w, r, err)
 				return
 			}
 			cv := confirmView{Action: "requeue", Title: "Re-queue all dead rows", Rows: o.Dead, Exact: true,
-				Button: "Re-queue them", Fields: [][2]string{{"all", "1"}}}
+				Button: "Re-queue them", Fields: [][2]string{{"all", "1"}}, start: start}
 			for _, t := range o.Types {
 				if t.Dead > 0 {
 					cv.Types = append(cv.Types, relay.TypeCount{Type: t.Type, Rows: t.Dead})
@@ -210,6 +212,7 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !confirmed(r) {
+		start := time.Now()
 		est, err := s.Admin.EstimatePurge(r.Context(), retention)
 		if err != nil {
 			c.dbError(w, r, err)
@@ -220,7 +223,7 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 			about = "about "
 		}
 		cv := confirmView{Action: "purge", Title: "Purge delivered rows", Rows: est.Rows, Exact: est.Exact, Types: est.Types,
-			Button: "Purge them", Fields: [][2]string{{"age", r.PostFormValue("age")}, {"unit", r.PostFormValue("unit")}}}
+			Button: "Purge them", Fields: [][2]string{{"age", r.PostFormValue("age")}, {"unit", r.PostFormValue("unit")}}, start: start}
 		cv.Lead = fmt.Sprintf("Delete %s%s SENT row(s) of %s delivered before %s (more than %s %s ago), in chunks of %s.",
 			about, diagnose.Count(est.Rows), s.Admin.Table(), est.Cutoff.UTC().Format("2006-01-02 15:04:05Z"),
 			strings.TrimSpace(r.PostFormValue("age")), r.PostFormValue("unit"), diagnose.Count(relay.PurgeChunk))

@@ -81,7 +81,9 @@ func TestBrowserScreenshots(t *testing.T) {
 	dir := os.Getenv("RELAY_CONSOLE_SCREENSHOTS")
 	shot := func(name, path string) {
 		t.Helper()
-		step(t, b, chromedp.Navigate(srv+path))
+		if path != "" {
+			step(t, b, chromedp.Navigate(srv+path))
+		}
 		sctx, cancel := context.WithTimeout(b, browserTimeout)
 		defer cancel()
 		png, err := chromedp.Run(sctx, chromedp.FullScreenshot(100))
@@ -105,6 +107,11 @@ func TestBrowserScreenshots(t *testing.T) {
 	require.Contains(t, text(t, b, "#chart-all"), "delivered in the hour")
 	shot("charts-stalled.png", "/relay/charts?s=0")
 	require.Contains(t, text(t, b, "#chart-all"), "Lag now 14m")
+	// The purge's confirmation: how many rows of which types, before any.
+	step(t, b, chromedp.Navigate(srv+"/relay/app?s=1"), chromedp.SetValue(chromedp.CSS("#purge-age"), "0"))
+	require.EqualValues(t, http.StatusOK, submit(t, b, "#purge"))
+	require.Contains(t, text(t, b, "#confirm-lead"), "SENT row(s)")
+	shot("confirm-purge.png", "")
 	login(t, b, srv, "viewer")
 	shot("read-only.png", "/relay/app?s=0")
 	require.Contains(t, text(t, b, "#read-only"), "viewer may see")
