@@ -220,7 +220,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		_, _ = a.purgeChunk(ctx, q, cut, 10)
 		_, _ = a.estimatePurge(ctx, q, cut)
 		_, _ = a.purgeCounts(ctx, q, cut, 0)
-		_, _ = a.purgeCounts(ctx, q, cut, 5)
+		_, _ = a.purgeCounts(ctx, q, cut, 50_000)
 		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute)
 		_, _ = a.historyBack(ctx, q, 1, 100, cut, 3)
 		_ = q.SendBatch(ctx, a.historyBatch(1, 0, time.Minute, 60, 3, cut))

@@ -86,10 +86,17 @@ SELECT count(*) FROM {{.Table}} TABLESAMPLE SYSTEM (@percent) WHERE {{template "
 SELECT type, count(*) FROM {{.Table}} WHERE {{template "sent"}} AND sent_at < @cutoff GROUP BY type ORDER BY type
 
 -- name: samplePurge @cutoff @percent
--- countPurge on a table too large to count: a sample of its pages. Not the
--- planner: on a table never analyzed it guesses from default selectivities.
-SELECT type, count(*) FROM {{.Table}} TABLESAMPLE SYSTEM (@percent) WHERE {{template "sent"}} AND sent_at < @cutoff
-GROUP BY type ORDER BY type
+-- countPurge on a table too large to count: a sample of its pages, with
+-- the number of pages the sample read (each row once: ctid's page), so that
+-- the count scales by the pages read rather than by @percent, whose page
+-- count varies from one sample to the next. Not the planner: on a table
+-- never analyzed it guesses from default selectivities.
+WITH s AS (
+  SELECT type, {{template "sent"}} AND sent_at < @cutoff AS hit, (ctid::text::point)[0] AS page
+  FROM {{.Table}} TABLESAMPLE SYSTEM (@percent)
+)
+SELECT type, count(*) FILTER (WHERE hit), (SELECT count(DISTINCT page) FROM s) FROM s
+GROUP BY type HAVING count(*) FILTER (WHERE hit) > 0 ORDER BY type
 
 -- name: historyStart @window
 -- The clock, and by a binary search on the primary key the first id whose
