@@ -37,6 +37,15 @@ func TestAdminEstimatePurge(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 7, all.Rows, "retention 0: every outbound SENT row")
 
+	// An Admin of type u estimates what it would purge: u's rows only.
+	u, err := relay.NewAdmin(b.pool, b.cfg, relay.AdminTypes("u"))
+	require.NoError(t, err)
+	est, err = u.EstimatePurge(ctx, 24*time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, []relay.TypeCount{{Type: "u", Rows: 5}}, est.Types)
+	est, err = a.EstimatePurge(ctx, 24*time.Hour)
+	require.NoError(t, err)
+
 	var calls [][2]int64
 	n, err := a.PurgeSentProgress(ctx, 24*time.Hour, func(deleted, expected int64) { calls = append(calls, [2]int64{deleted, expected}) })
 	require.NoError(t, err)

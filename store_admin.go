@@ -97,6 +97,7 @@ func (r *adminRepository) deadPage(ctx context.Context, db querier, ceiling int,
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadMessage, error) {
 		var d DeadMessage
 		err := row.Scan(&d.ID, &d.Type, &d.Key, &d.Attempts, &d.LastError, &d.CreatedAt, &d.UpdatedAt, &d.Payload)
+		d.Permanent, d.AttemptsMade = permanence(d.LastError, d.Attempts)
 		if n := utf8.RuneCountInString(d.Payload); n > PayloadPreviewMax {
 			d.Payload, d.PayloadCut = cutRunes(d.Payload, PayloadPreviewMax), true
 		}
@@ -115,16 +116,16 @@ func cutRunes(s string, n int) string {
 	return s
 }
 
-func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling))
+func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling, scope))
 }
 
 func (r *adminRepository) requeueType(ctx context.Context, db execer, ceiling int, typ string) (int64, error) {
 	return rowsAffected(db.Exec(ctx, r.requeueTypeSQL, ceiling, typ))
 }
 
-func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids))
+func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids, scope))
 }
 
 // cutoff is the database's now() minus retention, fixed once for a whole purge.
@@ -134,8 +135,8 @@ func (r *adminRepository) cutoff(ctx context.Context, db querier, retention time
 	return t, err
 }
 
-func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit))
+func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit, scope))
 }
 
 // purgeSamplePages is about how many pages estimatePurge samples of a table
@@ -152,7 +153,7 @@ const purgeSamplePages = 1024
 // selectivities (9 rows for 960,000), and even analyzed it multiplies
 // status = 'SENT' by sent_at < cutoff as if they were independent, though
 // only SENT rows have a sent_at.
-func (r *adminRepository) estimatePurge(ctx context.Context, db querier, cutoff time.Time) (PurgeEstimate, error) {
+func (r *adminRepository) estimatePurge(ctx context.Context, db querier, cutoff time.Time, scope []string) (PurgeEstimate, error) {
 	est := PurgeEstimate{Cutoff: cutoff}
 	srv, err := r.server(ctx, db)
 	if err != nil {
@@ -163,7 +164,7 @@ func (r *adminRepository) estimatePurge(ctx context.Context, db querier, cutoff 
 	if est.Exact = srv.pages <= sentCountMaxPages; !est.Exact {
 		sample, est.SampledPages = srv.pages, purgeSamplePages
 	}
-	counts, err := r.purgeCounts(ctx, db, cutoff, sample)
+	counts, err := r.purgeCounts(ctx, db, cutoff, sample, scope)
 	if err != nil {
 		return est, err
 	}
@@ -174,12 +175,13 @@ func (r *adminRepository) estimatePurge(ctx context.Context, db querier, cutoff 
 	return est, nil
 }
 
-// purgeCounts counts the SENT rows delivered before cutoff by type: all of
+// purgeCounts counts the SENT rows of scope's types (nil: every type)
+// delivered before cutoff by type: all of
 // them with pages 0; else those of a sample of about purgeSamplePages of the
 // table's pages, scaled by the pages the sample read.
-func (r *adminRepository) purgeCounts(ctx context.Context, db querier, cutoff time.Time, pages int64) ([]TypeCount, error) {
+func (r *adminRepository) purgeCounts(ctx context.Context, db querier, cutoff time.Time, pages int64, scope []string) ([]TypeCount, error) {
 	if pages == 0 {
-		rows, err := db.Query(ctx, r.countPurgeSQL, cutoff)
+		rows, err := db.Query(ctx, r.countPurgeSQL, cutoff, scope)
 		if err != nil {
 			return nil, err
 		}
@@ -190,7 +192,7 @@ func (r *adminRepository) purgeCounts(ctx context.Context, db querier, cutoff ti
 		})
 	}
 	pct := min(100, 100*float64(purgeSamplePages)/float64(pages))
-	rows, err := db.Query(ctx, r.samplePurgeSQL, cutoff, pct)
+	rows, err := db.Query(ctx, r.samplePurgeSQL, cutoff, pct, scope)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +225,7 @@ func (r *adminRepository) liveGroups(ctx context.Context, db querier, ceiling in
 		var g liveGroup
 		err := row.Scan(&g.typ, &g.status, &g.dead, &g.count,
 			&g.head.ID, &g.head.Status, &g.head.Attempts, &g.head.CreatedAt, &g.head.LastError)
+		g.head.Permanent, g.head.AttemptsMade = permanence(g.head.LastError, g.head.Attempts)
 		return g, err
 	})
 }

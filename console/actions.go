@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -132,19 +133,26 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 	case all == "1" && id == "" && !hasType:
 		if !confirmed(r) {
 			start := time.Now()
+			sc, err := s.Admin.Scope(r.Context())
+			if err != nil {
+				c.dbError(w, r, err)
+				return
+			}
 			o, err := s.Admin.Overview(r.Context())
 			if err != nil {
 				c.dbError(w, r, err)
 				return
 			}
-			cv := confirmView{Action: "requeue", Title: "Re-queue all dead rows", Rows: o.Dead, Exact: true,
+			cv := confirmView{Action: "requeue", Title: "Re-queue all dead rows", Exact: true,
 				Button: "Re-queue them", Fields: [][2]string{{"all", "1"}}, start: start}
 			for _, t := range o.Types {
-				if t.Dead > 0 {
+				if t.Dead > 0 && (sc.All || slices.Contains(sc.Types, t.Type)) {
 					cv.Types = append(cv.Types, relay.TypeCount{Type: t.Type, Rows: t.Dead})
+					cv.Rows += t.Dead
 				}
 			}
-			cv.Lead = fmt.Sprintf("Re-queue %s dead row(s) of %s: status PENDING, attempts 0; the next pass delivers them.", diagnose.Count(o.Dead), s.Admin.Table())
+			cv.Lead = fmt.Sprintf("Re-queue %s dead row(s) of %s, of %s: status PENDING, attempts 0; the next pass delivers them.",
+				diagnose.Count(cv.Rows), s.Admin.Table(), sc)
 			cv.Note = "Counted now; rows that die before you confirm are re-queued too. A re-queued row arrives after any later message of its key that was delivered while it was dead."
 			c.confirm(w, r, i, s, cv)
 			return
@@ -213,6 +221,11 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	}
 	if !confirmed(r) {
 		start := time.Now()
+		sc, err := s.Admin.Scope(r.Context())
+		if err != nil {
+			c.dbError(w, r, err)
+			return
+		}
 		est, err := s.Admin.EstimatePurge(r.Context(), retention)
 		if err != nil {
 			c.dbError(w, r, err)
@@ -224,8 +237,8 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 		}
 		cv := confirmView{Action: "purge", Title: "Purge delivered rows", Rows: est.Rows, Exact: est.Exact, Types: est.Types,
 			Button: "Purge them", Fields: [][2]string{{"age", r.PostFormValue("age")}, {"unit", r.PostFormValue("unit")}}, start: start}
-		cv.Lead = fmt.Sprintf("Delete %s%s SENT row(s) of %s delivered before %s (more than %s %s ago), in chunks of %s.",
-			about, diagnose.Count(est.Rows), s.Admin.Table(), est.Cutoff.UTC().Format("2006-01-02 15:04:05Z"),
+		cv.Lead = fmt.Sprintf("Delete %s%s SENT row(s) of %s, of %s, delivered before %s (more than %s %s ago), in chunks of %s.",
+			about, diagnose.Count(est.Rows), s.Admin.Table(), sc, est.Cutoff.UTC().Format("2006-01-02 15:04:05Z"),
 			strings.TrimSpace(r.PostFormValue("age")), r.PostFormValue("unit"), diagnose.Count(relay.PurgeChunk))
 		if est.Exact {
 			cv.Note = "Counted now. Live and dead rows are never purged."
@@ -238,6 +251,10 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	n, err := s.Admin.PurgeSent(r.Context(), retention)
+	if refused(err) {
+		c.actionFailed(w, r, "purge", s, err)
+		return
+	}
 	if err != nil {
 		// A purge stopped half-way deleted some rows: say how many.
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "relay console: purge failed",
@@ -258,6 +275,12 @@ func cut(v string) string { return diagnose.Cut(v, 80) }
 
 func (c *Console) actionFailed(w http.ResponseWriter, r *http.Request, name string, s *source, err error) {
 	v := viewerOf(r.Context())
+	if refused(err) {
+		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "relay console: action refused",
+			slog.String("who", v.who), slog.String("action", name), slog.String("app", s.Admin.AppName()), slog.Any("error", err))
+		c.errorPage(w, r, http.StatusConflict, "The action was refused: "+err.Error(), v.who)
+		return
+	}
 	c.logger.LogAttrs(r.Context(), slog.LevelError, "relay console: action failed",
 		slog.String("who", v.who), slog.String("action", name), slog.String("app", s.Admin.AppName()), slog.Any("error", err))
 	c.errorPage(w, r, http.StatusInternalServerError, "The action failed: "+err.Error(), v.who)
@@ -273,4 +296,10 @@ func (c *Console) redirect(w http.ResponseWriter, page string, i int, done strin
 	}
 	w.Header().Set("Location", "./"+page+"?"+q.Encode())
 	w.WriteHeader(http.StatusSeeOther)
+}
+
+// refused says err is the Admin declining to act (no scope, another
+// ceiling), which the operator fixes, not a failure of the console.
+func refused(err error) bool {
+	return errors.Is(err, relay.ErrCeilingDiffers)
 }

@@ -225,7 +225,7 @@ func TestActionsAndAuthorization(t *testing.T) {
 	w.rows(t, "invoices", 4, "SENT", 0, 10*24*time.Hour)
 	resp, body = admin.post("/purge", url.Values{"s": {"0"}, "age": {"2"}, "unit": {"days"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
-	require.Contains(t, body, "Delete 9 SENT row(s) of "+w.table+" delivered before ")
+	require.Contains(t, body, "Delete 9 SENT row(s) of "+w.table+", of every type")
 	require.Contains(t, body, "(more than 2 days ago)")
 	require.Contains(t, body, `<tr data-type="invoices"><td class="mono">invoices</td><td class="n">4</td></tr>`)
 	require.Contains(t, body, `<tr data-type="orders"><td class="mono">orders</td><td class="n">5</td></tr>`)

@@ -28,26 +28,30 @@ WHERE {{template "dead"}} AND id > @after AND type = @type ORDER BY id LIMIT @li
 -- reads them, so it never races a delivery.
 UPDATE {{.Table}} SET status = 'PENDING', attempts = 0, updated_at = now() WHERE {{template "dead"}}
 
--- name: requeueAll @ceiling
-{{template "requeue" .}}
+-- name: scope
+-- The Admin's scope (Admin.Scope): a NULL @scope is every type.
+(@scope::text[] IS NULL OR type = ANY(@scope::text[]))
+
+-- name: requeueAll @ceiling @scope
+{{template "requeue" .}} AND {{template "scope"}}
 
 -- name: requeueType @ceiling @type
 {{template "requeue" .}} AND type = @type
 
--- name: requeueIDs @ceiling @ids
-{{template "requeue" .}} AND id = ANY(@ids::bigint[])
+-- name: requeueIDs @ceiling @ids @scope
+{{template "requeue" .}} AND id = ANY(@ids::bigint[]) AND {{template "scope"}}
 
 -- name: purgeCutoff @retention
 -- The database's now() minus @retention seconds, fixed once for a whole purge.
 SELECT now() - make_interval(secs => @retention::float8)
 
--- name: purgeChunk @cutoff @limit
+-- name: purgeChunk @cutoff @limit @scope
 -- One bounded chunk, oldest first: short statements, few locks. SENT rows are
 -- never written by a pass again. id = ANY(ARRAY(...)) deletes by primary key;
 -- "id IN (subquery)" plans a hash join that reads the whole table for every
 -- chunk.
 DELETE FROM {{.Table}} WHERE id = ANY(ARRAY(SELECT id FROM {{.Table}}
-WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < @cutoff ORDER BY id LIMIT @limit))
+WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < @cutoff AND {{template "scope"}} ORDER BY id LIMIT @limit))
 
 -- name: liveGroups @ceiling @error_width
 -- The live rows by type and state, each group with its first row (the lowest
@@ -81,18 +85,19 @@ EXPLAIN (FORMAT JSON) SELECT 1 FROM {{.Table}} WHERE {{template "sent"}}
 -- A table never analyzed: count a sample of its pages.
 SELECT count(*) FROM {{.Table}} TABLESAMPLE SYSTEM (@percent) WHERE {{template "sent"}}
 
--- name: countPurge @cutoff
+-- name: countPurge @cutoff @scope
 -- What a purge would delete, by type: on a small table, counted.
-SELECT type, count(*) FROM {{.Table}} WHERE {{template "sent"}} AND sent_at < @cutoff GROUP BY type ORDER BY type
+SELECT type, count(*) FROM {{.Table}} WHERE {{template "sent"}} AND sent_at < @cutoff AND {{template "scope"}}
+GROUP BY type ORDER BY type
 
--- name: samplePurge @cutoff @percent
+-- name: samplePurge @cutoff @percent @scope
 -- countPurge on a table too large to count: a sample of its pages, with
 -- the number of pages the sample read (each row once: ctid's page), so that
 -- the count scales by the pages read rather than by @percent, whose page
 -- count varies from one sample to the next. Not the planner: on a table
 -- never analyzed it guesses from default selectivities.
 WITH s AS (
-  SELECT type, {{template "sent"}} AND sent_at < @cutoff AS hit, (ctid::text::point)[0] AS page
+  SELECT type, {{template "sent"}} AND sent_at < @cutoff AND {{template "scope"}} AS hit, (ctid::text::point)[0] AS page
   FROM {{.Table}} TABLESAMPLE SYSTEM (@percent)
 )
 SELECT type, count(*) FILTER (WHERE hit), (SELECT count(DISTINCT page) FROM s) FROM s

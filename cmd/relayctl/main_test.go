@@ -365,21 +365,29 @@ func TestRequeue(t *testing.T) {
 
 	var first int64
 	require.NoError(t, w.pool.QueryRow(ctx, fmt.Sprintf("SELECT min(id) FROM %s", pgx.Identifier{w.table}.Sanitize())).Scan(&first))
-	code, stdout, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprintf("%d,%d", first, first+5), "--json")
+	// No relay runs: nothing tells this app's types, so the tool acts on every
+	// type, and says so (the retrying row given is not dead: left alone).
+	code, _, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprint(first+5))
 	require.Equal(t, exitOK, code, stderr)
-	require.JSONEq(t, `{"requeued": 1}`, stdout, "the retrying row given is not dead: left alone")
+	require.Contains(t, stderr, "every type: no live relay of the app to learn its types from")
+	require.Contains(t, stderr, "--types")
+
+	code, stdout, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprintf("%d,%d", first, first+5), "--json", "--all-types")
+	require.Equal(t, exitOK, code, stderr)
+	require.JSONEq(t, `{"requeued": 1, "types": null, "all_types": true}`, stdout, "the retrying row given is not dead: left alone")
 	require.Equal(t, 2, dead("invoices"))
 	require.Equal(t, 1, w.count(t, "status = 'ERROR' AND attempts = "+fmt.Sprint(ceiling-1)))
 
-	code, stdout, _ = w.ctl(t, ctx, "requeue", "--type", "orders")
+	code, stdout, stderr = w.ctl(t, ctx, "requeue", "--type", "orders", "--types", "orders")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, `re-queued 2 dead row(s) of type "orders"`)
+	require.Contains(t, stderr, `acting on types "orders" (explicit)`)
 	require.Zero(t, dead("orders"))
 
-	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all")
+	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all", "--all-types")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, "re-queued 2 dead row(s)")
-	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all")
+	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all", "--all-types")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, "nothing re-queued")
 	require.Equal(t, 5, w.count(t, "status = 'PENDING' AND attempts = 0"))
@@ -393,18 +401,18 @@ func TestPurge(t *testing.T) {
 	w.rows(t, "orders", 3, "SENT", 0, time.Hour)
 	w.rows(t, "orders", 1, "PENDING", 0, 40*24*time.Hour)
 
-	code, stdout, stderr := w.ctl(t, ctx, "purge", "--older-than", "30d", "--dry-run")
+	code, stdout, stderr := w.ctl(t, ctx, "purge", "--older-than", "30d", "--dry-run", "--all-types")
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "would delete 2,005 SENT row(s)")
 	require.Contains(t, stdout, "(counted)")
 	require.Contains(t, stdout, "  2,005  orders\n")
-	code, stdout, _ = w.ctl(t, ctx, "purge", "--older-than", "30d", "--dry-run", "--json")
+	code, stdout, _ = w.ctl(t, ctx, "purge", "--older-than", "30d", "--dry-run", "--json", "--all-types")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, `"types": {`)
 	require.Contains(t, stdout, `"orders": 2005`)
 	require.Equal(t, 2008, w.count(t, "status = 'SENT'"), "a dry run deletes nothing")
 
-	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "30d")
+	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "30d", "--all-types")
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "purged 2,005 SENT row(s)")
 	require.Contains(t, stderr, "purge: about 2,005 SENT row(s) to delete, in chunks of 1,000\n", "the total before the first chunk")
@@ -412,9 +420,9 @@ func TestPurge(t *testing.T) {
 	require.Equal(t, 3, w.count(t, "status = 'SENT'"))
 	require.Equal(t, 1, w.count(t, "status = 'PENDING'"))
 
-	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "0", "--json")
+	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "0", "--json", "--types", "orders")
 	require.Equal(t, exitOK, code)
-	require.JSONEq(t, `{"purged": 3}`, stdout)
+	require.JSONEq(t, `{"purged": 3, "types": ["orders"], "all_types": false}`, stdout)
 	require.Empty(t, stderr, "no progress with --json")
 }
 
@@ -734,6 +742,9 @@ func TestInputValidation(t *testing.T) {
 		{"RequeueTypeBlank", "requeue", []string{"--type", "\t"}, "is blank"},
 		{"RequeueTypeNUL", "requeue", []string{"--type", "\x00"}, "contains a NUL byte"},
 		{"RequeueTypeUTF8", "requeue", []string{"--type", "\xc3\x28"}, "is not valid UTF-8"},
+		{"TypesBlank", "purge", []string{"--older-than", "1d", "--types", "orders,,invoices"}, `the type "" is blank`},
+		{"TypesNUL", "requeue", []string{"--all", "--types", "a\x00"}, "contains a NUL byte"},
+		{"TypesUTF8", "purge", []string{"--older-than", "1d", "--types", "\xff"}, "is not valid UTF-8"},
 		{"AppNUL", "status", []string{"--app", "a\x00"}, `--app "a\x00" contains a NUL byte`},
 		{"TableUTF8", "who", []string{"--table", "\xff"}, "is not valid UTF-8"},
 		{"MaxAttemptsNegative", "dead", []string{"--max-attempts", "-1"}, "--max-attempts must be at least 1"},

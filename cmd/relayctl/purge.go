@@ -57,10 +57,14 @@ func (a *ageFlag) Set(v string) error {
 func purgeFlags(fs *flag.FlagSet, o *opts) {
 	fs.Var(&o.olderThan, "older-than", "delete the SENT rows delivered longer ago than this: 30d, 12h, 0 for all (required)")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "say how many rows of which types the purge would delete, and delete none")
+	scopeFlags(fs, o)
 }
 
 // runPurgeEstimate is purge --dry-run.
 func runPurgeEstimate(ctx context.Context, e *env) int {
+	if _, err := e.scope(ctx); err != nil {
+		return e.fail(err)
+	}
 	est, err := e.admin.EstimatePurge(ctx, e.o.olderThan.d)
 	if err != nil {
 		return e.fail(err)
@@ -104,6 +108,10 @@ func runPurge(ctx context.Context, e *env) int {
 		return runPurgeEstimate(ctx, e)
 	}
 	age := e.o.olderThan.d
+	scope, err := e.scope(ctx)
+	if err != nil {
+		return e.fail(err)
+	}
 	p := newProgress(e.stderr, e.o.json)
 	n, err := e.admin.PurgeSentProgress(ctx, age, p.update)
 	p.done()
@@ -111,7 +119,7 @@ func runPurge(ctx context.Context, e *env) int {
 		return e.fail(err)
 	}
 	if e.o.json {
-		if err := writeJSON(e.stdout, map[string]int64{"purged": n}); err != nil {
+		if err := writeJSON(e.stdout, map[string]any{"purged": n, "types": scope.Types, "all_types": scope.All}); err != nil {
 			return e.fail(err)
 		}
 		return exitOK
