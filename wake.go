@@ -228,19 +228,36 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 }
 
 // waitForWakeUps wakes the loop for each notification of a type this relay
-// delivers, and runs the presence keepalive every presenceBeat, until ctx
-// ends or the connection fails. The wait is cut by the socket's read
-// deadline, which leaves the connection usable (as the election's watch does).
+// delivers, runs the statements handed to the session (the loop's idle poll,
+// session.go), and the presence keepalive when no statement ran for
+// presenceBeat, until ctx ends or the connection fails. The wait is cut by
+// the socket's read deadline, which leaves the connection usable (as the
+// election's watch does).
 func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop, pid uint32) error {
+	l.own.hold(conn, pid)
+	defer l.own.release()
+	last := time.Now() // the session's last statement
 	for {
-		_ = conn.PgConn().Conn().SetReadDeadline(time.Now().Add(presenceBeat))
+		_ = conn.PgConn().Conn().SetReadDeadline(last.Add(presenceBeat))
+		if l.own.serve(ctx, conn, pid) { // a job handed over meanwhile (session.go)
+			last = time.Now()
+			continue
+		}
 		n, err := conn.WaitForNotification(ctx)
 		_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
 		switch {
 		case err != nil && ctx.Err() == nil && pgconn.Timeout(err):
+			if l.own.serve(ctx, conn, pid) {
+				last = time.Now()
+				continue
+			}
+			if time.Since(last) < presenceBeat {
+				continue
+			}
 			if err := r.presence.beat(ctx, conn, pid); err != nil {
 				return err
 			}
+			last = time.Now()
 			continue
 		case err != nil:
 			return err
