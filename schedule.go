@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -102,6 +103,8 @@ type Scheduler struct {
 	tolerance time.Duration
 	logger    *slog.Logger
 
+	foreignGuard bool // the guard is SchedulerConfig.Guard: the scheduler cannot end its sessions
+
 	mu   sync.Mutex
 	jobs []*scheduledJob
 	keys map[string]bool
@@ -114,9 +117,72 @@ type schedulerRun struct {
 	halt   chan struct{}      // closed on Stop: no new occurrence
 	halted sync.Once
 	done   chan struct{} // closed when every loop and run has returned
+
+	mu        sync.Mutex
+	inFlight  map[*inFlight]bool // the occurrences whose guard has not returned
+	abandoned []string           // the keys of the jobs abandoned so far
+}
+
+// inFlight is one occurrence in the guard's hands.
+type inFlight struct {
+	key string
+	at  time.Time
 }
 
 func (r *schedulerRun) stop() { r.halted.Do(func() { close(r.halt) }) }
+
+func (r *schedulerRun) enter(o *inFlight) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inFlight[o] = true
+}
+
+func (r *schedulerRun) leave(o *inFlight) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.inFlight, o)
+}
+
+func (r *schedulerRun) abandon(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.abandoned = append(r.abandoned, key)
+}
+
+// stuck lists the occurrences whose guard has not returned, and the jobs
+// abandoned.
+func (r *schedulerRun) stuck() (guards, abandoned []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for o := range r.inFlight {
+		guards = append(guards, o.key+"@"+o.at.UTC().Format(time.RFC3339))
+	}
+	slices.Sort(guards)
+	return guards, slices.Clone(r.abandoned)
+}
+
+// Timings of a hard stop.
+const (
+	// jobGrace is how long a job whose context ended may take to return
+	// before the scheduler abandons it.
+	jobGrace = 250 * time.Millisecond
+	// stopReleaseBound is how long Stop waits, once it has cancelled the jobs
+	// and their grace has passed, for the guards to release the locks of the
+	// jobs abandoned: the default guard ends the lock's session and waits for
+	// the server to drop the lock (guardSessionEndTimeout) within it.
+	stopReleaseBound = 4 * time.Second
+)
+
+// ErrJobAbandoned is what the function a [Scheduler] hands its [Guard]
+// returns when the job did not return within a short grace after its context
+// ended (a hard [Scheduler.Stop], a lost election): the scheduler leaves the
+// job's goroutine to it and goes on. The job may still be working, so a Guard
+// should not wait for it, and should free the lock by ending the lock's
+// session. [PostgresGuard] closes the lock's connection (it never goes back to
+// the pool) and waits until pg_locks no longer shows the lock. The scheduler
+// cannot force a Guard of [SchedulerConfig.Guard]: Stop returns even if it does
+// not, and says so.
+var ErrJobAbandoned = errors.New("relay: scheduler: the job did not return after its context ended; abandoned")
 
 // scheduledJob is one Add.
 type scheduledJob struct {
@@ -153,6 +219,8 @@ func NewScheduler(pool *pgxpool.Pool, cfg SchedulerConfig) (*Scheduler, error) {
 		tolerance: cfg.Tolerance,
 		logger:    cfg.Logger,
 		keys:      make(map[string]bool),
+
+		foreignGuard: cfg.Guard != nil,
 	}
 	if s.location == nil {
 		s.location = time.UTC
@@ -257,10 +325,10 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		}
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	r := &schedulerRun{cancel: cancel, halt: make(chan struct{}), done: make(chan struct{})}
+	r := &schedulerRun{cancel: cancel, halt: make(chan struct{}), done: make(chan struct{}), inFlight: make(map[*inFlight]bool)}
 	var wg sync.WaitGroup
 	for _, j := range s.jobs {
-		wg.Go(func() { s.loop(runCtx, r.halt, &wg, j) })
+		wg.Go(func() { s.loop(runCtx, r, &wg, j) })
 	}
 	go func() {
 		select {
@@ -284,10 +352,22 @@ func (s *Scheduler) Start(ctx context.Context) error {
 // Stop stops the scheduler: no new occurrence starts, and the runs in flight
 // finish, each keeping its lock until its window has passed (see "Once per
 // occurrence" on [Scheduler]). Stop waits for that, or until ctx ends: then it
-// cancels the jobs' contexts, waits for them to return and their locks to be
-// released, and returns ctx's error; a window cut short so may let a replica
-// whose timer is late run that occurrence again. Stop without Start, and a
-// second Stop, are harmless.
+// cancels the jobs' contexts and waits for them to return and their locks to
+// be released, and returns ctx's error; a window cut short so may let a
+// replica whose timer is late run that occurrence again.
+//
+// Stop is bounded by ctx: a job that has not returned a short grace (250ms)
+// after its context was cancelled is abandoned — logged at ERROR with its key,
+// its scheduled time and how long it has run — and its goroutine left to it.
+// The default guard then releases the job's lock by closing the lock's
+// session (never returning it to the pool) and waits until the server has
+// dropped the lock, so that another replica can run the job's next
+// occurrence; Stop returns within a few seconds of ctx's end whatever the job
+// does. A Guard of [SchedulerConfig.Guard] cannot be forced: it gets
+// [ErrJobAbandoned] from the job's function; if it has not returned a few
+// seconds later, Stop returns anyway, and both its log and its error say which
+// job's lock may still be held. Stop without Start, and a second Stop, are
+// harmless.
 func (s *Scheduler) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	r := s.run
@@ -300,15 +380,37 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	case <-r.done:
 		return nil
 	case <-ctx.Done():
-		r.cancel()
-		<-r.done
-		return fmt.Errorf("relay: Scheduler.Stop: %w", ctx.Err())
 	}
+	r.cancel()
+	bound := time.NewTimer(jobGrace + stopReleaseBound)
+	defer bound.Stop()
+	select {
+	case <-r.done:
+	case <-bound.C:
+	}
+	err := fmt.Errorf("relay: Scheduler.Stop: %w", ctx.Err())
+	guards, abandoned := r.stuck()
+	if len(abandoned) > 0 {
+		err = fmt.Errorf("%w; abandoned the jobs %q, which ignored their context", err, abandoned)
+		if s.foreignGuard && len(guards) == 0 {
+			err = fmt.Errorf("%w; SchedulerConfig.Guard is the adopter's own: whether it freed their locks is up to it", err)
+		}
+	}
+	if len(guards) > 0 {
+		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: Stop returns while the guard still holds occurrences: "+
+			"it did not return after their jobs were cancelled and abandoned; their locks may still be held",
+			slog.Any("occurrences", guards), slog.Bool("foreign_guard", s.foreignGuard),
+			slog.String("hint", "a Guard of SchedulerConfig.Guard cannot be forced: it should end the lock's session "+
+				"when the job's function returns ErrJobAbandoned"))
+		err = fmt.Errorf("%w; the guard did not return for %q, whose locks may still be held (a foreign Guard cannot be forced)", err, guards)
+	}
+	return err
 }
 
 // loop waits for each occurrence of j and starts its run, unless the previous
 // run is still going: then it logs the occurrence as skipped.
-func (s *Scheduler) loop(ctx context.Context, halt <-chan struct{}, wg *sync.WaitGroup, j *scheduledJob) {
+func (s *Scheduler) loop(ctx context.Context, r *schedulerRun, wg *sync.WaitGroup, j *scheduledJob) {
+	halt := r.halt
 	next := s.next(j, time.Now())
 	timer := time.NewTimer(time.Until(next))
 	defer timer.Stop()
@@ -338,8 +440,9 @@ func (s *Scheduler) loop(ctx context.Context, halt <-chan struct{}, wg *sync.Wai
 		at := next
 		if j.running.CompareAndSwap(false, true) {
 			wg.Go(func() {
-				defer j.running.Store(false)
-				s.occurrence(ctx, j, at)
+				if !s.occurrence(ctx, r, j, at) {
+					j.running.Store(false)
+				} // else the abandoned job's goroutine does, when it returns
 			})
 		} else {
 			s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: occurrence skipped: the previous run is still going",
@@ -356,8 +459,12 @@ func (s *Scheduler) next(j *scheduledJob, t time.Time) time.Time {
 	return j.schedule.Next(t.In(s.location))
 }
 
-// occurrence runs the occurrence at of j under the guard, and logs how it went.
-func (s *Scheduler) occurrence(ctx context.Context, j *scheduledJob, at time.Time) {
+// occurrence runs the occurrence at of j under the guard, and logs how it
+// went. It reports whether the job was abandoned, still running.
+func (s *Scheduler) occurrence(ctx context.Context, r *schedulerRun, j *scheduledJob, at time.Time) (abandoned bool) {
+	o := &inFlight{key: j.key, at: at}
+	r.enter(o)
+	defer r.leave(o)
 	attrs := []slog.Attr{slog.String("key", j.key), slog.Time("scheduled_at", at)}
 	// The guard may be the adopter's own: a panic in it is logged, and the
 	// scheduler goes on.
@@ -372,10 +479,16 @@ func (s *Scheduler) occurrence(ctx context.Context, j *scheduledJob, at time.Tim
 	elected, err := s.guard.TryRun(ctx, j.key, func(ctx context.Context) error {
 		var err error
 		ran, late, err = s.elected(ctx, j, at)
+		if errors.Is(err, ErrJobAbandoned) {
+			abandoned = true
+			r.abandon(j.key)
+		}
 		return err
 	})
 	attrs = append(attrs, slog.Duration("duration", time.Since(start)))
 	switch {
+	case abandoned:
+		// logged by runJob
 	case err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled):
 		s.logger.LogAttrs(ctx, slog.LevelInfo, "relay: scheduler: job cancelled by a hard stop", attrs...)
 	case errors.As(err, new(*jobPanic)):
@@ -394,6 +507,7 @@ func (s *Scheduler) occurrence(ctx context.Context, j *scheduledJob, at time.Tim
 	default:
 		s.logger.LogAttrs(ctx, slog.LevelDebug, "relay: scheduler: job done", attrs...)
 	}
+	return abandoned
 }
 
 // elected is the occurrence under the job's lock: the window's check on the
@@ -412,9 +526,61 @@ func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time) 
 			slog.String("hint", "another replica may have run it; raise SchedulerConfig.Tolerance if every replica is this late"))
 		return false, true, nil
 	}
-	err = s.call(ctx, j, at)
+	if err = s.runJob(ctx, j, at); errors.Is(err, ErrJobAbandoned) {
+		return true, false, err
+	}
 	s.hold(ctx, j, at, s.holdUntil(ctx, j, at, deadline))
 	return true, false, err
+}
+
+// runJob calls the job on a goroutine of its own, so that a job that ignores its
+// ctx cannot hold the occurrence, its lock and Stop forever: once ctx has
+// ended, the job has jobGrace to return; then run logs it, leaves the
+// goroutine to it and returns ErrJobAbandoned, on which the guard releases the
+// lock without waiting for the job. Until the abandoned job returns, this
+// process starts none of its occurrences (it still runs).
+func (s *Scheduler) runJob(ctx context.Context, j *scheduledJob, at time.Time) error {
+	const (
+		running = iota
+		returned
+		abandoned
+	)
+	var state atomic.Int32
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		err := s.call(ctx, j, at)
+		if !state.CompareAndSwap(running, returned) {
+			j.running.Store(false)
+			s.logger.LogAttrs(context.WithoutCancel(ctx), slog.LevelWarn, "relay: scheduler: an abandoned job returned at last",
+				slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("running_for", time.Since(start)),
+				slog.Any("error", err))
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	grace := time.NewTimer(jobGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-grace.C:
+	}
+	if !state.CompareAndSwap(running, abandoned) {
+		return <-done // it returned just now
+	}
+	hint := "the job's lock is released by closing its session; another replica may run its next occurrence while it still runs here"
+	if s.foreignGuard {
+		hint = "SchedulerConfig.Guard is the adopter's own: it got ErrJobAbandoned and should end the lock's session; the scheduler cannot force it"
+	}
+	s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: the job did not return after its context ended; abandoned",
+		slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("running_for", time.Since(start)),
+		slog.String("cause", context.Cause(ctx).Error()), slog.String("hint", hint))
+	return fmt.Errorf("%w: key %q, scheduled at %s", ErrJobAbandoned, j.key, at.Format(time.RFC3339))
 }
 
 // holdUntil is how long the lock is held after a run of occurrence at:

@@ -137,6 +137,33 @@ func (g *lateGuard) TryRun(ctx context.Context, key string, fn func(ctx context.
 	return g.Guard.TryRun(ctx, key, fn)
 }
 
+// stubbornGuard is an adopter's guard that, whatever fn returns, keeps the
+// lock until release is closed.
+type stubbornGuard struct {
+	relay.Guard
+	release <-chan struct{}
+
+	mu  sync.Mutex
+	err error
+}
+
+func (g *stubbornGuard) TryRun(ctx context.Context, key string, fn func(ctx context.Context) error) (bool, error) {
+	return g.Guard.TryRun(ctx, key, func(ctx context.Context) error {
+		err := fn(ctx)
+		g.mu.Lock()
+		g.err = err
+		g.mu.Unlock()
+		<-g.release
+		return nil
+	})
+}
+
+func (g *stubbornGuard) fnErr() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
 // countingGuard counts the tries that found the lock held elsewhere.
 type countingGuard struct {
 	relay.Guard
@@ -392,6 +419,91 @@ func TestSchedulerStop(t *testing.T) {
 		require.ErrorIs(t, s.Stop(stopCtx), context.Canceled)
 		require.ErrorIs(t, <-cancelled, context.Canceled)
 		require.True(t, lockFree(t, app))
+	})
+
+	// Issue 22: a job that ignores its context held Stop, the process and
+	// the job's lock forever.
+	t.Run("AbandonsAJobThatIgnoresItsContext", func(t *testing.T) {
+		t.Parallel()
+		app := pgserver.Name(t)
+		key := app + relay.LockKeySuffix
+		var logs logBuffer
+		entered, release := make(chan struct{}), make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		var calls atomic.Int32
+		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.Logger()})
+		require.NoError(t, s.Add(key, "@every 1s", func(context.Context) error {
+			if calls.Add(1) == 1 {
+				close(entered)
+			}
+			<-release // ignores its ctx
+			return nil
+		}))
+		require.NoError(t, s.Start(ctx))
+		<-entered
+		require.False(t, lockFree(t, app), "the runner holds the job's lock")
+
+		const deadline = 300 * time.Millisecond
+		stopCtx, cancel := context.WithTimeout(ctx, deadline)
+		defer cancel()
+		start := time.Now()
+		stopped := make(chan error, 1)
+		go func() { stopped <- s.Stop(stopCtx) }()
+		var err error
+		select {
+		case err = <-stopped:
+		case <-time.After(deadline + 30*time.Second):
+			t.Fatal("Stop did not return: the job that ignores its context holds it")
+		}
+		elapsed := time.Since(start)
+		t.Logf("Stop with a %s deadline returned after %s", deadline, elapsed)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorContains(t, err, "abandoned the jobs")
+		require.ErrorContains(t, err, key)
+		require.Less(t, elapsed, deadline+5*time.Second, "Stop is bounded by its ctx, plus the grace and the lock's release")
+		require.True(t, lockFree(t, app), "another replica can take the job's lock at once")
+		require.Len(t, logs.Lines("level=ERROR", "abandoned", "key="+key, "scheduled_at=", "running_for="), 1, logs.String())
+		require.EqualValues(t, 1, calls.Load())
+	})
+
+	t.Run("AForeignGuardIsNotForced", func(t *testing.T) {
+		t.Parallel()
+		app := pgserver.Name(t)
+		key := app + relay.LockKeySuffix
+		pool := newPool(t, 3)
+		var logs logBuffer
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		t.Cleanup(func() { once.Do(func() { close(release) }) })
+		g := &stubbornGuard{Guard: relay.NewPostgresGuard(pool), release: release}
+		s := newScheduler(t, pool, relay.SchedulerConfig{Logger: logs.Logger(), Guard: g})
+		var calls atomic.Int32
+		require.NoError(t, s.Add(key, "@every 1s", func(context.Context) error {
+			if calls.Add(1) == 1 {
+				close(entered)
+			}
+			<-release
+			return nil
+		}))
+		require.NoError(t, s.Start(ctx))
+		<-entered
+		stopCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		stopped := make(chan error, 1)
+		go func() { stopped <- s.Stop(stopCtx) }()
+		var err error
+		select {
+		case err = <-stopped:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Stop did not return: the foreign guard holds it")
+		}
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorContains(t, err, "a foreign Guard cannot be forced")
+		require.ErrorIs(t, g.fnErr(), relay.ErrJobAbandoned, "the guard is told")
+		require.NotEmpty(t, logs.Lines("level=ERROR", "their locks may still be held", key), logs.String())
+		require.False(t, lockFree(t, app), "what Stop says is true: the guard that ignored ErrJobAbandoned still holds the lock")
+		once.Do(func() { close(release) })
+		require.Eventually(t, func() bool { return lockFree(t, app) }, time.Minute, 10*time.Millisecond)
 	})
 
 	t.Run("CancellingStartsContextStopsIt", func(t *testing.T) {
