@@ -82,9 +82,22 @@ type SchedulerConfig struct {
 // not run late; the next occurrence runs as usual. A job that runs longer than
 // its gap holds the lock across the next occurrence, which every replica then
 // skips: runs of one job never overlap, in one process or across replicas.
-// The guarantee rests on the lock: if the lock's session dies during the window
-// (a failover), another replica whose timer is late may run T again, so a job
-// should tolerate the rare second run, as retention does.
+//
+// # A runner that vanishes
+//
+// The replicas that did not get the lock at T keep trying it, every eighth of
+// the window (50ms to 1s), until T + window. Since the runner holds it that
+// long, a try that wins within the window means the runner vanished: its
+// lock's session was terminated (pg_terminate_backend, a failover,
+// idle_session_timeout), its process died, or it was stopped with a deadline
+// that cut its hold short. That replica logs "the occurrence's runner
+// vanished" (WARN, with the key and how late) and runs T again, holding the
+// lock until T + window in turn: T runs at most once more per death, and never
+// after its window; a runner that dies after the window is not replaced (the
+// next occurrence runs as usual). A job that dies mid-run may have done part of
+// its work, or all of it (a death during the hold after the job), so a job
+// should tolerate a second run, as retention does. The runner that lost its
+// lock has its job's ctx cancelled with [ErrElectionLost].
 //
 // # Keys
 //
@@ -92,7 +105,8 @@ type SchedulerConfig struct {
 // pg_try_advisory_lock(hashtext(key)), computed by the server, the same lock
 // space as the relay's election (hashtext(AppName || '_relay_m2m')). Any session
 // holding that lock — a JVM relay, relayctl pause, psql — makes every replica
-// skip the job's occurrences while it holds it. Give each job its own key
+// skip the job's occurrences while it holds it (one it lets go of within an
+// occurrence's window runs then, as after a runner's death). Give each job its own key
 // (hashtext is 32 bits: a collision makes two jobs exclude each other, never
 // run together), and not the relay's own election key unless delivery should
 // pause while the job runs and its window lasts.
@@ -475,16 +489,21 @@ func (s *Scheduler) occurrence(ctx context.Context, r *schedulerRun, j *schedule
 		}
 	}()
 	start := time.Now()
-	var ran, late bool
-	elected, err := s.guard.TryRun(ctx, j.key, func(ctx context.Context) error {
+	var ran, late, watching bool
+	fn := func(ctx context.Context) error {
 		var err error
-		ran, late, err = s.elected(ctx, j, at)
+		ran, late, err = s.elected(ctx, j, at, watching)
 		if errors.Is(err, ErrJobAbandoned) {
 			abandoned = true
 			r.abandon(j.key)
 		}
 		return err
-	})
+	}
+	elected, err := s.guard.TryRun(ctx, j.key, fn)
+	if !elected && err == nil {
+		watching = true
+		elected, err = s.watch(ctx, r.halt, j, at, fn)
+	}
 	attrs = append(attrs, slog.Duration("duration", time.Since(start)))
 	switch {
 	case abandoned:
@@ -510,16 +529,62 @@ func (s *Scheduler) occurrence(ctx context.Context, r *schedulerRun, j *schedule
 	return abandoned
 }
 
+// watch is a replica that did not get the job's lock at the occurrence's
+// time: it tries the lock again, every eighth of the window (50ms to 1s),
+// until the window has passed, or Stop. The runner holds the lock until the
+// window has passed; if it comes free before, the runner vanished (its lock's
+// session was terminated, its process died), and the replica whose try wins
+// runs the occurrence again, itself holding the lock until the window has
+// passed: once more per death, never after the window. A try that wins after
+// the window finds the occurrence over, as in elected. fn is the occurrence
+// under the lock; watch reports what the winning TryRun did.
+func (s *Scheduler) watch(ctx context.Context, halt <-chan struct{}, j *scheduledJob, at time.Time, fn func(context.Context) error) (bool, error) {
+	window := s.window(j, at)
+	deadline := at.Add(window)
+	every := min(max(window/8, 50*time.Millisecond), time.Second)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-halt:
+			return false, nil
+		case <-ctx.Done():
+			return false, nil
+		case <-t.C:
+		}
+		if !time.Now().Before(deadline) { // the local clock: the watch never reaches the next occurrence
+			return false, nil
+		}
+		if elected, err := s.guard.TryRun(ctx, j.key, fn); elected || err != nil {
+			return elected, err
+		}
+		t.Reset(every)
+	}
+}
+
 // elected is the occurrence under the job's lock: the window's check on the
 // database's clock, the job, and the hold until the window has passed. It
 // reports whether the job ran, and whether the occurrence was already over.
-func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time) (ran, late bool, err error) {
+// watching says the lock was won by watch, after a first try found it held:
+// within the window, the runner vanished.
+func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time, watching bool) (ran, late bool, err error) {
 	deadline := at.Add(s.window(j, at))
 	now, err := databaseNow(ctx, s.pool)
 	if err != nil {
 		return false, false, fmt.Errorf("relay: scheduler: read the database's clock: %w", err)
 	}
-	if !now.Before(deadline) {
+	switch {
+	case !now.Before(deadline) && watching:
+		return false, true, nil // the runner held the lock to the window's end: the usual case
+	case watching:
+		s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: the occurrence's runner vanished: the job's lock came free "+
+			"within the occurrence's window; running it again here",
+			slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("late", now.Sub(at)),
+			slog.Duration("window", deadline.Sub(at)),
+			slog.String("hint", "the replica that ran it lost the lock's session (pg_terminate_backend, a failover, "+
+				"its process killed) or stopped before the window's end, or another session held the key at the scheduled time "+
+				"and let it go; the job may have run in part, or whole"))
+	case !now.Before(deadline):
 		s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: occurrence skipped: started too late, past its window",
 			slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("late", now.Sub(at)),
 			slog.Duration("window", deadline.Sub(at)),
@@ -642,7 +707,7 @@ func (s *Scheduler) hold(ctx context.Context, j *scheduledJob, at, deadline time
 			t.Stop()
 			if cause := context.Cause(ctx); errors.Is(cause, ErrElectionLost) {
 				s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: the election was lost within the occurrence's window; "+
-					"a late replica may run it again", slog.String("key", j.key), slog.Time("scheduled_at", at))
+					"another replica runs it again if it notices within the window", slog.String("key", j.key), slog.Time("scheduled_at", at))
 			}
 			return
 		}

@@ -428,10 +428,11 @@ func TestSchedulerStop(t *testing.T) {
 		app := pgserver.Name(t)
 		key := app + relay.LockKeySuffix
 		var logs logBuffer
+		pool := newPool(t, 3)
 		entered, release := make(chan struct{}), make(chan struct{})
-		t.Cleanup(func() { close(release) })
+		t.Cleanup(func() { close(release) }) // before the pool's Close, which waits for the job's connections
 		var calls atomic.Int32
-		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Logger: logs.Logger()})
+		s := newScheduler(t, pool, relay.SchedulerConfig{Logger: logs.Logger()})
 		require.NoError(t, s.Add(key, "@every 1s", func(context.Context) error {
 			if calls.Add(1) == 1 {
 				close(entered)
@@ -678,4 +679,71 @@ func latencies(d []time.Duration) string {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))].Round(time.Microsecond) }
 	return fmt.Sprintf("p50 %s, p99 %s, max %s", q(0.50), q(0.99), s[len(s)-1].Round(time.Microsecond))
+}
+
+// TestSchedulerRunnerVanishes kills the lock's session of the replica running
+// an occurrence, mid-run, with pg_terminate_backend (issue 22): of the two
+// other replicas watching the lock, one notices within the occurrence's
+// window, says so, and runs it again, exactly once more.
+func TestSchedulerRunnerVanishes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	key := pgserver.Name(t) + relay.LockKeySuffix
+	var logs logBuffer
+	type run struct {
+		replica int
+		at      time.Time
+	}
+	var mu sync.Mutex
+	var runs []run
+	runsOf := func(at time.Time) (n int, later bool, replicas []int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range runs {
+			if r.at.Equal(at) {
+				n++
+				replicas = append(replicas, r.replica)
+			}
+			later = later || r.at.After(at)
+		}
+		return n, later, replicas
+	}
+	first := make(chan time.Time, 1)
+	var calls atomic.Int32
+	for i := range 3 {
+		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Tolerance: 5 * time.Second, Logger: logs.Logger()})
+		require.NoError(t, s.Add(key, "@every 10s", func(ctx context.Context) error {
+			at, _ := relay.ScheduledAt(ctx)
+			mu.Lock()
+			runs = append(runs, run{i, at})
+			mu.Unlock()
+			if calls.Add(1) == 1 {
+				first <- at
+				<-ctx.Done() // until its lock's session is killed
+				return context.Cause(ctx)
+			}
+			return nil
+		}))
+		require.NoError(t, s.Start(ctx))
+		t.Cleanup(func() { require.NoError(t, s.Stop(ctx)) })
+	}
+	at := <-first
+
+	admin, err := pgx.Connect(ctx, server().URL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var terminated bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid AND objid = (hashtext($1)::bigint & 4294967295)::oid`, key).Scan(&terminated))
+	require.True(t, terminated, "the runner's lock session is terminated")
+
+	require.Eventually(t, func() bool { n, _, _ := runsOf(at); return n >= 2 }, 30*time.Second, 10*time.Millisecond,
+		"another replica runs the occurrence again")
+	require.Eventually(t, func() bool { _, later, _ := runsOf(at); return later }, time.Minute, 10*time.Millisecond,
+		"the next occurrence runs: the watches of the first are over")
+	n, _, replicas := runsOf(at)
+	require.Equal(t, 2, n, "exactly once more")
+	require.NotEqual(t, replicas[0], replicas[1], "on another replica")
+	require.Len(t, logs.Lines("level=WARN", "the occurrence's runner vanished", "key="+key), 1, logs.String())
 }
