@@ -17,10 +17,10 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
 }
 
-// SetWakeUpWindowForTest sets how long a producer process goes without a
-// NOTIFY the wake-up token did not grant, and returns the restore.
-func SetWakeUpWindowForTest(d time.Duration) (restore func()) {
-	old := wakeUpWindow
-	wakeUpWindow = d
-	return func() { wakeUpWindow = old }
+// SetWakeUpForTest sets how often a producer process tries to wake the
+// relays, and how long it goes without a NOTIFY the wake-up token did not
+// grant; it returns the restore.
+func SetWakeUpForTest(window, forceAfter time.Duration) (restore func()) {
+	oldWindow, oldForce := wakeUpWindow.Swap(int64(window)), wakeForceAfter.Swap(int64(forceAfter))
+	return func() { wakeUpWindow.Store(oldWindow); wakeForceAfter.Store(oldForce) }
 }

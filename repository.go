@@ -736,33 +736,40 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 //
 // It first takes the key's order lock (keyOrderLockSQL) in the same statement,
 // before the id is drawn: two transactions writing messages of one key get
-// their ids in the order they commit.
-func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, wakeChannel string, wakeWindowDue bool) (int64, error) {
-	// The NOTIFY, when there is one, rides in the same statement: it is sent
-	// when the producer's transaction commits, and never if it rolls back.
-	wake, args := "", []any{m.Type, m.Key, string(m.Payload), table[len(table)-1]}
-	if wakeChannel != "" {
-		wake, args = ", "+wakeTokenSQL, append(args, wakeChannel, wakeWindowDue)
-	}
-	var id int64
-	err := q.QueryRow(ctx, `INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts)
+// their ids in the order they commit. With a wakeChannel it also tries the
+// wake-up token (wakeTokenSQL; force: notify without it) and reports whether
+// it notified.
+func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, wakeChannel string, force bool) (id int64, notified bool, err error) {
+	args := []any{m.Type, m.Key, string(m.Payload), table[len(table)-1]}
+	if wakeChannel == "" {
+		err = q.QueryRow(ctx, `INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts)
 SELECT 'OUT', $1, $2, $3::jsonb, 'PENDING', 0
-FROM (SELECT `+keyOrderLockSQL+wake+`) AS key_order
+FROM (SELECT `+keyOrderLockSQL+`) AS key_order
 RETURNING id`, args...).Scan(&id)
-	return id, err
+		return id, false, err
+	}
+	// The NOTIFY rides in the same statement: it is sent when the producer's
+	// transaction commits, and never if it rolls back. The CTE is evaluated
+	// once, before the row (the insert reads it), and says whether it notified.
+	err = q.QueryRow(ctx, `WITH key_order AS MATERIALIZED (SELECT `+keyOrderLockSQL+`, `+wakeTokenSQL+` AS notified)
+INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts)
+SELECT 'OUT', $1, $2, $3::jsonb, 'PENDING', 0 FROM key_order
+RETURNING id, (SELECT notified FROM key_order)`, append(args, wakeChannel, force)...).Scan(&id, &notified)
+	return id, notified, err
 }
 
 // wakeTokenSQL notifies channel $5 of type $1 when this transaction takes the
 // wake-up token (a transaction-scoped try-lock: one notifying transaction in
 // flight at a time, so notifying commits never queue behind each other), or
-// when $6, the producer's own window, says a NOTIFY is due anyway (a token
-// held by a long transaction must not silence everyone else for its length).
-// WakeTriggerSQL's trigger takes the same token.
+// when $6 says a NOTIFY is due anyway (the producer process has not notified
+// for wakeForceAfter: a token held by a long transaction must not silence
+// everyone else for its length); it is true when it notified. WakeTriggerSQL's
+// trigger takes the same token.
 //
 // The token is tried first, in a CASE of its own: "try OR $6" would let the
 // planner fold a true $6 and never take the token.
-const wakeTokenSQL = `CASE WHEN pg_try_advisory_xact_lock(hashtext('relay:wake'), hashtext($5)) THEN pg_notify($5, $1)
-  WHEN $6::bool THEN pg_notify($5, $1) END`
+const wakeTokenSQL = `CASE WHEN pg_try_advisory_xact_lock(hashtext('relay:wake'), hashtext($5)) THEN (SELECT true FROM pg_notify($5, $1))
+  WHEN $6::bool THEN (SELECT true FROM pg_notify($5, $1)) ELSE false END`
 
 // keyOrderLockSQL is the lock a producer takes, in its transaction, before it
 // writes a message of key $2 into table $4 (its name without schema), so that

@@ -89,10 +89,10 @@ func TestEnqueueNotifies(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "loud", n.Payload, "notifications arrive in commit order: the quiet one sent none")
 
-	// Concurrent transactions: only the one holding the wake-up token
-	// notifies (the producer's own window, which would let another through
-	// after 10ms, is stretched to an hour here).
-	t.Cleanup(relay.SetWakeUpWindowForTest(time.Hour))
+	// Concurrent transactions, each trying to wake the relays (the window
+	// is 0): only the one holding the wake-up token notifies (the producer
+	// notifying without it after wakeForceAfter is stretched to an hour here).
+	t.Cleanup(relay.SetWakeUpForTest(0, time.Hour))
 	enqueueIn := func(tx pgx.Tx, key string) {
 		t.Helper()
 		_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: key, Payload: []byte(`{}`)}) // a key each: no order lock between them
