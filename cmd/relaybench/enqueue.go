@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -19,15 +21,21 @@ import (
 // producers, each committing one message per transaction (Begin, one
 // statement, Commit), written with Enqueue beside a plain single-row INSERT of
 // the same columns, and beside the pieces of Enqueue's statement alone, so
-// that the table shows where its cost is. Every round runs each variant once,
-// in an order rotated from round to round, for -enqueue-duration; the table
-// shows the medians of -repeat rounds, and each variant's ratio to the plain
-// INSERT of the same round (the median of those ratios).
+// that the table shows where its cost is. The producers share one pool, one
+// table and a listener (as a started relay LISTENs), and every round runs each
+// variant once, in an order rotated from round to round, for -enqueue-slice:
+// slices this short pair the variants under the same load on a shared
+// machine. The table shows the medians of -enqueue-rounds rounds, and each
+// variant's ratio to the plain INSERT of the same round (the median of those
+// ratios).
 
 // lastNotify is when a producer of the variant before issue 21 last notified without the token.
 var lastNotify atomic.Int64
 
-var enqueueDuration = flag.Duration("enqueue-duration", 3*time.Second, "how long each enqueue run lasts")
+var (
+	enqueueSlice  = flag.Duration("enqueue-slice", 300*time.Millisecond, "how long each variant runs in each round of the enqueue scenario")
+	enqueueRounds = flag.Int("enqueue-rounds", 40, "rounds of the enqueue scenario")
+)
 
 // enqueueVariant is one way a producer writes a message.
 type enqueueVariant struct {
@@ -74,43 +82,45 @@ RETURNING id`, benchType, key(i), string(payload), table, "relay:"+table, due)
 			return err
 		}},
 	}
+	if err := freshTable(ctx, admin, table, 0, "PENDING"); err != nil {
+		return err
+	}
+	pool, err := newPool(ctx, url, 8, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	notified, stopListening, err := countNotifications(ctx, url, "relay:"+table)
+	if err != nil {
+		return err
+	}
+	defer stopListening()
 	rates := make([][]float64, len(variants))
 	ratios := make([][]float64, len(variants))
 	notifies := make([][]float64, len(variants))
-	for round := range *repeat {
+	for round := range *enqueueRounds {
 		got := make([]float64, len(variants))
 		for k := range variants {
 			i := (k + round) % len(variants)
-			if err := freshTable(ctx, admin, table, 0, "PENDING"); err != nil {
-				return err
-			}
-			if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
-				return err
-			}
-			stopListening, err := countNotifications(ctx, url, "relay:"+table)
-			if err != nil {
-				return err
-			}
-			start := time.Now()
-			rate, err := producersRate(ctx, url, 8, *enqueueDuration, variants[i].write)
-			n := stopListening()
+			before, start := notified.Load(), time.Now()
+			rate, err := producersRateOn(ctx, pool, 8, *enqueueSlice, variants[i].write)
 			if err != nil {
 				return fmt.Errorf("%s: %w", variants[i].name, err)
 			}
 			got[i] = rate
-			notifies[i] = append(notifies[i], float64(n)/time.Since(start).Seconds())
+			notifies[i] = append(notifies[i], float64(notified.Load()-before)/time.Since(start).Seconds())
 		}
 		for i := range variants {
 			rates[i] = append(rates[i], got[i])
 			ratios[i] = append(ratios[i], got[i]/got[0])
 		}
 	}
-	fmt.Printf("\nenqueue: commits/s of 8 concurrent producers, one message per transaction, %s per run, medians of %d interleaved rounds\n",
-		*enqueueDuration, *repeat)
+	fmt.Printf("\nenqueue: commits/s of 8 concurrent producers on one pool, one message per transaction, %d rounds of %s per variant (interleaved, order rotated), medians\n",
+		*enqueueRounds, *enqueueSlice)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "producers\tcommits/s (median)\truns\t× plain INSERT (median of the rounds' ratios)\tNOTIFYs/s\t")
+	fmt.Fprintln(w, "producers\tcommits/s (median)\trange\t× plain INSERT (median of the rounds' ratios)\tNOTIFYs/s\t")
 	for i, v := range variants {
-		fmt.Fprintf(w, "%s\t%.0f\t%s\t%.2f×\t%.0f\t\n", v.name, median(rates[i]), runsText(rates[i]), median(ratios[i]), median(notifies[i]))
+		fmt.Fprintf(w, "%s\t%.0f\t%.0f–%.0f\t%.2f×\t%.0f\t\n", v.name, median(rates[i]), slices.Min(rates[i]), slices.Max(rates[i]), median(ratios[i]), median(notifies[i]))
 	}
 	w.Flush()
 	fmt.Println("target (issue 21): Enqueue ≥ 0.95× plain INSERT")
@@ -119,16 +129,16 @@ RETURNING id`, benchType, key(i), string(payload), table, "relay:"+table, due)
 
 // countNotifications LISTENs on channel, as a started relay does, and counts
 // the notifications until stop, which returns the count.
-func countNotifications(ctx context.Context, url, channel string) (stop func() int64, err error) {
+func countNotifications(ctx context.Context, url, channel string) (count *atomic.Int64, stop func() int64, err error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		conn.Close(ctx)
-		return nil, err
+		return nil, nil, err
 	}
-	count := new(atomic.Int64)
+	count = new(atomic.Int64)
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -140,10 +150,13 @@ func countNotifications(ctx context.Context, url, channel string) (stop func() i
 			count.Add(1)
 		}
 	}()
-	return func() int64 {
-		cancel()
-		<-done
-		conn.Close(context.Background())
+	var once sync.Once
+	return count, func() int64 {
+		once.Do(func() {
+			cancel()
+			<-done
+			conn.Close(context.Background())
+		})
 		return count.Load()
 	}, nil
 }
