@@ -33,7 +33,7 @@ import (
 // Even one notifier at a time cost 8 producers 0.79–0.87× of a plain INSERT's
 // commits (issue 21): a transaction was nearly always holding the token, and
 // its commit was the slow one. So a producer process also tries at most once
-// per wakeUpWindow (10ms) per type and table: the other Enqueues of the window
+// per wakeUpWindow (5ms) per type and table: the other Enqueues of the window
 // write their row with neither the token's try nor a NOTIFY. Rows written
 // without a NOTIFY are found by the woken pass if they committed before it
 // selected, else by the relay's follow-up poll, wakeFollowUp after a woken
@@ -73,9 +73,10 @@ func wakeChannel(table pgx.Identifier) string {
 // wakeUpWindow is how often, at most, a producer process tries to wake the
 // relays of a table for a type: one Enqueue per window carries the attempt
 // (the wake-up token's try, and the NOTIFY if it gets the token); the others
-// of the window write their row without either. In nanoseconds; variable for
-// tests only.
-var wakeUpWindow = atomicDuration(10 * time.Millisecond)
+// of the window write their row without either. It is wakeFollowUp, so that
+// the rows of the window are, most of the time, committed before the follow-up
+// poll of the pass the attempt woke. In nanoseconds; variable for tests only.
+var wakeUpWindow = atomicDuration(wakeFollowUp)
 
 // wakeForceAfter is how long a producer process goes without notifying a type
 // and table before an attempt notifies without the token. In nanoseconds;

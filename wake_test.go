@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -119,6 +120,27 @@ func TestEnqueueNotifies(t *testing.T) {
 		got++
 	}
 	require.Equal(t, 1, got, "the token holder's; the other sent none")
+
+	// One process's Enqueues within its window: the first carries the
+	// wake-up, the others neither try the token nor notify.
+	restore := relay.SetWakeUpForTest(time.Hour, time.Hour)
+	defer restore()
+	for i := range 20 {
+		_, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "burst", Key: fmt.Sprint("k", i), Payload: []byte(`{}`)})
+		require.NoError(t, err)
+	}
+	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", "relay:"+b.table)
+	require.NoError(t, err)
+	var burst []string
+	for {
+		n, err := listener.WaitForNotification(ctx)
+		require.NoError(t, err)
+		if n.Payload == "sentinel" {
+			break
+		}
+		burst = append(burst, n.Payload)
+	}
+	require.Equal(t, []string{"burst"}, burst, "one wake-up per window")
 }
 
 // TestWakeTriggerOneNotifierAtATime: of two transactions inserting at once,
