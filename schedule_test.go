@@ -708,17 +708,24 @@ func TestSchedulerRunnerVanishes(t *testing.T) {
 		}
 		return n, later, replicas
 	}
-	first := make(chan time.Time, 1)
+	type first struct {
+		replica int
+		at      time.Time
+	}
+	firsts := make(chan first, 1)
 	var calls atomic.Int32
+	guards := make([]*countingGuard, 3)
 	for i := range 3 {
-		s := newScheduler(t, newPool(t, 3), relay.SchedulerConfig{Tolerance: 5 * time.Second, Logger: logs.Logger()})
+		pool := newPool(t, 3)
+		guards[i] = &countingGuard{Guard: relay.NewPostgresGuard(pool)}
+		s := newScheduler(t, pool, relay.SchedulerConfig{Tolerance: 5 * time.Second, Logger: logs.Logger(), Guard: guards[i]})
 		require.NoError(t, s.Add(key, "@every 10s", func(ctx context.Context) error {
 			at, _ := relay.ScheduledAt(ctx)
 			mu.Lock()
 			runs = append(runs, run{i, at})
 			mu.Unlock()
 			if calls.Add(1) == 1 {
-				first <- at
+				firsts <- first{i, at}
 				<-ctx.Done() // until its lock's session is killed
 				return context.Cause(ctx)
 			}
@@ -727,7 +734,18 @@ func TestSchedulerRunnerVanishes(t *testing.T) {
 		require.NoError(t, s.Start(ctx))
 		t.Cleanup(func() { require.NoError(t, s.Stop(ctx)) })
 	}
-	at := <-first
+	f := <-firsts
+	at := f.at
+	// The others have tried and found the lock held: they watch it now (a
+	// replica whose timer fired after the kill would simply win, unaware).
+	require.Eventually(t, func() bool {
+		for i, g := range guards {
+			if i != f.replica && g.coalesced.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 5*time.Millisecond)
 
 	admin, err := pgx.Connect(ctx, server().URL)
 	require.NoError(t, err)
