@@ -17,10 +17,11 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
 }
 
-// SetWakeUpForTest sets how often a producer process tries to wake the
-// relays, and how long it goes without a NOTIFY the wake-up token did not
-// grant; it returns the restore.
-func SetWakeUpForTest(window, forceAfter time.Duration) (restore func()) {
-	oldWindow, oldForce := wakeUpWindow.Swap(int64(window)), wakeForceAfter.Swap(int64(forceAfter))
-	return func() { wakeUpWindow.Store(oldWindow); wakeForceAfter.Store(oldForce) }
+// SetWakeUpForTest sets how often a producer process whose Enqueues come
+// within denseGap of each other tries to wake the relays, and how long it
+// goes without a NOTIFY the wake-up token did not grant; it returns the
+// restore.
+func SetWakeUpForTest(window, denseGap, forceAfter time.Duration) (restore func()) {
+	oldWindow, oldGap, oldForce := wakeUpWindow.Swap(int64(window)), wakeDenseGap.Swap(int64(denseGap)), wakeForceAfter.Swap(int64(forceAfter))
+	return func() { wakeUpWindow.Store(oldWindow); wakeDenseGap.Store(oldGap); wakeForceAfter.Store(oldForce) }
 }

@@ -60,11 +60,11 @@ const errEnqueue = "relay: enqueue: "
 //
 // By default Enqueue also wakes the relays of table when the transaction
 // commits (a NOTIFY in the same statement), so the message reaches its Sender
-// within milliseconds instead of at the next poll; see [WithoutWakeUp]. Of the
-// Enqueues of one process, at most one per 5ms per type and table carries
-// the wake-up; the others' rows are found by the pass it wakes, or by the
-// relay's follow-up poll a few milliseconds after it. Enqueue is one
-// statement, one round trip, either way.
+// within milliseconds instead of at the next poll; see [WithoutWakeUp]. When
+// one process's Enqueues of a type and table come less than 2ms apart, at
+// most one per 5ms carries the wake-up; the others' rows are found by the
+// pass it wakes, or by the relay's follow-up poll a few milliseconds after it.
+// Enqueue is one statement, one round trip, either way.
 func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...EnqueueOption) (int64, error) {
 	var o enqueueOptions
 	for _, opt := range opts {
@@ -109,8 +109,8 @@ type enqueueOptions struct {
 // WithoutWakeUp makes [Enqueue] write the message without waking the relays:
 // they find it at their next poll, within Config.Interval. A wake-up is a
 // NOTIFY, and PostgreSQL commits notifying transactions one at a time; Enqueue
-// already lets only one transaction at a time carry it, and a process at most
-// one per 5ms (wake.go), which keeps producers' commits concurrent, so this
+// already lets only one transaction at a time carry it, and a busy process at
+// most one per 5ms (wake.go), which keeps producers' commits concurrent, so this
 // option is for producers that want no NOTIFY at all (bulk loads, say).
 func WithoutWakeUp() EnqueueOption { return func(o *enqueueOptions) { o.noWake = true } }
 

@@ -91,9 +91,9 @@ func TestEnqueueNotifies(t *testing.T) {
 	require.Equal(t, "loud", n.Payload, "notifications arrive in commit order: the quiet one sent none")
 
 	// Concurrent transactions, each trying to wake the relays (the window
-	// is 0): only the one holding the wake-up token notifies (the producer
+	// is 0, every Enqueue dense): only the one holding the wake-up token notifies (the producer
 	// notifying without it after wakeForceAfter is stretched to an hour here).
-	t.Cleanup(relay.SetWakeUpForTest(0, time.Hour))
+	t.Cleanup(relay.SetWakeUpForTest(0, time.Hour, time.Hour))
 	enqueueIn := func(tx pgx.Tx, key string) {
 		t.Helper()
 		_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: key, Payload: []byte(`{}`)}) // a key each: no order lock between them
@@ -121,9 +121,9 @@ func TestEnqueueNotifies(t *testing.T) {
 	}
 	require.Equal(t, 1, got, "the token holder's; the other sent none")
 
-	// One process's Enqueues within its window: the first carries the
-	// wake-up, the others neither try the token nor notify.
-	restore := relay.SetWakeUpForTest(time.Hour, time.Hour)
+	// One process's dense Enqueues within its window: the first carries
+	// the wake-up, the others neither try the token nor notify.
+	restore := relay.SetWakeUpForTest(time.Hour, time.Hour, time.Hour)
 	defer restore()
 	for i := range 20 {
 		_, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "burst", Key: fmt.Sprint("k", i), Payload: []byte(`{}`)})
