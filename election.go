@@ -186,7 +186,7 @@ func (e polledElection) poll(ctx context.Context, o passOpts) (res passResult, w
 	err := o.own.do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
-		readOnly, won, work, got, err = r.repo.poll(ctx, conn, r.cfg.MaxAttempts, r.types, r.key)
+		readOnly, won, work, got, err = r.repo.poll(ctx, conn, r.presence.mark, r.cfg.MaxAttempts, r.types, r.key)
 		if err == nil && got != pid {
 			err = errPresenceMoved
 		}
@@ -197,7 +197,7 @@ func (e polledElection) poll(ctx context.Context, o passOpts) (res passResult, w
 		if c, err = acquire(pctx, r.pool, "poll for work"); err != nil {
 			return passResult{err: err}, false
 		}
-		readOnly, won, work, _, err = r.repo.poll(pctx, c, r.cfg.MaxAttempts, r.types, r.key)
+		readOnly, won, work, _, err = r.repo.poll(pctx, c, "", r.cfg.MaxAttempts, r.types, r.key)
 		c.Release()
 	}
 	switch {

@@ -203,7 +203,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 					_, _ = r.record(ctx, q, ds, 10, 0)
 				}
 				_, _ = r.states(ctx, q, []int64{1})
-				_, _, _, _, _ = r.poll(ctx, q, 3, []string{"t"}, "app")
+				_, _, _, _, _ = r.poll(ctx, q, "", 3, []string{"t"}, "app")
 				_, _ = r.probe(ctx, q)
 			}
 		}
