@@ -21,12 +21,13 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
 }
 
-// SetWakeUpWindowForTest sets how long a producer process goes without a
-// NOTIFY the wake-up token did not grant, and returns the restore.
-func SetWakeUpWindowForTest(d time.Duration) (restore func()) {
-	old := wakeUpWindow
-	wakeUpWindow = d
-	return func() { wakeUpWindow = old }
+// SetWakeUpForTest sets how often a producer process whose Enqueues come
+// within denseGap of each other tries to wake the relays, and how long it
+// goes without a NOTIFY the wake-up token did not grant; it returns the
+// restore.
+func SetWakeUpForTest(window, denseGap, forceAfter time.Duration) (restore func()) {
+	oldWindow, oldGap, oldForce := wakeUpWindow.Swap(int64(window)), wakeDenseGap.Swap(int64(denseGap)), wakeForceAfter.Swap(int64(forceAfter))
+	return func() { wakeUpWindow.Store(oldWindow); wakeDenseGap.Store(oldGap); wakeForceAfter.Store(oldForce) }
 }
 
 // HistoryPlansForTest returns the plans (EXPLAIN ANALYZE, text) of the

@@ -175,7 +175,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 			}
 		}
 	}
-	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL,
+	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL, sessionLocksHeldSQL,
 		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
 		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, replicasSQL, tableIndexesSQL)
 	pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
@@ -186,7 +186,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		require.NoError(t, CreateTable(ctx, q, table))
 		require.NoError(t, CreateWakeTrigger(ctx, q, table))
 		for _, channel := range []string{"", wakeChannel(id)} {
-			_, _ = enqueue(ctx, q, id, Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`)}, channel, false)
+			_, _, _ = enqueue(ctx, q, id, Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`)}, channel, false)
 		}
 		for _, backoff := range []time.Duration{0, time.Second} {
 			for _, async := range []bool{false, true} {
@@ -243,6 +243,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	_, _ = releasePartitionsStatement(ctx, q, "app", 4, []int{1}, true)
 	_, _ = markStatement(ctx, q, "app", 4)
 	_, _ = databaseNow(ctx, q)
+	_, _ = sessionLocksHeld(ctx, q, 1)
 	_ = wakeProbe(ctx, q, "c", "p")
 	p := newPresence(DefaultConfig(), []string{"t"})
 	_, _, _ = presenceTakeStatement(ctx, q, "", p.args, presenceLease)
