@@ -1,8 +1,12 @@
 package relay
 
 import (
+	"context"
 	"math"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // FetchForTest is the select of a batch of at most limit rows of types as a
@@ -17,12 +21,49 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
 }
 
-// WithWakeUpWindowForTest makes the Enqueue calls given the same option
-// share wake-up windows of their own, of d: how long a producer goes without
-// a NOTIFY the wake-up token did not grant.
-func WithWakeUpWindowForTest(d time.Duration) EnqueueOption {
-	return withWakeWindows(newWakeWindows(d))
+// WithWakeUpForTest makes the Enqueue calls given the same option share
+// wake-up attempts of their own: how often a producer whose Enqueues come
+// within denseGap of each other tries to wake the relays, and how long it
+// goes without a NOTIFY the wake-up token did not grant.
+func WithWakeUpForTest(window, denseGap, forceAfter time.Duration) EnqueueOption {
+	return withWakeWindows(newWakeWindows(window, denseGap, forceAfter))
 }
 
 // RetryBackoffMaxForTest is the cap of the wait before an ERROR row is retried.
 const RetryBackoffMaxForTest = retryBackoffMax
+
+// HistoryPlansForTest returns the plans (EXPLAIN ANALYZE, text) of the
+// statements Admin.History runs for window and step: the binary search, one
+// step of the search back, and the read of the window.
+func HistoryPlansForTest(ctx context.Context, a *Admin, window, step time.Duration) (search, back, read string, err error) {
+	var now time.Time
+	var lo, first int64
+	if err := a.pool.QueryRow(ctx, a.repo.historyStartSQL, window.Seconds()).Scan(&now, &lo, &first); err != nil {
+		return "", "", "", err
+	}
+	from := now.Add(-window)
+	at := float64(from.UnixMicro()) / 1e6
+	explain := func(sql string, args ...any) (string, error) {
+		rows, err := a.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+		if err != nil {
+			return "", err
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		return strings.Join(lines, "\n"), err
+	}
+	if search, err = explain(a.repo.historyStartSQL, window.Seconds()); err != nil {
+		return
+	}
+	if back, err = explain(a.repo.historyBackSQL, first-historyBackChunk, first, at, a.maxAttempts); err != nil {
+		return
+	}
+	if first, err = a.repo.historyBack(ctx, a.pool, lo, first, from, a.maxAttempts); err != nil {
+		return
+	}
+	if read, err = explain(a.repo.historyReadSQL, first, at, step.Seconds(), int(window/step), a.maxAttempts, from); err != nil {
+		return
+	}
+	live, err := explain(a.repo.historyLiveSQL, a.maxAttempts)
+	read += "\n" + live
+	return
+}

@@ -146,7 +146,7 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	standby := false
+	standby, followUp := false, false
 	for {
 		woken := false
 		select {
@@ -165,8 +165,8 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 			timer.Stop()
 			continue // only a stop ends the wait now
 		}
-		next, coalesced := r.periodic(ctx, l, woken)
-		standby = coalesced
+		next, coalesced := r.periodic(ctx, l, woken || followUp)
+		standby, followUp = coalesced, next == wakeFollowUp
 		timer.Reset(next)
 	}
 }
@@ -174,7 +174,10 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 // periodic runs the periodic pass, recovering from a panic, and returns the
 // delay until the next one and whether it coalesced. A pass the timer
 // started begins with the idle poll; one a wake-up started goes straight to
-// the election.
+// the election. A woken pass that delivered, or a follow-up of one that
+// delivered, is followed up wakeFollowUp later: Enqueues that came densely
+// did not all notify (wake.go), and the follow-ups find their rows until one
+// finds nothing.
 func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Duration, coalesced bool) {
 	next = r.cfg.Interval
 	defer func() {

@@ -29,13 +29,21 @@ import (
 // global lock through their WAL flush): measured, 8 producers that each
 // notify commit at 0.41× their rate without. So only one transaction at a
 // time carries the NOTIFY: it takes the wake-up token, a transaction-scoped
-// try-lock on the channel, and the others, finding it taken, do not notify:
-// their rows are found by the woken pass if they committed before it
+// try-lock on the channel, and the others, finding it taken, do not notify.
+// Even one notifier at a time cost 8 producers 0.79–0.87× of a plain INSERT's
+// commits (issue 21): a transaction was nearly always holding the token, and
+// its commit was the slow one. So a producer process whose Enqueues of a type
+// and table come densely (less than wakeDenseGap, 2ms, apart) tries at most
+// once per wakeUpWindow (5ms): the other Enqueues of the window write their
+// row with neither the token's try nor a NOTIFY. A sparser producer (200
+// msg/s is 5ms apart) tries on every Enqueue, as before, so that a trickle's
+// latency does not wait for the relay's follow-up. Rows written
+// without a NOTIFY are found by the woken pass if they committed before it
 // selected, else by the relay's follow-up poll, wakeFollowUp after a woken
 // pass that delivered. A token held by a long transaction would silence every
-// other producer for its length, so a producer process also notifies, token
-// or not, when it has not for wakeUpWindow. Enqueue and the trigger take the
-// same token.
+// other producer for its length, so an attempt notifies, token or not, when
+// its process has not notified for wakeForceAfter (50ms). Enqueue and the
+// trigger take the same token; the trigger has no window.
 
 // Timings of the wake-up.
 const (
@@ -65,44 +73,78 @@ func wakeChannel(table pgx.Identifier) string {
 	return name
 }
 
-// wakeUpWindow is how long a producer process goes without notifying a type
-// and table, token or not.
-const wakeUpWindow = 10 * time.Millisecond
+// The timings of a producer process's wake-up attempts (see above).
+const (
+	// wakeUpWindow is how often, at most, a producer process tries to wake
+	// the relays of a table for a type: one Enqueue per window carries the
+	// attempt (the wake-up token's try, and the NOTIFY if it gets the token);
+	// the others of the window write their row without either. It is
+	// wakeFollowUp, so that the rows of the window are, most of the time,
+	// committed before the follow-up poll of the pass the attempt woke.
+	wakeUpWindow = wakeFollowUp
+	// wakeDenseGap is the gap between two Enqueues of a process (of one type
+	// and table) under which the second is dense: then wakeUpWindow applies.
+	wakeDenseGap = 2 * time.Millisecond
+	// wakeForceAfter is how long a producer process goes without notifying a
+	// type and table before an attempt notifies without the token.
+	wakeForceAfter = 50 * time.Millisecond
+)
 
-// wakeWindows remembers, per channel and type, when a producer last notified,
-// so that it notifies without the token at most once per window. Enqueue
-// shares one, enqueueWakes; a test gives Enqueue one of its own
-// (withWakeWindows) to change the window.
+// wakeWindows is a producer's wake-up attempts, per channel and type, with
+// their timings. Every Enqueue shares one, enqueueWakes; a test gives Enqueue
+// one of its own (withWakeWindows) to change the timings.
 type wakeWindows struct {
-	window time.Duration
-	clock  time.Time // the monotonic origin of last's values
-	last   sync.Map  // channel + "\x00" + type → *atomic.Int64, nanoseconds on clock
+	window, denseGap, forceAfter int64     // nanoseconds
+	clock                        time.Time // the monotonic origin of the states' times
+	states                       sync.Map  // channel + "\x00" + type → *wakeState
 }
 
-func newWakeWindows(window time.Duration) *wakeWindows {
-	return &wakeWindows{window: window, clock: time.Now()}
+func newWakeWindows(window, denseGap, forceAfter time.Duration) *wakeWindows {
+	return &wakeWindows{window: int64(window), denseGap: int64(denseGap), forceAfter: int64(forceAfter), clock: time.Now()}
 }
 
-// enqueueWakes is this process's wake-up windows, shared by every Enqueue:
+// enqueueWakes is this process's wake-up attempts, shared by every Enqueue:
 // set once here, never reassigned.
-var enqueueWakes = newWakeWindows(wakeUpWindow)
+var enqueueWakes = newWakeWindows(wakeUpWindow, wakeDenseGap, wakeForceAfter)
 
-// due reports whether a producer should notify channel for typ now even
-// without the token: it has not for the window.
-func (w *wakeWindows) due(channel, typ string) bool {
-	return w.dueAt(channel, typ, int64(time.Since(w.clock)))
+// wakeState is when a producer last tried to wake, and last notified, a
+// channel for a type (nanoseconds on its wakeWindows' clock).
+type wakeState struct {
+	of       *wakeWindows
+	channel  string
+	seen     atomic.Int64 // the last Enqueue
+	attempt  atomic.Int64
+	notified atomic.Int64
 }
 
-// dueAt is due at now, nanoseconds on w.clock.
-func (w *wakeWindows) dueAt(channel, typ string, now int64) bool {
-	v, _ := w.last.LoadOrStore(channel+"\x00"+typ, new(atomic.Int64))
-	last := v.(*atomic.Int64)
-	prev := last.Load()
-	if prev != 0 && now-prev < int64(w.window) {
-		return false
+// attempt reports whether the Enqueue of a message of typ into channel's
+// table should try to wake the relays (nil: it comes densely after another
+// Enqueue of this producer, and one tried within the window), and whether it
+// should notify even without the token (this producer has not notified for
+// forceAfter).
+func (ws *wakeWindows) attempt(channel, typ string) (w *wakeState, force bool) {
+	return ws.attemptAt(channel, typ, int64(time.Since(ws.clock)))
+}
+
+// attemptAt is attempt at now, nanoseconds on ws.clock.
+func (ws *wakeWindows) attemptAt(channel, typ string, now int64) (w *wakeState, force bool) {
+	v, ok := ws.states.Load(channel + "\x00" + typ)
+	if !ok {
+		v, _ = ws.states.LoadOrStore(channel+"\x00"+typ, &wakeState{of: ws, channel: channel})
 	}
-	return last.CompareAndSwap(prev, now)
+	w = v.(*wakeState)
+	seen := w.seen.Swap(now)
+	if dense := seen != 0 && now-seen < ws.denseGap; !dense {
+		w.attempt.Store(now)
+	} else if prev := w.attempt.Load(); prev != 0 && now-prev < ws.window || !w.attempt.CompareAndSwap(prev, now) {
+		return nil, false
+	}
+	last := w.notified.Load()
+	return w, last == 0 || now-last >= ws.forceAfter
 }
+
+// notifiedNow records that an attempt notified.
+func (w *wakeState) notifiedNow() { w.notified.Store(max(int64(time.Since(w.of.clock)), 1)) }
 
 // listen is the started relay's listener: a connection of its own on which it
 // LISTENs for its table's channel, waking the loop for each notification of
