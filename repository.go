@@ -55,6 +55,7 @@ func SchemaSQL(table string) (string, error) {
 	name := id[len(id)-1]
 	return strings.NewReplacer(
 		"{{table}}", id.Sanitize(),
+		"{{table_literal}}", id.Sanitize(), // a literal of identifiers quoted and checked: no ' in it
 		"{{outbox_index}}", indexName(name, "_outbox"),
 		"{{pending_index}}", indexName(name, "_outbox_pending"),
 		"{{error_index}}", indexName(name, "_outbox_error"),
@@ -154,6 +155,9 @@ type repository struct {
 	probeSQL     string
 	backoff      float64 // seconds; 0 = no backoff
 	backoffMax   float64
+
+	// fetchSQL and fetchPartSQL, with the optional headers column
+	fetchHeadersSQL, fetchPartHeadersSQL namedSQL
 }
 
 // preflightSQL is sent with the first select of a pass, in the same round
@@ -231,15 +235,22 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
     ORDER BY m.type, m.id LIMIT @limit) p` +
 			failed("m.attempts < @max") + failed("m.attempts IS NULL")
 	}
-	fetch := func(partitioned bool) namedSQL {
+	// The headers column is optional (a JVM-made table has none): the select
+	// reads it when the probe found it (tableInfo.headers).
+	fetch := func(partitioned, headers bool) namedSQL {
+		column := ""
+		if headers {
+			column = ", m." + headersColumn + "::text"
+		}
 		return numbered(`SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
-  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= ` + fmt.Sprint(inlinePayloadMax) + ` THEN m.payload::text END
+  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= ` + fmt.Sprint(inlinePayloadMax) + ` THEN m.payload::text END` + column + `
 FROM ` + t + ` m
 WHERE m.id = ANY(ARRAY(SELECT c.id FROM (` + candidates(partitioned) + `
   ) c ORDER BY c.id LIMIT @limit))
 ORDER BY m.id`)
 	}
-	r.fetchSQL, r.fetchPartSQL = fetch(false), fetch(true)
+	r.fetchSQL, r.fetchPartSQL = fetch(false, false), fetch(true, false)
+	r.fetchHeadersSQL, r.fetchPartHeadersSQL = fetch(false, true), fetch(true, true)
 	// The idle poll, one statement: is the server writable, does this
 	// session win the election for the statement's own length (a
 	// transaction-scoped lock, gone when the statement ends: nobody waits on
@@ -364,6 +375,7 @@ type fetchArgs struct {
 	partitions  int    // Config.Partitions, when parts is set
 	parts       []int  // only rows of these partitions; nil: every row
 	preflight   bool   // the pass's first select: ask whether the server is writable
+	headers     bool   // the table has the headers column: read it
 	source      string // the schema-qualified table, for Message.IdempotencyKey
 }
 
@@ -373,7 +385,13 @@ type fetched struct {
 	full     bool      // the select filled its limit, or was cut short by the byte bound: more may wait
 	readOnly bool      // the server cannot record an outcome: send nothing (preflight only)
 	now      time.Time // the database's clock at the select (preflight only)
+
+	headersAdded bool // the table has the headers column, which the select did not read (preflight only)
 }
+
+// headersAddedSQL asks whether table $1 has the headers column now.
+const headersAddedSQL = `SELECT EXISTS (SELECT 1 FROM pg_attribute
+  WHERE attrelid = to_regclass($1) AND attname = '` + headersColumn + `' AND attnum > 0 AND NOT attisdropped)`
 
 // fetch selects one batch, outside any transaction, and loads its large
 // payloads within maxBytes: the batch is cut short before the row that would
@@ -382,14 +400,25 @@ type fetched struct {
 func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetched, error) {
 	var f fetched
 	sql := r.fetchSQL
-	if a.parts != nil {
+	switch {
+	case a.parts != nil && a.headers:
+		sql = r.fetchPartHeadersSQL
+	case a.parts != nil:
 		sql = r.fetchPartSQL
+	case a.headers:
+		sql = r.fetchHeadersSQL
 	}
 	args := sql.args(map[string]any{"max": a.maxAttempts, "types": a.types, "limit": a.limit, "after": a.after,
 		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts})
 	b := &pgx.Batch{}
 	if a.preflight {
 		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.readOnly, &f.now) })
+		if !a.headers {
+			// A table without the headers column may have been given it since
+			// the probe: then the select must read it, or messages written
+			// with headers would lose them.
+			b.Queue(headersAddedSQL, r.name).QueryRow(func(row pgx.Row) error { return row.Scan(&f.headersAdded) })
+		}
 	}
 	b.Queue(sql.sql, args...).Query(func(rows pgx.Rows) error {
 		f.rows = make([]row, 0, min(a.limit, 1024))
@@ -402,8 +431,13 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 				created pgtype.Timestamptz
 				stored  pgtype.Int4
 				payload []byte
+				headers []byte
 			)
-			if err := rows.Scan(&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload); err != nil {
+			dest := []any{&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload}
+			if a.headers {
+				dest = append(dest, &headers)
+			}
+			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
 			m.Type, m.source, m.Key = typ, a.source, key.String
@@ -411,9 +445,13 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
 				m.CreatedAt = created.Time
 			}
+			var headersErr error
+			m.Headers, headersErr = decodeHeaders(headers)
 			switch {
 			case !key.Valid:
 				m.bad = "natural_key is NULL: a message needs its natural key"
+			case headersErr != nil:
+				m.bad = headersErr.Error()
 			case !stored.Valid:
 				m.bad = "payload is NULL"
 			case payload == nil:
@@ -697,6 +735,7 @@ func (r *repository) poll(ctx context.Context, db querier, maxAttempts int, type
 type tableInfo struct {
 	qualified string // "schema.table", as Message.IdempotencyKey names it
 	errWidth  int    // characters last_error holds; 0: as many as lastErrorMax
+	headers   bool   // it has the optional headers column (a JVM-made table has not)
 }
 
 // requiredColumns are the columns the pass reads and writes.
@@ -726,7 +765,7 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 		return tableInfo{}, fmt.Errorf("table %s.%s lacks the column(s) %s that the relay reads and writes (see relay.SchemaSQL)",
 			schema, name, strings.Join(missing, ", "))
 	}
-	return tableInfo{qualified: schema + "." + name, errWidth: int(width)}, nil
+	return tableInfo{qualified: schema + "." + name, errWidth: int(width), headers: slices.Contains(columns, headersColumn)}, nil
 }
 
 // ---- The producer (Enqueue) and the operator's statements (Admin) ----
@@ -744,11 +783,27 @@ func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, w
 	if wakeChannel != "" {
 		wake, args = ", "+wakeTokenSQL, append(args, wakeChannel, wakeWindowDue)
 	}
+	// Headers, when there are any, go into the optional column: a table
+	// without it takes every message without headers as before.
+	column, value := "", ""
+	if len(m.Headers) > 0 {
+		h, err := encodeHeaders(m.Headers)
+		if err != nil {
+			return 0, err
+		}
+		args = append(args, *h)
+		column, value = ", "+headersColumn, ", $"+strconv.Itoa(len(args))+"::jsonb"
+	}
 	var id int64
-	err := q.QueryRow(ctx, `INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts)
-SELECT 'OUT', $1, $2, $3::jsonb, 'PENDING', 0
+	err := q.QueryRow(ctx, `INSERT INTO `+table.Sanitize()+` (direction, type, natural_key, payload, status, attempts`+column+`)
+SELECT 'OUT', $1, $2, $3::jsonb, 'PENDING', 0`+value+`
 FROM (SELECT `+keyOrderLockSQL+wake+`) AS key_order
 RETURNING id`, args...).Scan(&id)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && column != "" && pgErr.Code == "42703" && strings.Contains(pgErr.Message, `"`+headersColumn+`"`) {
+		return 0, fmt.Errorf("the table has no %s column, which a message with Headers needs: add it with %s (docs/operations.md): %w",
+			headersColumn, headersMigration(table.Sanitize()), err)
+	}
 	return id, err
 }
 

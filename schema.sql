@@ -9,8 +9,18 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     last_error  text,
     created_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
-    sent_at     timestamptz
+    sent_at     timestamptz,
+    headers     jsonb
 );
+-- a message's headers (one JSON object of strings), optional: a table made before them gets the column here.
+-- The catalog is asked first: ALTER TABLE takes an ACCESS EXCLUSIVE lock even when the column exists, and
+-- would queue every producer and relay behind the longest transaction on the table for nothing.
+DO $relay$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{{table_literal}}'::regclass
+                   AND attname = 'headers' AND NOT attisdropped) THEN
+        ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS headers jsonb;
+    END IF;
+END $relay$;
 -- the pass reads only the small live part of the table, however large the SENT history grows
 CREATE INDEX IF NOT EXISTS {{outbox_index}} ON {{table}} (id)
     WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');
