@@ -54,8 +54,13 @@ var reservedHeaderPrefixes = map[string]string{
 	"Nats-":  "the NATS server reads the Nats-* headers (Nats-Msg-Id is the NATS sender's deduplication id)",
 }
 
-// validateHeaders names the first header of h that breaks the rules of
-// [HeadersMax]; nil when every one keeps them.
+// ValidateHeaders returns an error naming the first header of h that breaks
+// the rules of [HeadersMax], nil when every one keeps them: what Enqueue and
+// the relay check, for a producer that writes by plain SQL, or a Sender (or a
+// wrapper of one) that adds headers.
+func ValidateHeaders(h map[string]string) error { return validateHeaders(h) }
+
+// validateHeaders is ValidateHeaders.
 func validateHeaders(h map[string]string) error {
 	if len(h) == 0 {
 		return nil
