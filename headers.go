@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -35,23 +36,23 @@ const (
 // headersColumn is the optional column that stores a message's headers.
 const headersColumn = "headers"
 
-// reservedHeaders are the names (canonical, as net/http writes them) a
-// message's headers may not take: the senders set them from the message, or
-// Go's HTTP client drops or rewrites them.
-var reservedHeaders = map[string]string{
-	"Idempotency-Key":   "the senders set it from the message (Message.IdempotencyKey)",
-	"Content-Type":      "the senders set it (application/json, or the HTTPSender's configured one)",
-	"Host":              "Go's HTTP client takes it from the URL, never from the headers",
-	"Content-Length":    "Go's HTTP client computes it from the body",
-	"Transfer-Encoding": "Go's HTTP client chooses it",
-	"Trailer":           "Go's HTTP client drops it from a request's headers",
+// reservedHeaders are the names a message's headers may not take, whatever
+// their case: the senders set them from the message, or Go's HTTP client
+// drops or rewrites them.
+var reservedHeaders = []struct{ name, why string }{
+	{"Idempotency-Key", "the senders set it from the message (Message.IdempotencyKey)"},
+	{"Content-Type", "the senders set it (application/json, or the HTTPSender's configured one)"},
+	{"Host", "Go's HTTP client takes it from the URL, never from the headers"},
+	{"Content-Length", "Go's HTTP client computes it from the body"},
+	{"Transfer-Encoding", "Go's HTTP client chooses it"},
+	{"Trailer", "Go's HTTP client drops it from a request's headers"},
 }
 
-// reservedHeaderPrefixes are the name prefixes (canonical) kept for the
-// senders: the HTTPSender's Relay-* headers and the NATS server's Nats-*.
-var reservedHeaderPrefixes = map[string]string{
-	"Relay-": "the HTTPSender sets the Relay-* headers from the message",
-	"Nats-":  "the NATS server reads the Nats-* headers (Nats-Msg-Id is the NATS sender's deduplication id)",
+// reservedHeaderPrefixes are the name prefixes kept for the senders, whatever
+// their case: the HTTPSender's Relay-* headers and the NATS server's Nats-*.
+var reservedHeaderPrefixes = []struct{ prefix, why string }{
+	{"Relay-", "the HTTPSender sets the Relay-* headers from the message"},
+	{"Nats-", "the NATS server reads the Nats-* headers (Nats-Msg-Id is the NATS sender's deduplication id)"},
 }
 
 // ValidateHeaders returns an error naming the first header of h that breaks
@@ -60,7 +61,9 @@ var reservedHeaderPrefixes = map[string]string{
 // wrapper of one) that adds headers.
 func ValidateHeaders(h map[string]string) error { return validateHeaders(h) }
 
-// validateHeaders is ValidateHeaders.
+// validateHeaders is ValidateHeaders. The relay checks every row it reads, so
+// the common case, headers that keep the rules, allocates nothing; only a
+// failure walks them in order, to name the first by name.
 func validateHeaders(h map[string]string) error {
 	if len(h) == 0 {
 		return nil
@@ -68,52 +71,73 @@ func validateHeaders(h map[string]string) error {
 	if len(h) > HeadersMax {
 		return fmt.Errorf("has %d headers, more than HeadersMax (%d)", len(h), HeadersMax)
 	}
-	size := 0
-	seen := make(map[string]string, len(h))
-	for _, name := range slices.Sorted(maps.Keys(h)) {
-		value := h[name]
+	size, valid := 0, true
+	for name, value := range h {
 		size += len(name) + len(value)
-		if !validToken(name) {
-			return fmt.Errorf("header name %.80q is not an HTTP token (letters, digits and !#$%%&'*+-.^_`|~)", name)
+		if headerProblem(name, value) != "" {
+			valid = false
+			break
 		}
-		canonical := canonicalHeader(name)
-		if why, ok := reservedHeaders[canonical]; ok {
-			return fmt.Errorf("must not set header %s: %s", canonical, why)
-		}
-		for prefix, why := range reservedHeaderPrefixes {
-			if strings.HasPrefix(canonical, prefix) {
-				return fmt.Errorf("must not set header %s: %s", name, why)
+	}
+	if valid && len(h) > 1 {
+	twins:
+		for a := range h {
+			for b := range h {
+				if a != b && strings.EqualFold(a, b) {
+					valid = false
+					break twins
+				}
 			}
 		}
-		if other, ok := seen[canonical]; ok {
-			return fmt.Errorf("has headers %q and %q, one header to HTTP, whose names ignore case", other, name)
+	}
+	if valid {
+		if size > HeadersBytesMax {
+			return fmt.Errorf("headers take %d bytes, more than HeadersBytesMax (%d)", size, HeadersBytesMax)
 		}
-		seen[canonical] = name
-		if !validHeaderValue(value) {
-			return fmt.Errorf("header %s has a value with control characters: %.80q", name, value)
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(h))
+	for _, name := range names {
+		if problem := headerProblem(name, h[name]); problem != "" {
+			return errors.New(problem)
 		}
 	}
-	if size > HeadersBytesMax {
-		return fmt.Errorf("headers take %d bytes, more than HeadersBytesMax (%d)", size, HeadersBytesMax)
-	}
-	return nil
+	return errors.New(caseTwin(names))
 }
 
-// canonicalHeader is name as net/http writes it ("idempotency-key" is
-// "Idempotency-Key"), for a name that is a token.
-func canonicalHeader(name string) string {
-	b := []byte(name)
-	upper := true
-	for i, c := range b {
-		switch {
-		case upper && 'a' <= c && c <= 'z':
-			b[i] = c - 'a' + 'A'
-		case !upper && 'A' <= c && c <= 'Z':
-			b[i] = c - 'A' + 'a'
-		}
-		upper = c == '-'
+// headerProblem says what is wrong with one header; "" when nothing is.
+func headerProblem(name, value string) string {
+	if !validToken(name) {
+		return fmt.Sprintf("header name %.80q is not an HTTP token (letters, digits and !#$%%&'*+-.^_`|~)", name)
 	}
-	return string(b)
+	for _, r := range reservedHeaders {
+		if strings.EqualFold(name, r.name) {
+			return "must not set header " + r.name + ": " + r.why
+		}
+	}
+	for _, r := range reservedHeaderPrefixes {
+		if len(name) >= len(r.prefix) && strings.EqualFold(name[:len(r.prefix)], r.prefix) {
+			return "must not set header " + name + ": " + r.why
+		}
+	}
+	if !validHeaderValue(value) {
+		return fmt.Sprintf("header %s has a value with control characters: %.80q", name, value)
+	}
+	return ""
+}
+
+// caseTwin names two of names (sorted) that differ only in case (one
+// header to HTTP), the first such pair; "" when none do.
+func caseTwin(names []string) string {
+	for i, a := range names {
+		for _, b := range names[i+1:] {
+			if strings.EqualFold(a, b) {
+				first, second := min(a, b), max(a, b)
+				return fmt.Sprintf("has headers %q and %q, one header to HTTP, whose names ignore case", first, second)
+			}
+		}
+	}
+	return ""
 }
 
 // encodeHeaders is h as the headers column stores it; nil (SQL NULL) when h is empty.

@@ -55,7 +55,7 @@ func NewObserver(opts ...Option) (relay.Observer, error) {
 		mp = otel.GetMeterProvider()
 	}
 	meter := mp.Meter(ScopeName)
-	o := &observer{system: semconv.MessagingSystemKey.String(c.system)}
+	o := &observer{system: semconv.MessagingSystemKey.String(c.system), sets: map[messageSet]metric.MeasurementOption{}}
 	var errs []error
 	var err error
 	o.sent, err = meter.Int64Counter(messagingconv.ClientSentMessages{}.Name(),
@@ -84,7 +84,8 @@ type observer struct {
 	passDuration metric.Float64Histogram
 	lag          metric.Float64Gauge
 
-	sets sync.Map // messageSet -> metric.MeasurementOption, built once per type, outcome and error.type
+	mu   sync.RWMutex
+	sets map[messageSet]metric.MeasurementOption // built once per type, outcome and error.type
 }
 
 type messageSet struct{ typ, outcome, errType string }
@@ -110,21 +111,38 @@ func (o *observer) PassDone(p relay.PassReport) {
 // MessageDone counts m and records its send's duration.
 func (o *observer) MessageDone(m relay.MessageReport) {
 	defer func() { _ = recover() }()
-	k := messageSet{typ: m.Type, outcome: strings.ToLower(m.Outcome)}
+	k := messageSet{typ: m.Type, outcome: outcomeOf(m.Outcome)}
 	if m.Err != nil {
 		k.errType = errorType(m.Err)
 	}
-	set, ok := o.sets.Load(k)
+	o.mu.RLock()
+	opt, ok := o.sets[k]
+	o.mu.RUnlock()
 	if !ok {
 		attrs := []attribute.KeyValue{o.system, semconv.MessagingDestinationName(k.typ),
 			semconv.MessagingOperationName(operationName), semconv.MessagingOperationTypeSend, OutcomeKey.String(k.outcome)}
 		if k.errType != "" {
 			attrs = append(attrs, semconv.ErrorTypeKey.String(k.errType))
 		}
-		set, _ = o.sets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(attrs...)))
+		opt = metric.WithAttributeSet(attribute.NewSet(attrs...))
+		o.mu.Lock()
+		o.sets[k] = opt
+		o.mu.Unlock()
 	}
-	opt := set.(metric.MeasurementOption)
 	ctx := context.Background()
 	o.sent.Add(ctx, 1, opt)
 	o.sendDuration.Record(ctx, m.Duration.Seconds(), opt)
+}
+
+// outcomeOf is a MessageReport.Outcome as OutcomeKey says it.
+func outcomeOf(outcome string) string {
+	switch outcome {
+	case relay.OutcomeSent:
+		return "sent"
+	case relay.OutcomeError:
+		return "error"
+	case relay.OutcomeDead:
+		return "dead"
+	}
+	return strings.ToLower(outcome)
 }

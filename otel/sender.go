@@ -143,24 +143,41 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	sctx, span = w.tracer.Start(parent, operationName+" "+m.Type, opts...)
 
 	// The send span's context replaces the producer's in a copy of the
-	// headers, whatever the case of the names the producer wrote.
-	headers := make(map[string]string, len(m.Headers)+2)
-	maps.Copy(headers, m.Headers)
-	for _, field := range prop.Fields() {
-		for name := range headers {
-			if strings.EqualFold(name, field) {
-				delete(headers, name)
-			}
-		}
-	}
-	prop.Inject(sctx, propagation.MapCarrier(headers))
-	out = m
-	if err := relay.ValidateHeaders(headers); err != nil {
+	// headers, whatever the case of the names the producer wrote; headers
+	// the senders would refuse are never handed over.
+	injected := make(propagation.MapCarrier, 2)
+	prop.Inject(sctx, injected)
+	if err := relay.ValidateHeaders(injected); err != nil {
 		span.SetAttributes(attribute.String("relay.propagation.error", err.Error()))
 		return sctx, span, m // the message as it came: the receiver's span continues the producer's trace
 	}
+	headers := make(map[string]string, len(m.Headers)+len(injected))
+	for name, value := range m.Headers {
+		if !propagated(name, injected) {
+			headers[name] = value
+		}
+	}
+	maps.Copy(headers, injected)
+	if err := relay.ValidateHeaders(headers); err != nil { // too many, or too large, with the propagator's
+		span.SetAttributes(attribute.String("relay.propagation.error", err.Error()))
+		return sctx, span, m
+	}
+	out = m
 	out.Headers = headers
 	return sctx, span, out
+}
+
+// propagated reports whether name is one of the propagator's, whatever its case.
+func propagated(name string, injected propagation.MapCarrier) bool {
+	if _, ok := injected[name]; ok {
+		return true
+	}
+	for field := range injected {
+		if strings.EqualFold(name, field) {
+			return true
+		}
+	}
+	return false
 }
 
 // end ends span with err's outcome; a panic inside it costs the span only.
