@@ -15,6 +15,11 @@ import (
 	"github.com/xadm/relay"
 )
 
+// A message's own headers ([relay.Message.Headers]: a W3C traceparent, say)
+// travel too, named as the producer wrote them: NATS header names are
+// case-sensitive, so a consumer reads "traceparent" as it is (nats.Header.Get),
+// not through propagation.HeaderCarrier, which asks for "Traceparent".
+//
 // The headers every message carries besides Nats-Msg-Id (jetstream.MsgIDHeader,
 // the message's [relay.Message.IdempotencyKey]).
 const (
