@@ -9,12 +9,12 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // This file is the wake-up on commit: producers NOTIFY when they write a
@@ -93,72 +93,35 @@ func wakeDueAt(channel, typ string, now int64) bool {
 	return last.CompareAndSwap(prev, now)
 }
 
-// WakeTriggerSQL returns the DDL of a trigger that wakes the relays of table
-// (optionally schema-qualified) whenever rows are inserted by any producer,
-// for producers that do not call [Enqueue] (a JVM service, plain SQL). It is
-// idempotent. One statement notifies once per type it inserted; of several
-// transactions inserting at once, only the one holding the wake-up token
-// carries the NOTIFY, so the producers' commits stay concurrent. Its price is
-// one more function call per INSERT statement. Unlike Enqueue it has no
-// window of its own: while a long transaction holds the token, the relays
-// find the rows of the others at their next poll.
-func WakeTriggerSQL(table string) (string, error) {
-	id, err := parseTable(table)
-	if err != nil {
-		return "", fmt.Errorf("relay: %w", err)
-	}
-	fn := append(pgx.Identifier{}, id...)
-	fn[len(fn)-1] = strings.Trim(indexName(id[len(id)-1], "_relay_wake"), `"`)
-	channel := wakeChannel(id)
-	return `CREATE OR REPLACE FUNCTION ` + fn.Sanitize() + `() RETURNS trigger LANGUAGE plpgsql AS $relay$
-BEGIN
-  IF pg_try_advisory_xact_lock(hashtext('relay:wake'), hashtext(` + quoteLiteral(channel) + `)) THEN
-    PERFORM pg_notify(` + quoteLiteral(channel) + `, t.type) FROM (SELECT DISTINCT type FROM relay_new_rows WHERE direction = 'OUT') t;
-  END IF;
-  RETURN NULL;
-END
-$relay$;
-DROP TRIGGER IF EXISTS relay_wake ON ` + id.Sanitize() + `;
-CREATE TRIGGER relay_wake AFTER INSERT ON ` + id.Sanitize() + `
-  REFERENCING NEW TABLE AS relay_new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + fn.Sanitize() + `();
-`, nil
-}
-
-// CreateWakeTrigger installs [WakeTriggerSQL]'s trigger on table.
-func CreateWakeTrigger(ctx context.Context, db Beginner, table string) error {
-	ddl, err := WakeTriggerSQL(table)
-	if err != nil {
-		return err
-	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "relay_schema:"+table); err != nil {
-			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
-		}
-		if _, err := tx.Exec(ctx, ddl); err != nil {
-			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
-		}
-		return nil
-	})
-}
-
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
 // listen is the started relay's listener: a connection of its own on which it
 // LISTENs for its table's channel, waking the loop for each notification of
 // a type it delivers. It first checks that its own test notification comes
 // back: through a transaction-pooling proxy it does not, and the relay then
 // says so once and polls. A lost connection is replaced, with a backoff; the
 // loop is woken after each reconnection, for what was missed meanwhile.
+//
+// The same session carries the relay's presence (presence.go): its locks are
+// taken once the session is known to be one (the probe came back), and again
+// after each reconnection. With WakeOnCommit off, the session LISTENs for
+// nothing and only carries presence.
 func (r *Relay) listen(ctx context.Context, l *loop) {
 	defer close(l.listening)
 	var attempted sync.Once
 	defer attempted.Do(func() { close(l.attempted) })
+	wake := r.cfg.WakeOnCommit
+	if !wake {
+		attempted.Do(func() { close(l.attempted) }) // no LISTEN to wait for
+	}
 	channel := wakeChannel(r.tableID)
 	wait, reconnect := time.Second, false
 	for ctx.Err() == nil {
-		conn, err := r.openListener(ctx, channel)
+		conn, pid, err := r.openListener(ctx, channel, wake)
 		attempted.Do(func() { close(l.attempted) })
 		switch {
+		case errors.Is(err, errPresenceMoved):
+			r.logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
+				slog.String("replica", r.presence.id))
+			return
 		case errors.Is(err, errListenUnreachable):
 			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: wake-ups on commit are off: a notification to this session never came back "+
 				"(a transaction-pooling proxy?); passes run every Interval", slog.String("channel", channel), durationAttr("interval", r.cfg.Interval))
@@ -181,11 +144,19 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 			l.wakeUp() // what was committed while nobody listened
 		}
 		wait, reconnect = time.Second, true
-		err = r.waitForWakeUps(ctx, conn, l)
+		err = r.waitForWakeUps(ctx, conn, l, pid)
+		if !conn.IsClosed() {
+			r.presence.release(conn)
+		}
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Close(closeCtx)
 		cancel()
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errPresenceMoved) {
+			r.logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
+				slog.String("replica", r.presence.id))
 			return
 		}
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the wake-up listener's connection was lost; connecting again",
@@ -197,23 +168,40 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 var errListenUnreachable = errors.New("relay: notifications do not reach the listening session")
 
 // openListener takes a connection out of the pool, LISTENs on it and checks
-// that a notification comes back.
-func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, error) {
+// that a notification comes back (only when wake), and takes the relay's
+// presence on it. It returns the connection and its backend's pid.
+func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*pgx.Conn, uint32, error) {
 	pc, err := acquire(ctx, r.pool, "listen for wake-ups")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	conn := pc.Hijack() // ours until closed: it never goes back to the pool
-	fail := func(err error) (*pgx.Conn, error) {
+	fail := func(err error) (*pgx.Conn, uint32, error) {
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(closeCtx)
-		return nil, err
+		return nil, 0, err
+	}
+	present := func() (*pgx.Conn, uint32, error) {
+		pctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+		defer cancel()
+		pid, err := r.presence.take(pctx, conn)
+		if err != nil {
+			return fail(err)
+		}
+		// Through a transaction-pooling proxy the next statement may answer
+		// from another backend: then the locks are not this session's.
+		if err := r.presence.beat(pctx, conn, pid); err != nil {
+			return fail(err)
+		}
+		return conn, pid, nil
+	}
+	if !wake {
+		return present()
 	}
 	lctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
 	defer cancel()
-	quoted := pgx.Identifier{channel}.Sanitize()
-	if _, err := conn.Exec(lctx, "LISTEN "+quoted); err != nil {
+	if _, err := conn.Exec(lctx, listenSQL(channel)); err != nil {
 		return fail(err)
 	}
 	var token [8]byte
@@ -223,7 +211,7 @@ func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, er
 	// proxy the LISTEN's server connection went back to the proxy's pool, and
 	// a notification to it never reaches this client, even if the proxy
 	// happens to lend this client the same server connection again.
-	if _, err := r.pool.Exec(lctx, "SELECT pg_notify($1, $2)", channel, probe); err != nil {
+	if err := wakeProbe(lctx, r.pool, channel, probe); err != nil {
 		return fail(err)
 	}
 	for {
@@ -234,17 +222,27 @@ func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, er
 		case err != nil:
 			return fail(err)
 		case n.Payload == probe:
-			return conn, nil
+			return present()
 		}
 	}
 }
 
 // waitForWakeUps wakes the loop for each notification of a type this relay
-// delivers, until ctx ends or the connection fails.
-func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop) error {
+// delivers, and runs the presence keepalive every presenceBeat, until ctx
+// ends or the connection fails. The wait is cut by the socket's read
+// deadline, which leaves the connection usable (as the election's watch does).
+func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop, pid uint32) error {
 	for {
+		_ = conn.PgConn().Conn().SetReadDeadline(time.Now().Add(presenceBeat))
 		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
+		_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
+		switch {
+		case err != nil && ctx.Err() == nil && pgconn.Timeout(err):
+			if err := r.presence.beat(ctx, conn, pid); err != nil {
+				return err
+			}
+			continue
+		case err != nil:
 			return err
 		}
 		if n.Payload == "" || slices.Contains(r.types, n.Payload) {

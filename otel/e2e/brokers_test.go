@@ -51,7 +51,9 @@ func setup(t *testing.T, typ string, opts ...otelrelay.Option) *world {
 	pool := pgserver.Pool(t, pgserver.Shared().URL, name, 8)
 	ctx := context.Background()
 	require.NoError(t, relay.CreateTable(ctx, pool, name))
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
+	})
 	w := &world{table: name, spans: tracetest.NewSpanRecorder(), prop: propagation.TraceContext{}}
 	w.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(w.spans))
 	t.Cleanup(func() { _ = w.tp.Shutdown(context.Background()) })
