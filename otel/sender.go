@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -145,19 +144,17 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	// The send span's context replaces the producer's in a copy of the
 	// headers, whatever the case of the names the producer wrote; headers
 	// the senders would refuse are never handed over.
-	injected := make(propagation.MapCarrier, 2)
-	prop.Inject(sctx, injected)
-	if err := relay.ValidateHeaders(injected); err != nil {
-		span.SetAttributes(attribute.String("relay.propagation.error", err.Error()))
-		return sctx, span, m // the message as it came: the receiver's span continues the producer's trace
-	}
+	var injected pairs
+	prop.Inject(sctx, &injected)
 	headers := make(map[string]string, len(m.Headers)+len(injected))
 	for name, value := range m.Headers {
-		if !propagated(name, injected) {
+		if !injected.has(name) {
 			headers[name] = value
 		}
 	}
-	maps.Copy(headers, injected)
+	for _, kv := range injected {
+		headers[kv[0]] = kv[1]
+	}
 	if err := relay.ValidateHeaders(headers); err != nil { // too many, or too large, with the propagator's
 		span.SetAttributes(attribute.String("relay.propagation.error", err.Error()))
 		return sctx, span, m
@@ -167,13 +164,41 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	return sctx, span, out
 }
 
-// propagated reports whether name is one of the propagator's, whatever its case.
-func propagated(name string, injected propagation.MapCarrier) bool {
-	if _, ok := injected[name]; ok {
-		return true
+// pairs is a carrier for what a propagator injects: a header or two, without
+// a map of their own.
+type pairs [][2]string
+
+func (p *pairs) Get(key string) string {
+	for _, kv := range *p {
+		if kv[0] == key {
+			return kv[1]
+		}
 	}
-	for field := range injected {
-		if strings.EqualFold(name, field) {
+	return ""
+}
+
+func (p *pairs) Set(key, value string) {
+	for i, kv := range *p {
+		if kv[0] == key {
+			(*p)[i][1] = value
+			return
+		}
+	}
+	*p = append(*p, [2]string{key, value})
+}
+
+func (p *pairs) Keys() []string {
+	keys := make([]string, len(*p))
+	for i, kv := range *p {
+		keys[i] = kv[0]
+	}
+	return keys
+}
+
+// has reports whether name is one of p's, whatever its case.
+func (p pairs) has(name string) bool {
+	for _, kv := range p {
+		if strings.EqualFold(name, kv[0]) {
 			return true
 		}
 	}
