@@ -16,7 +16,12 @@ import (
 // BenchmarkSend is the instrumentation's own cost per message, without a
 // database: one wrapped send and one Observer report.
 func BenchmarkSend(b *testing.B) {
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	b.Run("Sampled", func(b *testing.B) { benchSend(b, sdktrace.AlwaysSample()) })
+	b.Run("Unsampled", func(b *testing.B) { benchSend(b, sdktrace.NeverSample()) })
+}
+
+func benchSend(b *testing.B, sampler sdktrace.Sampler) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	obs, err := otelrelay.NewObserver(otelrelay.WithMeterProvider(mp))
