@@ -49,6 +49,14 @@ func unlockStatement(ctx context.Context, db querier, stmt, key string, idle *st
 	return unlocked, pid, err
 }
 
+var sessionLocksHeldSQL = statements.positional("sessionLocksHeld", sqlData{})
+
+// sessionLocksHeld reports whether backend pid still holds advisory locks.
+func sessionLocksHeld(ctx context.Context, db querier, pid uint32) (held bool, err error) {
+	err = db.QueryRow(ctx, sessionLocksHeldSQL, int64(pid)).Scan(&held)
+	return held, err
+}
+
 // The partitioned election's statements.
 var (
 	markSQL              = statements.positional("partitionMark", sqlData{})

@@ -35,29 +35,33 @@ func cutAtTable(name string, d sqlData) [2]string {
 	return [2]string{before, after}
 }
 
-// enqueue inserts one outbound PENDING row and returns its id, notifying
-// wakeChannel when it is not "" (wakeWindowDue: the producer's own window
-// says a NOTIFY is due, token or not).
-func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, wakeChannel string, wakeWindowDue bool) (int64, error) {
-	wake, headers := 0, 0
+// enqueue inserts one outbound PENDING row and returns its id. With a
+// wakeChannel it also tries the wake-up token (force: notify without it) and
+// reports whether it notified.
+func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, wakeChannel string, force bool) (id int64, notified bool, err error) {
 	args := []any{m.Type, m.Key, string(m.Payload), table[len(table)-1]}
+	wake, headers := 0, 0
+	if wakeChannel != "" {
+		wake, args = 1, append(args, wakeChannel, force)
+	}
 	if len(m.Headers) > 0 {
 		h, err := encodeHeaders(m.Headers)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
-		headers, args = 1, append(args, *h) // @headers comes before the wake-up's parameters
-	}
-	if wakeChannel != "" {
-		wake, args = 1, append(args, wakeChannel, wakeWindowDue)
+		headers, args = 1, append(args, *h) // @headers is the last parameter
 	}
 	sql := enqueueSQL[wake][headers]
-	var id int64
-	err := q.QueryRow(ctx, sql[0]+table.Sanitize()+sql[1], args...).Scan(&id)
+	row := q.QueryRow(ctx, sql[0]+table.Sanitize()+sql[1], args...)
+	if wake == 1 {
+		err = row.Scan(&id, &notified)
+	} else {
+		err = row.Scan(&id)
+	}
 	var pgErr *pgconn.PgError
 	if headers == 1 && errors.As(err, &pgErr) && pgErr.Code == "42703" && strings.Contains(pgErr.Message, `"`+headersColumn+`"`) {
-		return 0, fmt.Errorf("the table has no %s column, which a message with Headers needs: add it with %s (docs/operations.md): %w",
+		return 0, false, fmt.Errorf("the table has no %s column, which a message with Headers needs: add it with %s (docs/operations.md): %w",
 			headersColumn, headersMigration(table.Sanitize()), err)
 	}
-	return id, err
+	return id, notified, err
 }

@@ -112,3 +112,9 @@ FROM (
 {{template "electionMark"}} SELECT coalesce(bool_and(pg_advisory_unlock(hashtext(@key), (@n::int << 16) | p)), true)
   AND (NOT @leave::bool OR pg_advisory_unlock_shared(hashtext(@key), (@n::int << 16) | 65535))
 FROM unnest(@release::int[]) p
+
+-- name: sessionLocksHeld @pid
+-- Whether backend @pid still holds advisory locks: the guard asks after it
+-- closed the lock's session of a job the Scheduler abandoned, until the server
+-- has dropped them (the backend exits a moment after the client has gone).
+SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = @pid)
