@@ -71,6 +71,10 @@ type repository struct {
 	probeSQL     string
 	backoff      float64 // seconds; 0 = no backoff
 	backoffMax   float64
+
+	// fetchSQL and fetchPartSQL, with the optional headers column
+	fetchHeadersSQL, fetchPartHeadersSQL namedSQL
+	headersAddedSQL                      string
 }
 
 // preflightSQL is sent with the first select of a pass (sql/pass.sql).
@@ -90,6 +94,10 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 	part := d
 	part.Partitioned = true
 	r.fetchSQL, r.fetchPartSQL = statements.named("fetch", d), statements.named("fetch", part)
+	d.Headers, part.Headers = true, true
+	r.fetchHeadersSQL, r.fetchPartHeadersSQL = statements.named("fetch", d), statements.named("fetch", part)
+	d.Headers = false
+	r.headersAddedSQL = statements.positional("headersAdded", d)
 	r.pollSQL = statements.named("poll", d)
 	r.payloadSQL = statements.positional("payload", d)
 	r.probeSQL = statements.positional("probe", d)
@@ -111,6 +119,7 @@ type fetchArgs struct {
 	partitions  int    // Config.Partitions, when parts is set
 	parts       []int  // only rows of these partitions; nil: every row
 	preflight   bool   // the pass's first select: ask whether the server is writable
+	headers     bool   // the table has the headers column: read it
 	source      string // the schema-qualified table, for Message.IdempotencyKey
 }
 
@@ -120,6 +129,8 @@ type fetched struct {
 	full     bool      // the select filled its limit, or was cut short by the byte bound: more may wait
 	readOnly bool      // the server cannot record an outcome: send nothing (preflight only)
 	now      time.Time // the database's clock at the select (preflight only)
+
+	headersAdded bool // the table has the headers column, which the select did not read (preflight only)
 }
 
 // fetch selects one batch, outside any transaction, and loads its large
@@ -129,14 +140,22 @@ type fetched struct {
 func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetched, error) {
 	var f fetched
 	sql := r.fetchSQL
-	if a.parts != nil {
+	switch {
+	case a.parts != nil && a.headers:
+		sql = r.fetchPartHeadersSQL
+	case a.parts != nil:
 		sql = r.fetchPartSQL
+	case a.headers:
+		sql = r.fetchHeadersSQL
 	}
 	args := sql.args(map[string]any{"max": a.maxAttempts, "types": a.types, "limit": a.limit, "after": a.after,
 		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts})
 	b := &pgx.Batch{}
 	if a.preflight {
 		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.readOnly, &f.now) })
+		if !a.headers {
+			b.Queue(r.headersAddedSQL, r.name).QueryRow(func(row pgx.Row) error { return row.Scan(&f.headersAdded) })
+		}
 	}
 	b.Queue(sql.sql, args...).Query(func(rows pgx.Rows) error {
 		f.rows = make([]row, 0, min(a.limit, 1024))
@@ -149,8 +168,13 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 				created pgtype.Timestamptz
 				stored  pgtype.Int4
 				payload []byte
+				headers []byte
 			)
-			if err := rows.Scan(&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload); err != nil {
+			dest := []any{&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload}
+			if a.headers {
+				dest = append(dest, &headers)
+			}
+			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
 			m.Type, m.source, m.Key = typ, a.source, key.String
@@ -158,9 +182,13 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
 				m.CreatedAt = created.Time
 			}
+			var headersErr error
+			m.Headers, headersErr = decodeHeaders(headers)
 			switch {
 			case !key.Valid:
 				m.bad = "natural_key is NULL: a message needs its natural key"
+			case headersErr != nil:
+				m.bad = headersErr.Error()
 			case !stored.Valid:
 				m.bad = "payload is NULL"
 			case payload == nil:
@@ -244,6 +272,7 @@ func (r *repository) poll(ctx context.Context, db querier, mark string, maxAttem
 type tableInfo struct {
 	qualified string // "schema.table", as Message.IdempotencyKey names it
 	errWidth  int    // characters last_error holds; 0: as many as lastErrorMax
+	headers   bool   // it has the optional headers column (a JVM-made table has not)
 }
 
 // requiredColumns are the columns the pass reads and writes.
@@ -273,5 +302,5 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 		return tableInfo{}, fmt.Errorf("table %s.%s lacks the column(s) %s that the relay reads and writes (see relay.SchemaSQL)",
 			schema, name, strings.Join(missing, ", "))
 	}
-	return tableInfo{qualified: schema + "." + name, errWidth: int(width)}, nil
+	return tableInfo{qualified: schema + "." + name, errWidth: int(width), headers: slices.Contains(columns, headersColumn)}, nil
 }

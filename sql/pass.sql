@@ -22,9 +22,10 @@ SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, cl
 -- The columns are cast and read as nullable, and a NULL status or attempts is
 -- read as PENDING or 0: a table made by another migration (nullable columns,
 -- varchar instead of text) never makes the select fail, and a row that cannot
--- be delivered is marked dead by the pass, not skipped.
+-- be delivered is marked dead by the pass, not skipped. The headers column
+-- is optional (a JVM-made table has none): .Headers when the probe found it.
 SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
-  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= {{.InlinePayloadMax}} THEN m.payload::text END
+  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= {{.InlinePayloadMax}} THEN m.payload::text END{{if .Headers}}, m.headers::text{{end}}
 FROM {{.Table}} m
 WHERE m.id = ANY(ARRAY(SELECT c.id FROM ({{template "candidates" .}}
   ) c ORDER BY c.id LIMIT @limit))
@@ -102,6 +103,13 @@ FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext
 -- size comes back, and the row is marked dead instead.
 SELECT s.n, CASE WHEN s.n <= @max_bytes THEN s.p END
 FROM (SELECT payload::text AS p, octet_length(payload::text) AS n FROM {{.Table}} WHERE id = @id) s
+
+-- name: headersAdded @table
+-- Sent with the preflight when the table had no headers column at the
+-- probe: has it one now? Then the select must read it, or messages written
+-- with headers since would lose them.
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+  WHERE attrelid = to_regclass(@table) AND attname = 'headers' AND attnum > 0 AND NOT attisdropped)
 
 -- name: probe @table
 -- What the relay learns of the table before its first pass: its
