@@ -81,6 +81,8 @@ type engine struct {
 	res passResult
 	rec *recorder
 
+	taken int // rows selected so far, when not draining: at most BatchSize
+
 	// blocked are the keys whose earliest row this pass left behind: their
 	// later rows wait behind it. True: the key was in flight, and a select
 	// from the start will find the row; false: the row is held back (its
@@ -203,6 +205,10 @@ func (e *engine) run() {
 			if from == math.MinInt64 {
 				clear(e.blocked) // a select from the start finds every row left behind
 			}
+			if !e.o.drain { // a direct pass takes BatchSize rows, in as many selects as BatchBytes cuts them into
+				f.rows = f.rows[:min(len(f.rows), r.cfg.BatchSize-e.taken)]
+				e.taken += len(f.rows)
+			}
 			var skipped bool
 			queue, skipped = r.plan(f.rows, busy, e.blocked, time.Now())
 			if n := len(f.rows); n > 0 {
@@ -212,7 +218,7 @@ func (e *engine) run() {
 			behind = behind || skipped
 			switch {
 			case !e.o.drain:
-				more = false
+				more, fromZero = f.cut && e.taken < r.cfg.BatchSize, false
 			case f.full: // onwards, past this batch
 				more, fromZero = true, false
 			case behind: // nothing new past it: back for what was left behind
@@ -513,6 +519,7 @@ func (r *Relay) deliverMany(ctx context.Context, s BatchSender, ms []*row) []del
 
 // outcomeOf classifies a send's error.
 func (r *Relay) outcomeOf(ctx context.Context, m *row, err error, took time.Duration) delivery {
+	m.Payload = nil // sent: a batch's payloads are held until their sends return, not until their outcomes are written
 	d := delivery{m: m, sendErr: err, took: took}
 	switch {
 	case err == nil:
