@@ -47,7 +47,10 @@ func BenchmarkLargePayloadMemory(b *testing.B) {
 		b.Fatal(err)
 	}
 	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
-	heap := func() (uint64, uint64) { metrics.Read(sample); return sample[0].Value.Uint64(), sample[1].Value.Uint64() }
+	heap := func() (uint64, uint64) {
+		metrics.Read(sample)
+		return sample[0].Value.Uint64(), sample[1].Value.Uint64()
+	}
 	var peak, peakLive uint64
 	for range b.N {
 		b.StopTimer()
