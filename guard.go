@@ -77,14 +77,22 @@ const (
 //
 // Session locks need session pooling: behind PgBouncer in transaction mode the
 // lock is taken and released on whatever server connection the proxy picks, and
-// the guard cannot protect anything. It reports that as an error wherever it can
-// tell (the backend changed between the lock and the unlock or a heartbeat).
+// the guard cannot protect anything. Before its first election the guard checks
+// that the pool keeps its sessions (pooling.go), and refuses with an error
+// wrapping [ErrTransactionPooling] when it does not. Should that check miss,
+// every statement on the lock's session carries the session's backend pid and
+// acts only on that backend: one landing on another backend changes nothing,
+// fails the election with ErrTransactionPooling and ends the backend that holds
+// the lock, which lets it go.
 //
 // Within one process, a second TryRun for a key that is already held returns
 // false at once, so one session never takes the lock twice (session locks stack).
 type PostgresGuard struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
+
+	// sessions checks, once, that pool keeps its sessions (pooling.go).
+	sessions *sessionCheck
 
 	mu   sync.Mutex
 	held map[string]bool // keys this guard holds right now
@@ -94,7 +102,7 @@ var _ Guard = (*PostgresGuard)(nil)
 
 // NewPostgresGuard returns a guard that takes its locks on connections of pool.
 func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
-	return &PostgresGuard{pool: pool, logger: slog.Default(), held: make(map[string]bool)}
+	return &PostgresGuard{pool: pool, logger: slog.Default(), sessions: &sessionCheck{}, held: make(map[string]bool)}
 }
 
 // electionMark starts every statement the guard runs on the lock's session,
@@ -134,7 +142,9 @@ func parseElectionMark(query string, queryStart time.Time) (since time.Time, ok 
 // writable server.
 //
 // $1 key, $2 idle_session_timeout (ms), $3 tcp keepalive idle (s), $4
-// interval (s), $5 count, $6 tcp_user_timeout (ms).
+// interval (s), $5 count, $6 tcp_user_timeout (ms), $7 the backend pid the
+// lock must be taken on (on any other, it tries nothing: a pooler moved the
+// session).
 var lockSQL, lockSharedSQL = electionLockSQL("pg_try_advisory_lock"), electionLockSQL("pg_try_advisory_lock_shared")
 
 // electionLockSQL is lockSQL with try as the function that takes the lock:
@@ -145,7 +155,7 @@ func electionLockSQL(try string) string {
   CASE WHEN s.locked AND s.version >= 140000 THEN set_config('idle_session_timeout', $2, false) END,
   CASE WHEN s.locked AND s.version < 140000 THEN set_config('tcp_keepalives_idle', $3, false) || set_config('tcp_keepalives_interval', $4, false)
     || set_config('tcp_keepalives_count', $5, false) || set_config('tcp_user_timeout', $6, false) END
-FROM (SELECT CASE WHEN r.read_only THEN false
+FROM (SELECT CASE WHEN r.read_only OR pg_backend_pid() <> $7::int THEN false
       WHEN EXISTS (SELECT 1 FROM pg_locks
         WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 AND granted
           AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
@@ -158,23 +168,30 @@ FROM (SELECT CASE WHEN r.read_only THEN false
 }
 
 // unlockSQL releases the lock and gives the session back its own
-// idle_session_timeout ($2: NULL on PostgreSQL 13).
+// idle_session_timeout ($2: NULL on PostgreSQL 13), on backend $3 only: on
+// another, it releases nothing and lets go of what backend $3 holds of the
+// key (strandedSQL).
 var unlockSQL, unlockSharedSQL = electionUnlockSQL("pg_advisory_unlock"), electionUnlockSQL("pg_advisory_unlock_shared")
 
 func electionUnlockSQL(unlock string) string {
-	return electionMark + `SELECT ` + unlock + `(hashtext($1)), pg_backend_pid(),
-  CASE WHEN $2::text IS NOT NULL THEN set_config('idle_session_timeout', $2::text, false) END`
+	return electionMark + `SELECT CASE WHEN pg_backend_pid() = $3::int THEN ` + unlock + `(hashtext($1)) END, pg_backend_pid(),
+  CASE WHEN pg_backend_pid() = $3::int AND $2::text IS NOT NULL THEN set_config('idle_session_timeout', $2::text, false) END,
+  ` + strandedSQL("$1", "$3")
 }
 
 // session is what the lock statement learned of the lock's session.
 type session struct {
 	pid      uint32
 	readOnly bool
-	idle     *string // its idle_session_timeout before the lease; nil before PostgreSQL 14
+	idle     *string       // its idle_session_timeout before the lease; nil before PostgreSQL 14
+	pooled   *pgxpool.Pool // behind a pooler (one that keeps sessions, the check found), the pool: see closeSession
 }
 
 // TryRun implements [Guard].
 func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx context.Context) error) (ran bool, err error) {
+	if err := g.sessions.verify(ctx, g.pool, g.logger); err != nil {
+		return false, err
+	}
 	if !g.claim(key) {
 		return false, nil // this process already runs the job for key
 	}
@@ -184,7 +201,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancelLock()
 	won := time.Now()
-	conn, locked, sess, err := tryElection(lctx, g.pool, key, lockSQL)
+	conn, locked, sess, err := tryElection(lctx, g.pool, key, lockSQL, g.sessions.isDirect())
 	if err != nil {
 		return false, err
 	}
@@ -212,6 +229,8 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 
 	jobCtx, cancel := context.WithCancelCause(ctx)
 	w := startWatch(conn.Conn().PgConn(), sess.pid, won, won, cancel)
+	// A watch that saw another backend answer stops the job; the locks are
+	// let go of once the job has returned, never under a send in flight.
 	jobCtx = context.WithValue(jobCtx, leaseKey{}, w.lease)
 
 	// Unlock even if fn panics; the panic goes on after the lock is released.
@@ -219,7 +238,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 		cancel(nil)
 		lost := w.stop()
 		if lost != nil {
-			closeConn(conn)
+			closeSession(ctx, conn, key, sess)
 			if !errors.Is(err, ErrElectionLost) { // fn usually returns the cause already
 				err = errors.Join(err, lost)
 			}
@@ -233,24 +252,42 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 }
 
 // tryElection takes a connection from pool and tries the election's lock on
-// it with stmt (lockSQL, or lockSharedSQL). After a failover or a restart the
+// it with stmt (lockSQL, or lockSharedSQL), on the backend the connection
+// answers from first (direct: the one pgx learned at connect). After a failover or a restart the
 // pool's idle connections are dead, and the first statement on each fails:
 // such a connection is closed (a dead session holds no lock) and the try goes
 // on with another, a bounded number of times.
-func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
+func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, direct bool) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
 	for attempt := 1; ; attempt++ {
 		conn, err = acquire(ctx, pool, "take the election "+strconv.Quote(key))
 		if err != nil {
 			return nil, nil, session{}, err
 		}
-		var ignored [2]*string
-		err = conn.QueryRow(ctx, stmt, key,
-			strconv.Itoa(int(guardLease/time.Millisecond)),
-			strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
-			strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)),
-		).Scan(&locked, &sess.pid, &sess.readOnly, &sess.idle, &ignored[0], &ignored[1])
+		var pid uint32
+		pid, err = lockSessionPID(ctx, conn, direct)
+		if err == nil {
+			var ignored [2]*string
+			err = conn.QueryRow(ctx, stmt, key,
+				strconv.Itoa(int(guardLease/time.Millisecond)),
+				strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
+				strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)), pid,
+			).Scan(&locked, &sess.pid, &sess.readOnly, &sess.idle, &ignored[0], &ignored[1])
+		}
+		if err == nil && sess.pid != pid {
+			closeConn(conn) // nothing was tried on that backend
+			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, sessionMoved("the lock statement", pid, sess.pid))
+		}
+		if !direct {
+			sess.pooled = pool
+		}
 		if err == nil {
 			return conn, locked, sess, nil
+		}
+		if pid != 0 {
+			closeSession(ctx, conn, key, session{pid: pid, pooled: sess.pooled})
+		}
+		if pooledStatementError(err) {
+			err = fmt.Errorf("%w: %w", ErrTransactionPooling, err)
 		}
 		// The statement may have reached the server and taken the lock:
 		// closing the connection is what makes sure it is not held.
@@ -260,6 +297,47 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string) (con
 			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, err)
 		}
 	}
+}
+
+// letGoSQL lets go of every lock of the election's session, backend $2, from
+// wherever a pooler ran it: there, every session advisory lock of the backend;
+// elsewhere, by ending the backend if it holds the key $1 (strandedSQL).
+var letGoSQL = electionMark + `SELECT CASE WHEN pg_backend_pid() = $2::int THEN pg_advisory_unlock_all()::text END, ` + strandedSQL("$1", "$2")
+
+// closeSession closes the connection of the lock's session sess, which may
+// still hold locks. On a direct connection that ends the session, and frees
+// them. Behind a pooler the server connection may outlive the client's (or,
+// if the check missed transaction pooling, be another one): letGoSQL lets go
+// of them first, on conn, or on another connection of the pool when conn is
+// closed already (the pooler passed on a FATAL of another server connection),
+// a bounded number of times.
+func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess session) {
+	if sess.pooled != nil {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
+		// The statement may land on a server connection that is being ended
+		// (another replica letting go of its own): try again, a few times.
+		for range guardLockAttempts {
+			if !conn.Conn().IsClosed() {
+				if _, err := conn.Exec(uctx, letGoSQL, key, sess.pid); err == nil {
+					break
+				}
+				continue
+			}
+			c, err := sess.pooled.Acquire(uctx)
+			if err != nil {
+				break
+			}
+			_, err = c.Exec(uctx, letGoSQL, key, sess.pid)
+			if err != nil {
+				closeConn(c)
+				continue
+			}
+			c.Release()
+			break
+		}
+		cancel()
+	}
+	closeConn(conn)
 }
 
 // guardLockAttempts bounds how many dead pooled connections one try skips.
@@ -272,21 +350,21 @@ const guardLockAttempts = 3
 func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess session, stmt string) error {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
 	defer cancel()
-	var unlocked bool
+	var unlocked, letGo *bool
 	var upid uint32
 	var ignored *string
 	pid := sess.pid
-	err := conn.QueryRow(uctx, stmt, key, sess.idle).Scan(&unlocked, &upid, &ignored)
+	err := conn.QueryRow(uctx, stmt, key, sess.idle, pid).Scan(&unlocked, &upid, &ignored, &letGo)
 	switch {
 	case err != nil:
-		closeConn(conn)
+		closeSession(ctx, conn, key, sess)
 		return fmt.Errorf("relay: unlock %q: %w (the connection was closed, which frees the lock)", key, err)
 	case upid != pid:
 		closeConn(conn)
-		return fmt.Errorf("%w: lock %q was taken by backend %d but released on backend %d: a transaction-pooling "+
-			"proxy sits between the relay and PostgreSQL; session advisory locks need session pooling", ErrElectionLost, key, pid, upid)
-	case !unlocked:
-		closeConn(conn)
+		return fmt.Errorf("relay: unlock %q: %w (released nothing there; the lock's backend was ended, which lets it go: %v)",
+			key, sessionMoved("the unlock", pid, upid), letGo != nil && *letGo)
+	case unlocked == nil || !*unlocked:
+		closeSession(ctx, conn, key, sess)
 		return fmt.Errorf("%w: unlock %q returned false: backend %d did not hold the lock", ErrElectionLost, key, pid)
 	}
 	conn.Release()

@@ -40,6 +40,7 @@ type Relay struct {
 	senders  map[string]Sender
 	types    []string
 	guard    Guard
+	sessions *sessionCheck // that the pool keeps its sessions, checked once before the first election (pooling.go)
 	key      string
 	observer Observer
 	stats    counters
@@ -136,9 +137,11 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 	if cfg.Partitions > 1 {
 		r.members = newMembership(r)
 	}
+	r.sessions = &sessionCheck{}
 	if r.guard == nil {
 		g := NewPostgresGuard(pool)
 		g.logger = logger
+		g.sessions = r.sessions // one check of the pool
 		r.guard = g
 	}
 	// The election would hold the pool's only connection while the pass waits
@@ -291,6 +294,9 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 	case failed:
 		r.streak++
 		streak = r.streak
+		if r.sessions.refused(res.err) {
+			break // the refusal was logged at Error once, when the pool was checked
+		}
 		if streak&(streak-1) == 0 || time.Since(r.streakLogged) >= failureLogEvery {
 			level = slog.LevelError
 			r.streakLogged = time.Now()

@@ -1173,8 +1173,11 @@ func databaseNow(ctx context.Context, db querier) (time.Time, error) {
 //	(k, n<<16 | 65535)  the member mark of n, shared: a member with N = n
 //	(k, -1)             the configuration lock, for one rebalance at a time
 
-// markSQL takes the member mark, once, after the join.
-var markSQL = electionMark + `SELECT pg_try_advisory_lock_shared(hashtext($1), ($2::int << 16) | 65535)`
+// markSQL takes the member mark, once, after the join, on the membership's
+// backend $3 only (like every statement of the membership: a pooler that does
+// not keep sessions may run it on another); its second column says where it ran.
+var markSQL = electionMark + `SELECT CASE WHEN pg_backend_pid() = $3::int THEN pg_try_advisory_lock_shared(hashtext($1), ($2::int << 16) | 65535) END,
+  pg_backend_pid()`
 
 // partitionConfigSQL takes the configuration lock until the end of the
 // transaction: rebalanceSQL, sent with it in one batch (one implicit
@@ -1189,13 +1192,15 @@ var partitionConfigSQL = electionMark + `SELECT pg_advisory_xact_lock(hashtext($
 // holds; and the partitions this member holds after it took free ones, up to
 // its share, ceil(@n / members), starting from @start so that members
 // spread, and none while a member holds fewer than floor(@n / members) and
-// this one does not: those are left for it. pg_locks is read before any lock
+// this one does not: those are left for it. It takes nothing unless it runs
+// on the membership's backend @pid; its first column says where it ran.
+// pg_locks is read before any lock
 // is tried (the lateral row comes first), and the CASE keeps a partition this
 // session holds from being locked twice (session locks stack).
-var rebalanceSQL = numbered(electionMark + `SELECT st.members, st.foreign_n, st.waiter, st.fewest, st.mine || coalesce((
+var rebalanceSQL = numbered(electionMark + `SELECT pg_backend_pid(), st.members, st.foreign_n, st.waiter, st.fewest, st.mine || coalesce((
     SELECT array_agg(x.p) FROM (
       SELECT c.p FROM (SELECT (@start::int + g) % @n::int AS p FROM generate_series(0, @n::int - 1) g) c
-      WHERE CASE WHEN st.foreign_n IS NOT NULL OR st.waiter OR c.p = ANY(st.taken) OR c.p = ANY(st.mine) THEN false
+      WHERE CASE WHEN pg_backend_pid() <> @pid::int OR st.foreign_n IS NOT NULL OR st.waiter OR c.p = ANY(st.taken) OR c.p = ANY(st.mine) THEN false
         ELSE pg_try_advisory_lock(hashtext(@key), (@n::int << 16) | c.p) END
       LIMIT CASE WHEN cardinality(st.mine) >= @n::int / st.members AND st.fewest < @n::int / st.members THEN 0
         ELSE greatest((@n::int + st.members - 1) / st.members - cardinality(st.mine), 0) END) x), '{}')
@@ -1221,9 +1226,13 @@ FROM (
 
 // releasePartitionsSQL lets go of the partitions @release of @n, and of the
 // member mark too when @leave; false if this session did not hold one of them.
-var releasePartitionsSQL = numbered(electionMark + `SELECT coalesce(bool_and(pg_advisory_unlock(hashtext(@key), (@n::int << 16) | p)), true)
-  AND (NOT @leave::bool OR pg_advisory_unlock_shared(hashtext(@key), (@n::int << 16) | 65535))
-FROM unnest(@release::int[]) p`)
+// It lets go of nothing unless it runs on the membership's backend @pid; its
+// second column says where it ran.
+var releasePartitionsSQL = numbered(electionMark + `SELECT CASE WHEN pg_backend_pid() = @pid::int THEN
+    (NOT @leave::bool OR pg_advisory_unlock_shared(hashtext(@key), (@n::int << 16) | 65535))
+      AND coalesce(bool_and(pg_advisory_unlock(hashtext(@key), (@n::int << 16) | p)), true) END,
+  pg_backend_pid()
+FROM unnest(CASE WHEN pg_backend_pid() = @pid::int THEN @release::int[] END) p`)
 
 // partitionState is what a member learned at rebalanceSQL.
 type partitionState struct {
@@ -1237,18 +1246,22 @@ type partitionState struct {
 
 // rebalanceStatement takes the configuration lock and runs rebalanceSQL, in
 // one round trip and one transaction.
-func rebalanceStatement(ctx context.Context, db querier, key string, n, start int) (partitionState, error) {
+func rebalanceStatement(ctx context.Context, db querier, key string, n, start int, pid uint32) (partitionState, error) {
 	var st partitionState
 	var foreign *int32
 	var held []int32
+	var ran uint32
 	b := &pgx.Batch{}
 	b.Queue(partitionConfigSQL, key)
-	b.Queue(rebalanceSQL.sql, rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start})...).
+	b.Queue(rebalanceSQL.sql, rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start, "pid": pid})...).
 		QueryRow(func(row pgx.Row) error {
-			return row.Scan(&st.members, &foreign, &st.waiter, &st.fewest, &held)
+			return row.Scan(&ran, &st.members, &foreign, &st.waiter, &st.fewest, &held)
 		})
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
 		return partitionState{}, err
+	}
+	if ran != pid {
+		return partitionState{}, sessionMoved("the rebalance", pid, ran)
 	}
 	if foreign != nil {
 		st.foreignN = int(*foreign)
@@ -1262,16 +1275,30 @@ func rebalanceStatement(ctx context.Context, db querier, key string, n, start in
 
 // releasePartitionsStatement releases the partitions release of n, and the
 // member mark when leave.
-func releasePartitionsStatement(ctx context.Context, db querier, key string, n int, release []int, leave bool) (bool, error) {
-	var ok bool
+func releasePartitionsStatement(ctx context.Context, db querier, key string, n int, release []int, leave bool, pid uint32) (bool, error) {
+	var ok *bool
+	var ran uint32
 	err := db.QueryRow(ctx, releasePartitionsSQL.sql,
-		releasePartitionsSQL.args(map[string]any{"key": key, "n": n, "release": release, "leave": leave})...).Scan(&ok)
-	return ok, err
+		releasePartitionsSQL.args(map[string]any{"key": key, "n": n, "release": release, "leave": leave, "pid": pid})...).Scan(&ok, &ran)
+	switch {
+	case err != nil:
+		return false, err
+	case ran != pid:
+		return false, sessionMoved("the release of partitions", pid, ran)
+	}
+	return ok != nil && *ok, nil
 }
 
 // markStatement takes the member mark of n.
-func markStatement(ctx context.Context, db querier, key string, n int) (bool, error) {
-	var ok bool
-	err := db.QueryRow(ctx, markSQL, key, n).Scan(&ok)
-	return ok, err
+func markStatement(ctx context.Context, db querier, key string, n int, pid uint32) (bool, error) {
+	var ok *bool
+	var ran uint32
+	err := db.QueryRow(ctx, markSQL, key, n, pid).Scan(&ok, &ran)
+	switch {
+	case err != nil:
+		return false, err
+	case ran != pid:
+		return false, sessionMoved("the member mark", pid, ran)
+	}
+	return ok != nil && *ok, nil
 }
