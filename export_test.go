@@ -24,3 +24,13 @@ func SetWakeUpWindowForTest(d time.Duration) (restore func()) {
 	wakeUpWindow = d
 	return func() { wakeUpWindow = old }
 }
+
+// MissTransactionPoolingForTest makes r's check that its pool keeps its
+// sessions find that it does without looking, as a check that missed a
+// pooler would: what is left to protect the elections is that every statement
+// on a lock's session acts only on its backend.
+func MissTransactionPoolingForTest(r *Relay) {
+	r.sessions.mu.Lock()
+	defer r.sessions.mu.Unlock()
+	r.sessions.miss = true
+}
