@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -122,19 +123,38 @@ func probeSessions(ctx context.Context, pool *pgxpool.Pool) (direct bool, err er
 	if pid == first.Conn().PgConn().PID() {
 		return true, nil
 	}
-	second, err := acquire(ctx, pool, "check that the pool keeps its sessions")
-	if err != nil {
-		return false, err
+	// The second connection: the pool's, or, when the pool allows only one
+	// (a Scheduler's, say), one of its own through the same pooler.
+	ask := []func() (uint32, error){func() (uint32, error) { return backendPID(ctx, first) }}
+	if pool.Config().MaxConns >= 2 {
+		second, err := acquire(ctx, pool, "check that the pool keeps its sessions")
+		if err != nil {
+			return false, err
+		}
+		defer second.Release()
+		ask = append(ask, func() (uint32, error) { return backendPID(ctx, second) })
+	} else {
+		second, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+		if err != nil {
+			return false, err
+		}
+		defer second.Close(context.WithoutCancel(ctx))
+		ask = append(ask, func() (uint32, error) {
+			var pid uint32
+			err := second.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid)
+			if pooledStatementError(err) {
+				return 0, fmt.Errorf("%w: %w", ErrTransactionPooling, err)
+			}
+			return pid, err
+		})
 	}
-	defer second.Release()
-	conns := []*pgxpool.Conn{first, second}
 	pids := []uint32{pid, 0}
 	for round := range sessionCheckRounds {
-		for i, c := range conns {
+		for i, backend := range ask {
 			if round == 0 && i == 0 {
 				continue // asked above
 			}
-			got, err := backendPID(ctx, c)
+			got, err := backend()
 			if err != nil {
 				return false, err
 			}

@@ -131,18 +131,35 @@ func TestTransactionPooling(t *testing.T) {
 		}
 	})
 
-	t.Run("SchedulerRefused", func(t *testing.T) {
+	// A Scheduler's guard checks its own pool, even one of a single connection.
+	t.Run("Guard", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		pb := startBouncer(t, "transaction")
-		g := relay.NewPostgresGuard(bouncerPool(t, pb.URL, 4, pgx.QueryExecModeExec))
-		ran, err := g.TryRun(ctx, b.cfg.AppName+relay.LockKeySuffix, func(context.Context) error {
-			t.Error("the job ran behind transaction pooling")
-			return nil
-		})
-		require.False(t, ran)
-		require.ErrorIs(t, err, relay.ErrTransactionPooling)
-		require.Zero(t, appLocks(t, b.cfg.AppName))
+		for _, c := range []struct {
+			mode     string
+			maxConns int32
+		}{{"transaction", 4}, {"transaction", 1}, {"session", 1}} {
+			t.Run(fmt.Sprintf("%s%d", c.mode, c.maxConns), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				pb := startBouncer(t, c.mode)
+				g := relay.NewPostgresGuard(bouncerPool(t, pb.URL, c.maxConns, pgx.QueryExecModeExec))
+				var jobRan bool
+				ran, err := g.TryRun(ctx, b.cfg.AppName+relay.LockKeySuffix, func(context.Context) error {
+					jobRan = true
+					return nil
+				})
+				if c.mode == "session" {
+					require.NoError(t, err)
+					require.True(t, ran)
+					require.True(t, jobRan)
+				} else {
+					require.ErrorIs(t, err, relay.ErrTransactionPooling)
+					require.False(t, ran)
+					require.False(t, jobRan, "the job did not run behind transaction pooling")
+				}
+				require.Zero(t, appLocks(t, b.cfg.AppName))
+			})
+		}
 	})
 
 	// With the check forced to miss, the replicas run, and each statement of a
