@@ -105,17 +105,6 @@ func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
 	return &PostgresGuard{pool: pool, logger: slog.Default(), sessions: &sessionCheck{}, held: make(map[string]bool)}
 }
 
-// electionMark starts every statement the guard runs on the lock's session,
-// so that pg_stat_activity.query tells a Go relay's election from any other
-// holder's (a JVM relay, an operator); the heartbeat's says since when
-// (heartbeatSQL). parseElectionMark reads them back.
-const electionMark = "/* relay election */ "
-
-// heartbeatSQL is the heartbeat of an election won at since.
-func heartbeatSQL(since time.Time) string {
-	return "/* relay election since " + since.UTC().Format(time.RFC3339) + " */ SELECT pg_backend_pid()"
-}
-
 // parseElectionMark reads a holder's last statement: whether a Go relay's
 // guard ran it, and since when it holds the election — the heartbeat's mark,
 // or else the start of the statement (the lock's own, which won it).
@@ -130,53 +119,6 @@ func parseElectionMark(query string, queryStart time.Time) (since time.Time, ok 
 		}
 	}
 	return queryStart, true
-}
-
-// lockSQL tries the lock in one round trip, and, when it wins, sets the
-// session's lease. Its columns: locked (NULL: the lock is already held by this
-// very session, which would stack: a connection handed back to the pool by
-// another holder still holding it — the guard coalesces), the backend's pid,
-// whether the server is read-only (then it tries nothing), and the session's
-// idle_session_timeout as it was, for the unlock to restore. The subqueries
-// fence the order: the lock is tried before the lease is set, and only on a
-// writable server.
-//
-// $1 key, $2 idle_session_timeout (ms), $3 tcp keepalive idle (s), $4
-// interval (s), $5 count, $6 tcp_user_timeout (ms), $7 the backend pid the
-// lock must be taken on (on any other, it tries nothing: a pooler moved the
-// session).
-var lockSQL, lockSharedSQL = electionLockSQL("pg_try_advisory_lock"), electionLockSQL("pg_try_advisory_lock_shared")
-
-// electionLockSQL is lockSQL with try as the function that takes the lock:
-// exclusive for the election of one, shared for the partitioned one's hold
-// of the app's key (partitions.go).
-func electionLockSQL(try string) string {
-	return electionMark + `SELECT s.locked, s.pid, s.read_only, s.idle,
-  CASE WHEN s.locked AND s.version >= 140000 THEN set_config('idle_session_timeout', $2, false) END,
-  CASE WHEN s.locked AND s.version < 140000 THEN set_config('tcp_keepalives_idle', $3, false) || set_config('tcp_keepalives_interval', $4, false)
-    || set_config('tcp_keepalives_count', $5, false) || set_config('tcp_user_timeout', $6, false) END
-FROM (SELECT CASE WHEN r.read_only OR pg_backend_pid() <> $7::int THEN false
-      WHEN EXISTS (SELECT 1 FROM pg_locks
-        WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 AND granted
-          AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
-          AND objid = (hashtext($1)::bigint & 4294967295)::oid) THEN NULL
-      ELSE ` + try + `(hashtext($1)) END AS locked,
-    pg_backend_pid() AS pid, r.read_only, current_setting('idle_session_timeout', true) AS idle,
-    current_setting('server_version_num')::int AS version
-  FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
-  OFFSET 0) s`
-}
-
-// unlockSQL releases the lock and gives the session back its own
-// idle_session_timeout ($2: NULL on PostgreSQL 13), on backend $3 only: on
-// another, it releases nothing and lets go of what backend $3 holds of the
-// key (strandedSQL).
-var unlockSQL, unlockSharedSQL = electionUnlockSQL("pg_advisory_unlock"), electionUnlockSQL("pg_advisory_unlock_shared")
-
-func electionUnlockSQL(unlock string) string {
-	return electionMark + `SELECT CASE WHEN pg_backend_pid() = $3::int THEN ` + unlock + `(hashtext($1)) END, pg_backend_pid(),
-  CASE WHEN pg_backend_pid() = $3::int AND $2::text IS NOT NULL THEN set_config('idle_session_timeout', $2::text, false) END,
-  ` + strandedSQL("$1", "$3")
 }
 
 // session is what the lock statement learned of the lock's session.
@@ -229,8 +171,6 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 
 	jobCtx, cancel := context.WithCancelCause(ctx)
 	w := startWatch(conn.Conn().PgConn(), sess.pid, won, won, cancel)
-	// A watch that saw another backend answer stops the job; the locks are
-	// let go of once the job has returned, never under a send in flight.
 	jobCtx = context.WithValue(jobCtx, leaseKey{}, w.lease)
 
 	// Unlock even if fn panics; the panic goes on after the lock is released.
@@ -238,6 +178,8 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 		cancel(nil)
 		lost := w.stop()
 		if lost != nil {
+			// The watch that saw another backend answer stopped the job; the
+			// locks are let go of once it has returned, never under a send.
 			closeSession(ctx, conn, key, sess)
 			if !errors.Is(err, ErrElectionLost) { // fn usually returns the cause already
 				err = errors.Join(err, lost)
@@ -266,12 +208,7 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 		var pid uint32
 		pid, err = lockSessionPID(ctx, conn, direct)
 		if err == nil {
-			var ignored [2]*string
-			err = conn.QueryRow(ctx, stmt, key,
-				strconv.Itoa(int(guardLease/time.Millisecond)),
-				strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
-				strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)), pid,
-			).Scan(&locked, &sess.pid, &sess.readOnly, &sess.idle, &ignored[0], &ignored[1])
+			locked, sess, err = lockStatement(ctx, conn, stmt, key, pid)
 		}
 		if err == nil && sess.pid != pid {
 			closeConn(conn) // nothing was tried on that backend
@@ -299,10 +236,33 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 	}
 }
 
-// letGoSQL lets go of every lock of the election's session, backend $2, from
-// wherever a pooler ran it: there, every session advisory lock of the backend;
-// elsewhere, by ending the backend if it holds the key $1 (strandedSQL).
-var letGoSQL = electionMark + `SELECT CASE WHEN pg_backend_pid() = $2::int THEN pg_advisory_unlock_all()::text END, ` + strandedSQL("$1", "$2")
+// guardLockAttempts bounds how many dead pooled connections one try skips.
+const guardLockAttempts = 3
+
+// releaseElection releases the lock (stmt: unlockSQL, or unlockSharedSQL) on
+// the connection that took it, under its own deadline: the caller's ctx may be
+// cancelled already, and pgconn sends nothing under a cancelled context. A
+// connection that may still hold the lock is closed.
+func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess session, stmt string) error {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
+	defer cancel()
+	pid := sess.pid
+	unlocked, upid, letGo, err := unlockStatement(uctx, conn, stmt, key, sess.idle, pid)
+	switch {
+	case err != nil:
+		closeSession(ctx, conn, key, sess)
+		return fmt.Errorf("relay: unlock %q: %w (the connection was closed, which frees the lock)", key, err)
+	case upid != pid:
+		closeConn(conn)
+		return fmt.Errorf("relay: unlock %q: %w (released nothing there; the lock's backend was ended, which lets it go: %v)",
+			key, sessionMoved("the unlock", pid, upid), letGo)
+	case unlocked == nil || !*unlocked:
+		closeSession(ctx, conn, key, sess)
+		return fmt.Errorf("%w: unlock %q returned false: backend %d did not hold the lock", ErrElectionLost, key, pid)
+	}
+	conn.Release()
+	return nil
+}
 
 // closeSession closes the connection of the lock's session sess, which may
 // still hold locks. On a direct connection that ends the session, and frees
@@ -318,7 +278,7 @@ func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess sess
 		// (another replica letting go of its own): try again, a few times.
 		for range guardLockAttempts {
 			if !conn.Conn().IsClosed() {
-				if _, err := conn.Exec(uctx, letGoSQL, key, sess.pid); err == nil {
+				if err := letGoStatement(uctx, conn, key, sess.pid); err == nil {
 					break
 				}
 				continue
@@ -327,7 +287,7 @@ func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess sess
 			if err != nil {
 				break
 			}
-			_, err = c.Exec(uctx, letGoSQL, key, sess.pid)
+			err = letGoStatement(uctx, c, key, sess.pid)
 			if err != nil {
 				closeConn(c)
 				continue
@@ -338,37 +298,6 @@ func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess sess
 		cancel()
 	}
 	closeConn(conn)
-}
-
-// guardLockAttempts bounds how many dead pooled connections one try skips.
-const guardLockAttempts = 3
-
-// releaseElection releases the lock (stmt: unlockSQL, or unlockSharedSQL) on
-// the connection that took it, under its own deadline: the caller's ctx may be
-// cancelled already, and pgconn sends nothing under a cancelled context. A
-// connection that may still hold the lock is closed.
-func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess session, stmt string) error {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
-	defer cancel()
-	var unlocked, letGo *bool
-	var upid uint32
-	var ignored *string
-	pid := sess.pid
-	err := conn.QueryRow(uctx, stmt, key, sess.idle, pid).Scan(&unlocked, &upid, &ignored, &letGo)
-	switch {
-	case err != nil:
-		closeSession(ctx, conn, key, sess)
-		return fmt.Errorf("relay: unlock %q: %w (the connection was closed, which frees the lock)", key, err)
-	case upid != pid:
-		closeConn(conn)
-		return fmt.Errorf("relay: unlock %q: %w (released nothing there; the lock's backend was ended, which lets it go: %v)",
-			key, sessionMoved("the unlock", pid, upid), letGo != nil && *letGo)
-	case unlocked == nil || !*unlocked:
-		closeSession(ctx, conn, key, sess)
-		return fmt.Errorf("%w: unlock %q returned false: backend %d did not hold the lock", ErrElectionLost, key, pid)
-	}
-	conn.Release()
-	return nil
 }
 
 func (g *PostgresGuard) claim(key string) bool {

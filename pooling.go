@@ -88,6 +88,9 @@ func (c *sessionCheck) verify(ctx context.Context, pool *pgxpool.Pool, logger *s
 
 // refused reports whether err is this check's refusal.
 func (c *sessionCheck) refused(err error) bool {
+	if c == nil {
+		return false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err != nil && errors.Is(err, c.err)
@@ -205,19 +208,4 @@ func lockSessionPID(ctx context.Context, conn *pgxpool.Conn, direct bool) (uint3
 		return conn.Conn().PgConn().PID(), nil
 	}
 	return backendPID(ctx, conn)
-}
-
-// strandedSQL is a column for every statement on the lock's session: when it
-// runs on another backend than the lock's (pid, the parameter named so), and
-// that backend holds a lock of the election (key: its key, or a partition,
-// member mark or configuration lock of partitions.go), it ends that backend,
-// which lets go of the locks stranded there. Only a pooler that does not keep
-// sessions makes a statement land on another backend.
-func strandedSQL(key, pid string) string {
-	return `CASE WHEN pg_backend_pid() <> ` + pid + `::int AND EXISTS (SELECT 1 FROM pg_locks
-    WHERE locktype = 'advisory' AND pid = ` + pid + `::int AND (
-      (objsubid = 1 AND classid = ((hashtext(` + key + `)::bigint >> 32) & 4294967295)::oid
-        AND objid = (hashtext(` + key + `)::bigint & 4294967295)::oid)
-      OR (objsubid = 2 AND classid = (hashtext(` + key + `)::bigint & 4294967295)::oid)))
-  THEN pg_terminate_backend(` + pid + `::int) END`
 }
