@@ -164,7 +164,7 @@ func (e guardElection) tryRun(ctx context.Context, fn func(ctx context.Context) 
 			err = fmt.Errorf("relay: the election panicked: %v", p)
 		}
 	}()
-	return e.guard.TryRun(ctx, e.r.key, fn)
+	return e.guard.TryRun(withReplica(ctx, e.r.presence.id), e.r.key, fn)
 }
 
 // polledElection is the relay's own PostgresGuard on its pool. Its poll is one

@@ -80,7 +80,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	l := &loop{cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1),
 		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{})}
 	r.loop = l
-	if r.cfg.WakeOnCommit && r.cfg.Enabled {
+	if r.cfg.Enabled { // the listener carries presence even without WakeOnCommit
 		go r.listen(passCtx, l)
 	} else {
 		close(l.listening)
@@ -89,7 +89,8 @@ func (r *Relay) Start(ctx context.Context) error {
 	go r.run(passCtx, l)
 	r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: started",
 		slog.Bool("enabled", r.cfg.Enabled), slog.Bool("cluster_lock", r.cfg.ClusterLock),
-		durationAttr("interval", r.cfg.Interval), slog.String("table", r.cfg.Table), slog.Any("types", r.types))
+		durationAttr("interval", r.cfg.Interval), slog.String("table", r.cfg.Table), slog.Any("types", r.types),
+		slog.String("replica", r.presence.id))
 	return nil
 }
 

@@ -87,8 +87,8 @@ func rebalanceStatement(ctx context.Context, db querier, key string, n, start in
 	var held []int32
 	var ran uint32
 	b := &pgx.Batch{}
-	b.Queue(partitionConfigSQL, key)
-	b.Queue(rebalanceSQL.sql, rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start, "pid": pid})...).
+	b.Queue(markReplica(partitionConfigSQL, replicaOf(ctx)), key)
+	b.Queue(markReplica(rebalanceSQL.sql, replicaOf(ctx)), rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start, "pid": pid})...).
 		QueryRow(func(row pgx.Row) error {
 			return row.Scan(&ran, &st.members, &foreign, &st.waiter, &st.fewest, &held)
 		})
@@ -128,7 +128,7 @@ func releasePartitionsStatement(ctx context.Context, db querier, key string, n i
 func markStatement(ctx context.Context, db querier, key string, n int, pid uint32) (bool, error) {
 	var ok *bool
 	var ran uint32
-	err := db.QueryRow(ctx, markSQL, key, n, pid).Scan(&ok, &ran)
+	err := db.QueryRow(ctx, markReplica(markSQL, replicaOf(ctx)), key, n, pid).Scan(&ok, &ran)
 	switch {
 	case err != nil:
 		return false, err
