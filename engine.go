@@ -257,12 +257,15 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
 	if from == math.MinInt64 {
 		clear(e.blocked) // a select from the start finds every row left behind
 	}
+	rows := f.rows
 	if !e.o.drain { // a direct pass takes BatchSize rows, in as many selects as BatchBytes cuts them into
-		f.rows = f.rows[:min(len(f.rows), e.r.cfg.BatchSize-e.taken)]
-		e.taken += len(f.rows)
+		if rest := e.r.cfg.BatchSize - e.taken; len(rows) > rest {
+			rows = rows[:rest]
+		}
+		e.taken += len(rows)
 	}
-	queue, skipped := e.r.plan(f.rows, fl.busy, e.blocked, time.Now())
-	c.selected(f.rows, f.full, skipped)
+	queue, skipped := e.r.plan(rows, fl.busy, e.blocked, time.Now())
+	c.selected(rows, f.full, skipped)
 	if !e.o.drain && f.cut && e.taken < e.r.cfg.BatchSize {
 		c.more, c.fromStart = true, false // cut by BatchBytes, not by BatchSize: on past it
 	}
