@@ -70,7 +70,9 @@ const (
 // The lock's connection is taken from the pool for the whole job and given back
 // only after pg_advisory_unlock returned true on it; a connection that may still
 // hold the lock (the unlock failed, returned false or could not be sent) is
-// closed instead, so the server frees the lock with the session. While the job
+// closed instead, so the server frees the lock with the session; so is the
+// connection of a job that fn abandoned ([ErrJobAbandoned]), and TryRun returns
+// once pg_locks no longer shows the lock. While the job
 // runs, the guard watches that connection: the server's goodbye when the session
 // is terminated is noticed at once, and a heartbeat every few seconds catches a
 // connection that died silently. Either cancels the job's ctx with [ErrElectionLost].
@@ -225,11 +227,46 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 			}
 			return
 		}
+		if errors.Is(err, ErrJobAbandoned) {
+			// fn left a job running that ignores its ctx: end the session
+			// rather than unlock on it and pool it.
+			closeConn(conn)
+			if werr := waitLockGone(ctx, g.pool, sess.pid); werr != nil {
+				g.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the abandoned job's lock session was closed, but pg_locks could not confirm the lock is gone",
+					slog.String("key", key), slog.Uint64("pid", uint64(sess.pid)), slog.String("error", werr.Error()))
+			}
+			return
+		}
 		if uerr := releaseElection(ctx, conn, key, sess, unlockSQL); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 	}()
 	return true, fn(jobCtx)
+}
+
+// guardSessionEndTimeout bounds waitLockGone.
+const guardSessionEndTimeout = 2 * time.Second
+
+// waitLockGone returns once pg_locks shows no advisory lock of backend pid, whose
+// connection was just closed: the server drops a session's locks as its
+// backend exits, a moment after the client has gone.
+func waitLockGone(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardSessionEndTimeout)
+	defer cancel()
+	for {
+		held, err := sessionLocksHeld(wctx, pool, pid)
+		switch {
+		case err != nil:
+			return err
+		case !held:
+			return nil
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("backend %d still holds advisory locks after %s", pid, guardSessionEndTimeout)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // tryElection takes a connection from pool and tries the election's lock on

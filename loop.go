@@ -36,6 +36,7 @@ type loop struct {
 	listening chan struct{} // closed when the wake-up listener has returned (at once without one)
 	attempted chan struct{} // closed once the listener's first LISTEN has succeeded or failed (at once without one)
 	done      chan struct{} // closed when the loop has returned: its last pass unwound
+	own       *ownSession   // the relay's own session, for the idle poll (session.go)
 }
 
 func (l *loop) stop() { l.halted.Do(func() { close(l.halt) }) }
@@ -78,7 +79,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	passCtx, cancel := context.WithCancel(ctx)
 	l := &loop{cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1),
-		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{})}
+		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{}), own: newOwnSession()}
 	r.loop = l
 	if r.cfg.Enabled { // the listener carries presence even without WakeOnCommit
 		go r.listen(passCtx, l)
@@ -155,7 +156,7 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	standby := false
+	standby, followUp := false, false
 	for {
 		woken := false
 		select {
@@ -174,8 +175,8 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 			timer.Stop()
 			continue // only a stop ends the wait now
 		}
-		next, coalesced := r.periodic(ctx, l, woken)
-		standby = coalesced
+		next, coalesced := r.periodic(ctx, l, woken || followUp)
+		standby, followUp = coalesced, next == wakeFollowUp
 		timer.Reset(next)
 	}
 }
@@ -183,7 +184,10 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 // periodic runs the periodic pass, recovering from a panic, and returns the
 // delay until the next one and whether it coalesced. A pass the timer
 // started begins with the idle poll; one a wake-up started goes straight to
-// the election.
+// the election. A woken pass that delivered, or a follow-up of one that
+// delivered, is followed up wakeFollowUp later: Enqueues that came densely
+// did not all notify (wake.go), and the follow-ups find their rows until one
+// finds nothing.
 func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Duration, coalesced bool) {
 	next = r.cfg.Interval
 	defer func() {
@@ -196,7 +200,7 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 	if woken {
 		kind = passElected
 	}
-	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true})
+	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own})
 	switch n := r.failing(); {
 	case res.backlog && res.err == nil:
 		next = 0

@@ -175,7 +175,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 			}
 		}
 	}
-	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL,
+	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL, sessionLocksHeldSQL,
 		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
 		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, replicasSQL, tableIndexesSQL)
 	pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
@@ -186,7 +186,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		require.NoError(t, CreateTable(ctx, q, table))
 		require.NoError(t, CreateWakeTrigger(ctx, q, table))
 		for _, channel := range []string{"", wakeChannel(id)} {
-			_, _ = enqueue(ctx, q, id, Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`)}, channel, false)
+			_, _, _ = enqueue(ctx, q, id, Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`)}, channel, false)
 		}
 		for _, backoff := range []time.Duration{0, time.Second} {
 			for _, async := range []bool{false, true} {
@@ -203,7 +203,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 					_, _ = r.record(ctx, q, ds, 10, 0)
 				}
 				_, _ = r.states(ctx, q, []int64{1})
-				_, _, _, _ = r.poll(ctx, q, 3, []string{"t"}, "app")
+				_, _, _, _, _ = r.poll(ctx, q, "", 3, []string{"t"}, "app")
 				_, _ = r.probe(ctx, q)
 			}
 		}
@@ -220,14 +220,17 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		_, _ = a.cutoff(ctx, q, time.Hour)
 		_, _ = a.purgeChunk(ctx, q, cut, 10, nil)
 		_, _ = tableIndexesStatement(ctx, q, table)
-		_, _ = a.countSentBefore(ctx, q, cut)
-		_, _ = a.countSentRows(ctx, q, cut)
+		_, _ = a.estimatePurge(ctx, q, cut, nil)
+		_, _ = a.purgeCounts(ctx, q, cut, 0, nil)
+		_, _ = a.purgeCounts(ctx, q, cut, 50_000, []string{"t"})
+		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute)
+		_, _ = a.historyBack(ctx, q, 1, 100, cut, 3)
+		_ = q.SendBatch(ctx, a.historyBatch(1, 0, time.Minute, 60, 3, cut))
 		_, _ = a.liveGroups(ctx, q, 3)
 		_, _ = a.sentByType(ctx, q)
 		_, _ = a.server(ctx, q)
 		_, _ = a.sampleSent(ctx, q, 10)
 		_, _ = a.estimate(ctx, q, a.estimateSentSQL)
-		_, _ = a.estimate(ctx, q, a.estimatePurgeSQL, cut)
 		_, _ = a.lockHolders(ctx, q, []string{"app"})
 	}
 	for _, stmt := range []string{lockSQL, lockSharedSQL} {
@@ -241,6 +244,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	_, _ = releasePartitionsStatement(ctx, q, "app", 4, []int{1}, true, 7)
 	_, _ = markStatement(ctx, q, "app", 4, 7)
 	_, _ = databaseNow(ctx, q)
+	_, _ = sessionLocksHeld(ctx, q, 1)
 	_ = wakeProbe(ctx, q, "c", "p")
 	p := newPresence(DefaultConfig(), []string{"t"})
 	_, _, _ = presenceTakeStatement(ctx, q, "", p.args, presenceLease)

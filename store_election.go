@@ -61,6 +61,14 @@ func letGoStatement(ctx context.Context, db execer, key string, pid uint32) erro
 	return err
 }
 
+var sessionLocksHeldSQL = statements.positional("sessionLocksHeld", sqlData{})
+
+// sessionLocksHeld reports whether backend pid still holds advisory locks.
+func sessionLocksHeld(ctx context.Context, db querier, pid uint32) (held bool, err error) {
+	err = db.QueryRow(ctx, sessionLocksHeldSQL, int64(pid)).Scan(&held)
+	return held, err
+}
+
 // The partitioned election's statements.
 var (
 	markSQL              = statements.positional("partitionMark", sqlData{})

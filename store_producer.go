@@ -28,15 +28,16 @@ func cutAtTable(name string, d sqlData) [2]string {
 	return [2]string{before, after}
 }
 
-// enqueue inserts one outbound PENDING row and returns its id, notifying
-// wakeChannel when it is not "" (wakeWindowDue: the producer's own window
-// says a NOTIFY is due, token or not).
-func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, wakeChannel string, wakeWindowDue bool) (int64, error) {
+// enqueue inserts one outbound PENDING row and returns its id. With a
+// wakeChannel it also tries the wake-up token (force: notify without it) and
+// reports whether it notified.
+func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, wakeChannel string, force bool) (id int64, notified bool, err error) {
 	sql, args := enqueueSQL[0], []any{m.Type, m.Key, string(m.Payload), table[len(table)-1]}
-	if wakeChannel != "" {
-		sql, args = enqueueSQL[1], append(args, wakeChannel, wakeWindowDue)
+	if wakeChannel == "" {
+		err = q.QueryRow(ctx, sql[0]+table.Sanitize()+sql[1], args...).Scan(&id)
+		return id, false, err
 	}
-	var id int64
-	err := q.QueryRow(ctx, sql[0]+table.Sanitize()+sql[1], args...).Scan(&id)
-	return id, err
+	sql = enqueueSQL[1]
+	err = q.QueryRow(ctx, sql[0]+table.Sanitize()+sql[1], append(args, wakeChannel, force)...).Scan(&id, &notified)
+	return id, notified, err
 }

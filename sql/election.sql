@@ -146,3 +146,9 @@ FROM (
       AND coalesce(bool_and(pg_advisory_unlock(hashtext(@key), (@n::int << 16) | p)), true) END,
   pg_backend_pid()
 FROM unnest(CASE WHEN pg_backend_pid() = @pid::int THEN @release::int[] END) p
+
+-- name: sessionLocksHeld @pid
+-- Whether backend @pid still holds advisory locks: the guard asks after it
+-- closed the lock's session of a job the Scheduler abandoned, until the server
+-- has dropped them (the backend exits a moment after the client has gone).
+SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = @pid)
