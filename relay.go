@@ -38,6 +38,7 @@ type Relay struct {
 	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
+	sessions *sessionCheck // that the pool keeps its sessions, when the election takes its locks on it (pooling.go)
 	key      string
 	observer Observer
 	stats    counters
@@ -221,6 +222,9 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 	case failed:
 		r.streak++
 		streak = r.streak
+		if r.sessions.refused(res.err) {
+			break // the refusal was logged at Error once, when the pool was checked
+		}
 		if streak&(streak-1) == 0 || time.Since(r.streakLogged) >= failureLogEvery {
 			level = slog.LevelError
 			r.streakLogged = time.Now()

@@ -238,14 +238,15 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		_, _ = a.lockHolders(ctx, q, []string{"app"})
 	}
 	for _, stmt := range []string{lockSQL, lockSharedSQL} {
-		_, _, _ = lockStatement(ctx, q, stmt, "app")
+		_, _, _ = lockStatement(ctx, q, stmt, "app", 7)
 	}
 	for _, stmt := range []string{unlockSQL, unlockSharedSQL} {
-		_, _, _ = unlockStatement(ctx, q, stmt, "app", nil)
+		_, _, _, _ = unlockStatement(ctx, q, stmt, "app", nil, 7)
 	}
-	_, _ = rebalanceStatement(ctx, q, "app", 4, 1)
-	_, _ = releasePartitionsStatement(ctx, q, "app", 4, []int{1}, true)
-	_, _ = markStatement(ctx, q, "app", 4)
+	_ = letGoStatement(ctx, q, "app", 7)
+	_, _ = rebalanceStatement(ctx, q, "app", 4, 1, 7)
+	_, _ = releasePartitionsStatement(ctx, q, "app", 4, []int{1}, true, 7)
+	_, _ = markStatement(ctx, q, "app", 4, 7)
 	_, _ = databaseNow(ctx, q)
 	_, _ = sessionLocksHeld(ctx, q, 1)
 	_ = wakeProbe(ctx, q, "c", "p")

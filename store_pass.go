@@ -127,6 +127,7 @@ type fetchArgs struct {
 type fetched struct {
 	rows     []row
 	full     bool      // the select filled its limit, or was cut short by the byte bound: more may wait
+	cut      bool      // the select was cut short by the byte bound (BatchBytes), before its limit
 	readOnly bool      // the server cannot record an outcome: send nothing (preflight only)
 	now      time.Time // the database's clock at the select (preflight only)
 
@@ -202,7 +203,7 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			if m.bad == "" && !m.large {
 				if budget -= m.size; budget < 0 && len(f.rows) > 0 {
 					// Read no further: this row and the rest wait for the next batch.
-					f.full = true
+					f.full, f.cut = true, true
 					break
 				}
 			}
@@ -219,28 +220,32 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 
 // loadLarge loads the payloads the select left out, in id order, while the
 // batch's payloads stay within maxBytes; it cuts the batch before the first
-// row that would exceed it.
+// row that would exceed it, without reading that row's payload.
 func (r *repository) loadLarge(ctx context.Context, db querier, f *fetched, maxBytes int) error {
 	held := 0
 	kept := f.rows[:0]
 	for i := range f.rows {
 		m := f.rows[i]
 		if m.large {
-			var n *int32
-			var payload []byte
-			err := db.QueryRow(ctx, r.payloadSQL, m.ID, maxBytes).Scan(&n, &payload)
+			room := maxBytes // the first row may take the whole budget
+			if len(kept) > 0 {
+				room = maxBytes - held
+			}
+			n, payload, found, err := r.loadPayload(ctx, db, m.ID, room)
 			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				continue // deleted since the select: nothing to deliver
 			case err != nil:
 				return err
+			case !found:
+				continue // deleted since the select: nothing to deliver
 			case n == nil:
 				m.bad = "payload is NULL"
-			case payload == nil:
+			case int(*n) > maxBytes:
 				m.bad = tooLarge(int(*n), maxBytes)
-			case held+len(payload) > maxBytes && len(kept) > 0:
-				f.rows, f.full = kept, true // this row and the rest wait for the next batch
+			case payload == nil && int(*n) > room:
+				f.rows, f.full, f.cut = kept, true, true // this row and the rest wait for the next batch
 				return nil
+			case payload == nil:
+				m.Payload, m.size = []byte{}, 0
 			default:
 				m.Payload, m.size = payload, len(payload)
 			}
@@ -250,6 +255,64 @@ func (r *repository) loadLarge(ctx context.Context, db querier, f *fetched, maxB
 		kept = append(kept, m)
 	}
 	f.rows = kept
+	return nil
+}
+
+// payloadChunkBytes is how much of a large payload one row of payloadSQL
+// carries: what pgx buffers beside the payload it assembles.
+const payloadChunkBytes = 1 << 20
+
+// loadPayload reads the payload of row id, in chunks, if it is at most room
+// bytes: n is its size (nil: NULL), payload is nil when it is larger than room
+// (or NULL), found is false when the row is gone.
+func (r *repository) loadPayload(ctx context.Context, db querier, id int64, room int) (n *int32, payload []byte, found bool, err error) {
+	rows, err := db.Query(ctx, r.payloadSQL, id, room, payloadChunkBytes)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	defer rows.Close()
+	var at int64
+	dst := payloadChunk{n: &n, at: &at, buf: &payload}
+	for rows.Next() {
+		found = true
+		if err := rows.Scan(&n, &at, &dst); err != nil {
+			return nil, nil, false, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, false, err
+	}
+	if payload != nil && dst.filled != len(payload) {
+		return nil, nil, false, fmt.Errorf("payload of row %d: %d of %d bytes came back", id, dst.filled, len(payload))
+	}
+	return n, payload, found, nil
+}
+
+// payloadChunk assembles a payload from payloadSQL's chunks, straight from
+// pgx's buffer into one allocation of the payload's size (pgtype.BytesScanner).
+// n and at are the row's columns scanned before it.
+type payloadChunk struct {
+	n      **int32
+	at     *int64
+	buf    *[]byte
+	filled int
+}
+
+func (c *payloadChunk) ScanBytes(v []byte) error {
+	if v == nil {
+		return nil // too large for the room, or NULL: only the size came
+	}
+	if *c.buf == nil {
+		if *c.n == nil {
+			return errors.New("a payload chunk without its size")
+		}
+		*c.buf = make([]byte, **c.n)
+	}
+	off := *c.at - 1
+	if off < 0 || off+int64(len(v)) > int64(len(*c.buf)) {
+		return fmt.Errorf("a payload chunk of %d bytes at %d does not fit its %d bytes", len(v), off, len(*c.buf))
+	}
+	c.filled += copy((*c.buf)[off:], v)
 	return nil
 }
 
