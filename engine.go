@@ -81,6 +81,8 @@ type engine struct {
 	res passResult
 	rec *recorder
 
+	taken int // rows selected so far, when not draining: at most BatchSize
+
 	// blocked are the keys whose earliest row this pass left behind: their
 	// later rows wait behind it. True: the key was in flight, and a select
 	// from the start will find the row; false: the row is held back (its
@@ -256,8 +258,18 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
 	if from == math.MinInt64 {
 		clear(e.blocked) // a select from the start finds every row left behind
 	}
-	queue, skipped := e.r.plan(f.rows, fl.busy, e.blocked, time.Now())
-	c.selected(f.rows, f.full, skipped)
+	rows := f.rows
+	if !e.o.drain { // a direct pass takes BatchSize rows, in as many selects as BatchBytes cuts them into
+		if rest := e.r.cfg.BatchSize - e.taken; len(rows) > rest {
+			rows = rows[:rest]
+		}
+		e.taken += len(rows)
+	}
+	queue, skipped := e.r.plan(rows, fl.busy, e.blocked, time.Now())
+	c.selected(rows, f.full, skipped)
+	if !e.o.drain && f.cut && e.taken < e.r.cfg.BatchSize {
+		c.more, c.fromStart = true, false // cut by BatchBytes, not by BatchSize: on past it
+	}
 	if c.more && time.Since(start) > cmp.Or(e.o.drainFor, drainMax) {
 		c.stop()
 		e.res.backlog = true
@@ -497,6 +509,7 @@ func (r *Relay) deliverMany(ctx context.Context, s BatchSender, ms []*row) []del
 
 // outcomeOf classifies a send's error.
 func (r *Relay) outcomeOf(ctx context.Context, m *row, err error, took time.Duration) delivery {
+	m.Payload = nil // sent: a batch's payloads are held until their sends return, not until their outcomes are written
 	d := delivery{m: m, sendErr: err, took: took}
 	switch {
 	case err == nil:

@@ -56,7 +56,9 @@ func (l *loop) wakeUp() {
 // drained, later while passes fail), never overlapping, under the election unless ClusterLock is off.
 // When Enabled is false the loop runs but never passes. Cancelling ctx stops
 // the loop and cancels the sends in flight; [Relay.Stop] stops it gracefully.
-// Start returns an error if the relay is already started.
+// Start returns an error if the relay is already started, and one wrapping
+// [ErrTransactionPooling] if its pool does not keep its sessions (no election
+// can run on it).
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -65,6 +67,14 @@ func (r *Relay) Start(ctx context.Context) error {
 		case <-r.loop.done:
 		default:
 			return errors.New("relay: already started; Stop it first")
+		}
+	}
+	// No election runs behind a pooler that does not keep sessions: refuse
+	// now, loudly, rather than fail every pass (a check that could not tell,
+	// the database away, is tried again before the first election).
+	if r.sessions != nil {
+		if err := r.sessions.verify(ctx, r.pool, r.logger); errors.Is(err, ErrTransactionPooling) {
+			return fmt.Errorf("relay: Start: %w", err)
 		}
 	}
 	passCtx, cancel := context.WithCancel(ctx)

@@ -28,6 +28,11 @@ type Outgoing struct {
 	// Sender gets it back normalised (spacing and key order may differ).
 	// Required; json.Marshal builds it.
 	Payload []byte
+	// Headers travel with the message to its destination (the request's,
+	// record's or message's headers): see [HeadersMax] for the rules Enqueue
+	// checks. They are stored in the table's headers column, which CreateTable
+	// adds; a table without it takes no headers (docs/operations.md). Optional.
+	Headers map[string]string
 }
 
 // errEnqueue prefixes the errors of Enqueue.
@@ -135,6 +140,9 @@ func (m *Outgoing) validate() error {
 		return bad("Payload", "must not be empty: it must be a JSON document")
 	case !json.Valid(m.Payload):
 		return bad("Payload", "is not valid JSON: %.80q", m.Payload)
+	}
+	if err := validateHeaders(m.Headers); err != nil {
+		return bad("Headers", "%w", err)
 	}
 	return nil
 }

@@ -515,6 +515,9 @@ func (s *Scheduler) occurrence(ctx context.Context, r *schedulerRun, j *schedule
 		errors.As(err, &p)
 		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: job panicked",
 			append(attrs, slog.Any("panic", p.value), slog.String("stack", p.stack))...)
+	case err != nil && !ran && errors.Is(err, ErrTransactionPooling):
+		// the guard logged it at Error once, when it checked the pool
+		s.logger.LogAttrs(ctx, slog.LevelDebug, "relay: scheduler: occurrence not run", append(attrs, slog.Any("error", err))...)
 	case err != nil && !ran:
 		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: occurrence not run", append(attrs, slog.Any("error", err))...)
 	case err != nil:

@@ -8,12 +8,14 @@
 -- commit. With .Wake, the statement also tries the wake-up (wakeToken), whose
 -- NOTIFY is sent when the producer's transaction commits, and never if it
 -- rolls back; the CTE is evaluated once, before the row (the insert reads
--- it), and the second column says whether it notified.
+-- it), and the second column says whether it notified. With .Headers, the
+-- message's headers go into the optional column (a table without it takes
+-- every message without headers as before); @headers is the last parameter.
 {{if .Wake}}WITH key_order AS MATERIALIZED (SELECT {{template "keyOrderLock"}}, {{template "wakeToken"}} AS notified)
-INSERT INTO {{.Table}} (direction, type, natural_key, payload, status, attempts)
-SELECT 'OUT', @type, @key, @payload::jsonb, 'PENDING', 0 FROM key_order
-RETURNING id, (SELECT notified FROM key_order){{else}}INSERT INTO {{.Table}} (direction, type, natural_key, payload, status, attempts)
-SELECT 'OUT', @type, @key, @payload::jsonb, 'PENDING', 0
+INSERT INTO {{.Table}} (direction, type, natural_key, payload, status, attempts{{if .Headers}}, headers{{end}})
+SELECT 'OUT', @type, @key, @payload::jsonb, 'PENDING', 0{{if .Headers}}, @headers::jsonb{{end}} FROM key_order
+RETURNING id, (SELECT notified FROM key_order){{else}}INSERT INTO {{.Table}} (direction, type, natural_key, payload, status, attempts{{if .Headers}}, headers{{end}})
+SELECT 'OUT', @type, @key, @payload::jsonb, 'PENDING', 0{{if .Headers}}, @headers::jsonb{{end}}
 FROM (SELECT {{template "keyOrderLock"}}) AS key_order
 RETURNING id{{end}}
 
