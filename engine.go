@@ -81,8 +81,6 @@ type engine struct {
 	res passResult
 	rec *recorder
 
-	taken int // rows selected so far, when not draining: at most BatchSize
-
 	// blocked are the keys whose earliest row this pass left behind: their
 	// later rows wait behind it. True: the key was in flight, and a select
 	// from the start will find the row; false: the row is held back (its
@@ -164,7 +162,7 @@ func (e *engine) halted() bool {
 
 func (e *engine) run() {
 	start := time.Now()
-	c := newCursor(e.o.drain)
+	c := newCursor(e.o.drain, e.r.cfg.BatchSize)
 	fl := flight{busy: make(map[string]bool)}
 	for {
 		select {
@@ -258,18 +256,9 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
 	if from == math.MinInt64 {
 		clear(e.blocked) // a select from the start finds every row left behind
 	}
-	rows := f.rows
-	if !e.o.drain { // a direct pass takes BatchSize rows, in as many selects as BatchBytes cuts them into
-		if rest := e.r.cfg.BatchSize - e.taken; len(rows) > rest {
-			rows = rows[:rest]
-		}
-		e.taken += len(rows)
-	}
+	rows := c.take(f.rows)
 	queue, skipped := e.r.plan(rows, fl.busy, e.blocked, time.Now())
-	c.selected(rows, f.full, skipped)
-	if !e.o.drain && f.cut && e.taken < e.r.cfg.BatchSize {
-		c.more, c.fromStart = true, false // cut by BatchBytes, not by BatchSize: on past it
-	}
+	c.selected(rows, f.full, f.cut, skipped)
 	if c.more && time.Since(start) > cmp.Or(e.o.drainFor, drainMax) {
 		c.stop()
 		e.res.backlog = true
