@@ -76,8 +76,11 @@ func TestPresenceListsLiveReplicas(t *testing.T) {
 
 	otherAdmin, err := relay.NewAdmin(b.pool, other)
 	require.NoError(t, err)
-	oreps := replicasOf(t, otherAdmin)
-	require.Len(t, oreps, 1)
+	var oreps []relay.Replica
+	require.Eventually(t, func() bool {
+		oreps = replicasOf(t, otherAdmin)
+		return len(oreps) == 1 && len(oreps[0].Types) > 0
+	}, 20*time.Second, 10*time.Millisecond, "the other app's replica, once its presence is taken")
 	require.Equal(t, []string{"payment"}, oreps[0].Types)
 
 	// Stop lets go before it returns: no waiting here.
