@@ -8,8 +8,7 @@
 //	go run . -to http     # an HTTP receiver, as examples/demo
 //
 // It gets a throwaway PostgreSQL as examples/demo does (DATABASE_URL if set,
-// else the local PostgreSQL
-// binaries) and starts the broker in this process: nothing to set up. Each
+// else the local PostgreSQL binaries) and starts the broker in this process: nothing to set up. Each
 // replica has its own pool and its own client of the broker, as a pod has.
 // The consumer reads the topic or the stream and counts the copies of each
 // message by its Relay-Message-Id.
