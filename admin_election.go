@@ -104,7 +104,7 @@ const applicationNameMax = 63
 
 // classify sets h's Kind, Since and Replica from its last statement and its
 // application_name: a Go relay's guard marks every statement it runs on the
-// lock's session (guard.go, electionMark), and its heartbeat also says since
+// lock's session (sql/election.sql, electionMark), and its heartbeat also says since
 // when it holds the election.
 func classify(h *LockHolder, app string) {
 	if since, ok := parseElectionMark(h.query, h.queryStart); ok {

@@ -114,15 +114,18 @@ type Config struct {
 	// Defaults to 1.
 	Concurrency int
 
-	// GroupOutcomes, when above 1, records the outcomes of up to that many
-	// delivered messages in one statement instead of one short transaction
-	// each: several times the throughput on a fast destination. The price is
-	// plain and bounded: a crash re-delivers the messages whose outcome was not
-	// yet recorded, at most GroupOutcomes of them and at most 100ms' worth,
-	// the inherent duplication at-least-once already accepts. Each row is
-	// still fenced on the state the pass read, and a failure still marks only
-	// its own row. Defaults to 0: one transaction per outcome, as decision 0035
-	// describes.
+	// GroupOutcomes chooses how outcomes are recorded. 0, the default, is
+	// adaptive (docs/decisions/0037-adaptive-outcomes.md): each worker writes
+	// its outcomes as soon as its last write returned, one alone in its own
+	// transaction while they trickle, and what queued meanwhile together in
+	// one statement under a backlog; a crash re-delivers at most 64 sent
+	// messages per worker beyond the one in flight. 1 records each outcome in
+	// its own short transaction (at most 8 waiting per worker), as decision
+	// 0035 describes. Above 1, up to that many outcomes are recorded in one
+	// statement, at most 100ms after the first of them: a crash re-delivers at
+	// most GroupOutcomes messages, at most 100ms' worth. Whichever is chosen,
+	// each row is fenced on the state the pass read, and a failure still marks
+	// only its own row. Defaults to 0. Environment: RELAY_GROUP_OUTCOMES.
 	GroupOutcomes int
 
 	// AsyncCommit commits the outcome transactions with synchronous_commit =

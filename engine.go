@@ -9,8 +9,6 @@ import (
 	"math"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // This file is the one dispatch engine. Run, RunIfElected and the loop's
@@ -76,6 +74,7 @@ const tasksPerWorker = 4
 // BatchBytes of payload per batch, plus those in flight.
 type engine struct {
 	r   *Relay
+	src fetcher
 	ctx context.Context
 	o   passOpts
 	res passResult
@@ -87,31 +86,46 @@ type engine struct {
 	// outcome could not be recorded) past this pass.
 	blocked map[string]bool
 
-	work    chan task
-	done    chan []string // the keys of a finished task
-	failed  chan struct{} // a task saw a message fail: stop taking batches
-	stop    chan struct{} // closed when the pass must start nothing new
-	stopped sync.Once
-	workers sync.WaitGroup
+	work     chan task
+	done     chan []string // the keys of a finished task
+	failed   chan struct{} // a task saw a message fail: stop taking batches
+	stop     chan struct{} // closed when the pass must start nothing new
+	stopped  sync.Once
+	leaseOut sync.Once // the first to see the lease run out says so
+	workers  sync.WaitGroup
+}
+
+// fetcher is where an engine's batches come from: the table, through the
+// Relay (relay.go), or an in-memory table in the engine's unit tests.
+type fetcher interface {
+	// fetch selects one batch of rows past after (with preflight, the
+	// first of a pass), of the partitions parts (nil: all).
+	fetch(ctx context.Context, preflight bool, after int64, parts []int) (fetched, error)
+	// starved reports whether no connection is free for a select.
+	starved() bool
 }
 
 // dispatch runs one pass's engine under whatever election the caller holds.
 func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
-	e := &engine{
-		r: r, ctx: ctx, o: o,
+	if err := r.learnTable(ctx); err != nil {
+		return passResult{err: err}
+	}
+	e := r.newEngine(ctx, o, r)
+	e.rec = r.newRecorder(ctx, &e.res)
+	e.run()
+	return e.res
+}
+
+// newEngine is a pass's engine on src, without its recorder.
+func (r *Relay) newEngine(ctx context.Context, o passOpts, src fetcher) *engine {
+	return &engine{
+		r: r, src: src, ctx: ctx, o: o,
 		work:    make(chan task),
 		blocked: make(map[string]bool),
 		done:    make(chan []string, r.cfg.Concurrency),
 		failed:  make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 	}
-	e.rec = r.newRecorder(ctx, &e.res)
-	if err := r.learnTable(ctx); err != nil {
-		e.res.err = err
-		return e.res
-	}
-	e.run()
-	return e.res
 }
 
 func (e *engine) halt() { e.stopped.Do(func() { close(e.stop) }) }
@@ -119,14 +133,20 @@ func (e *engine) halt() { e.stopped.Do(func() { close(e.stop) }) }
 // halted reports whether the pass must start nothing new: its context ended,
 // a graceful stop, a recording failure, or an election lease that ran out.
 func (e *engine) halted() bool {
-	if e.ctx.Err() != nil || e.rec.errorOf() != nil {
+	if e.ctx.Err() != nil {
 		return true
 	}
+	// The lease is looked at before the recorder's failure: a replica that
+	// wakes from a freeze finds both, and says that its lease ran out.
 	if err := leaseValid(e.ctx); err != nil {
-		if e.rec.keep(err) == err { // the first to notice says so
+		e.leaseOut.Do(func() {
+			e.rec.keep(err)
 			e.r.logger.LogAttrs(e.ctx, slog.LevelWarn, "relay: the election's lease ran out; starting no new message",
 				slog.String("error", err.Error()))
-		}
+		})
+		return true
+	}
+	if e.rec.errorOf() != nil {
 		return true
 	}
 	select {
@@ -140,93 +160,29 @@ func (e *engine) halted() bool {
 }
 
 func (e *engine) run() {
-	r := e.r
 	start := time.Now()
-	var (
-		queue    []task
-		busy     = make(map[string]bool)
-		workers  int
-		inFlight int     // tasks handed out and not yet done
-		more     = true  // select again when the queue runs dry
-		waitDone = false // the last select found only keys in flight: wait for one to finish first
-		first    = true
-		// After a full batch, the next is selected past its last id, at
-		// once: the outcomes of the one before need not be written first,
-		// since none of its rows can come back. A row left behind (a key in
-		// flight) is found by a select from the start, once the drain has
-		// nothing new: then the outcomes are flushed first, and before each
-		// select that goes over ids selected before (seen), since a grouped
-		// outcome's key is done before the group is written.
-		after    = int64(math.MinInt64)
-		fromZero = true
-		behind   = false                // rows were left behind since the last select from the start
-		seen     = int64(math.MinInt64) // the highest id selected so far
-	)
+	c := newCursor(e.o.drain)
+	fl := flight{busy: make(map[string]bool)}
 	for {
 		select {
 		case <-e.failed:
-			more = false // the failed rows wait for the next pass
+			c.stop() // the failed rows wait for the next pass
 		default:
 		}
 		if e.halted() {
-			more, queue = false, nil
+			c.stop()
+			fl.queue = nil
 		}
-		if len(queue) == 0 && more && !waitDone && inFlight > 0 && poolFull(r.pool) {
+		if len(fl.queue) == 0 && c.more && !fl.waitDone && fl.tasks > 0 && e.src.starved() {
 			// Every connection is taken, by the election and the workers
 			// holding theirs for their outcomes: select once one is back.
-			waitDone = true
+			fl.waitDone = true
 		}
-		if len(queue) == 0 && more && !waitDone {
-			from := after
-			if fromZero {
-				from, behind = math.MinInt64, false
-			}
-			if from < seen && e.rec.flush() != nil {
-				// Rows up to seen were selected before: each is in flight (its
-				// key is busy), or its outcome is recorded, once the group
-				// waiting to be written is.
-				break
-			}
-			f, err := r.fetch(e.ctx, first, from, e.o.parts)
-			if err != nil {
-				e.rec.keep(err)
-				break
-			}
-			if first && f.readOnly {
-				e.rec.keep(fmt.Errorf("%w: nothing is sent from it, since no outcome could be recorded", ErrReadOnly))
-				break
-			}
-			if first {
-				e.res.lag = lagOf(f)
-			}
-			first = false
-			if from == math.MinInt64 {
-				clear(e.blocked) // a select from the start finds every row left behind
-			}
-			var skipped bool
-			queue, skipped = r.plan(f.rows, busy, e.blocked, time.Now())
-			if n := len(f.rows); n > 0 {
-				after = f.rows[n-1].ID // onwards from here, whether this select was from the start or not
-				seen = max(seen, after)
-			}
-			behind = behind || skipped
-			switch {
-			case !e.o.drain:
-				more = false
-			case f.full: // onwards, past this batch
-				more, fromZero = true, false
-			case behind: // nothing new past it: back for what was left behind
-				more, fromZero = true, true
-			default:
-				more = false
-			}
-			if more && time.Since(start) > cmp.Or(e.o.drainFor, drainMax) {
-				more, e.res.backlog = false, true
-			}
-			waitDone = len(queue) == 0 && len(busy) > 0 && fromZero
+		if len(fl.queue) == 0 && c.more && !fl.waitDone && !e.selectBatch(&c, &fl, start) {
+			break
 		}
-		if len(queue) == 0 && inFlight == 0 {
-			if more {
+		if len(fl.queue) == 0 && fl.tasks == 0 {
+			if c.more {
 				// Nothing to send from this batch (its keys were left behind
 				// or wait out a backoff) and nothing in flight to wait for:
 				// select the next one at once. (waitDone is false here: it is
@@ -237,39 +193,29 @@ func (e *engine) run() {
 		}
 		var send chan task
 		var next task
-		if len(queue) > 0 {
-			if e.rec.grouped && inFlight == 0 {
+		if len(fl.queue) > 0 {
+			if fl.tasks == 0 && e.rec.ready(e.ctx) != nil {
 				// Grouped outcomes are written on the recorder's connection:
-				// hold it before anything is sent.
-				if e.rec.ready(e.ctx) != nil {
-					queue = nil
-					continue
-				}
+				// it is held before anything is sent.
+				fl.queue = nil
+				continue
 			}
-			if inFlight == workers && workers < r.workers() {
-				workers++
+			if fl.tasks == fl.workers && fl.workers < e.r.workers() {
+				fl.workers++
 				e.workers.Add(1)
 				go e.worker()
 			}
-			send, next = e.work, queue[0]
+			send, next = e.work, fl.queue[0]
 		}
 		select {
 		case send <- next:
-			for _, g := range next.groups {
-				busy[g[0].Key] = true
-			}
-			inFlight++
-			queue = queue[1:]
+			fl.handed(next)
 		case keys := <-e.done:
-			for _, k := range keys {
-				delete(busy, k)
-			}
-			inFlight--
-			waitDone = false
+			fl.finished(keys)
 		}
 	}
 	close(e.work)
-	for ; inFlight > 0; inFlight-- {
+	for ; fl.tasks > 0; fl.tasks-- {
 		<-e.done
 	}
 	e.workers.Wait()
@@ -282,6 +228,43 @@ func (e *engine) run() {
 	}
 }
 
+// selectBatch selects the cursor's next batch and queues its tasks. It
+// returns false when the pass must end: the select failed, or the server is
+// read-only (the failure is kept).
+func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
+	from, rereads := c.next()
+	if rereads && e.rec.flush() != nil {
+		// Rows up to the last select were selected before: each is in flight
+		// (its key is busy), or its outcome is recorded, once the group
+		// waiting to be written is.
+		return false
+	}
+	first := c.first
+	f, err := e.src.fetch(e.ctx, first, from, e.o.parts)
+	if err != nil {
+		e.rec.keep(err)
+		return false
+	}
+	if first && f.readOnly {
+		e.rec.keep(fmt.Errorf("%w: nothing is sent from it, since no outcome could be recorded", ErrReadOnly))
+		return false
+	}
+	if first {
+		e.res.lag = lagOf(f)
+	}
+	if from == math.MinInt64 {
+		clear(e.blocked) // a select from the start finds every row left behind
+	}
+	queue, skipped := e.r.plan(f.rows, fl.busy, e.blocked, time.Now())
+	c.selected(f.rows, f.full, skipped)
+	if c.more && time.Since(start) > cmp.Or(e.o.drainFor, drainMax) {
+		c.stop()
+		e.res.backlog = true
+	}
+	fl.planned(queue, c)
+	return true
+}
+
 // workers is how many workers a pass runs at most: Concurrency, unless the
 // pool is too small to give each its connection next to the election's and
 // the select's (New warns of it).
@@ -289,9 +272,9 @@ func (r *Relay) workers() int {
 	return min(r.cfg.Concurrency, max(1, r.maxConns-2))
 }
 
-// poolFull reports whether the pool has no idle connection and may open no more.
-func poolFull(p *pgxpool.Pool) bool {
-	st := p.Stat()
+// starved reports whether the pool has no idle connection and may open no more.
+func (r *Relay) starved() bool {
+	st := r.pool.Stat()
 	return st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns()
 }
 

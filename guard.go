@@ -97,17 +97,6 @@ func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
 	return &PostgresGuard{pool: pool, logger: slog.Default(), held: make(map[string]bool)}
 }
 
-// electionMark starts every statement the guard runs on the lock's session,
-// so that pg_stat_activity.query tells a Go relay's election from any other
-// holder's (a JVM relay, an operator); the heartbeat's says since when
-// (heartbeatSQL). parseElectionMark reads them back.
-const electionMark = "/* relay election */ "
-
-// heartbeatSQL is the heartbeat of an election won at since.
-func heartbeatSQL(since time.Time) string {
-	return "/* relay election since " + since.UTC().Format(time.RFC3339) + " */ SELECT pg_backend_pid()"
-}
-
 // parseElectionMark reads a holder's last statement: whether a Go relay's
 // guard ran it, and since when it holds the election — the heartbeat's mark,
 // or else the start of the statement (the lock's own, which won it).
@@ -122,48 +111,6 @@ func parseElectionMark(query string, queryStart time.Time) (since time.Time, ok 
 		}
 	}
 	return queryStart, true
-}
-
-// lockSQL tries the lock in one round trip, and, when it wins, sets the
-// session's lease. Its columns: locked (NULL: the lock is already held by this
-// very session, which would stack: a connection handed back to the pool by
-// another holder still holding it — the guard coalesces), the backend's pid,
-// whether the server is read-only (then it tries nothing), and the session's
-// idle_session_timeout as it was, for the unlock to restore. The subqueries
-// fence the order: the lock is tried before the lease is set, and only on a
-// writable server.
-//
-// $1 key, $2 idle_session_timeout (ms), $3 tcp keepalive idle (s), $4
-// interval (s), $5 count, $6 tcp_user_timeout (ms).
-var lockSQL, lockSharedSQL = electionLockSQL("pg_try_advisory_lock"), electionLockSQL("pg_try_advisory_lock_shared")
-
-// electionLockSQL is lockSQL with try as the function that takes the lock:
-// exclusive for the election of one, shared for the partitioned one's hold
-// of the app's key (partitions.go).
-func electionLockSQL(try string) string {
-	return electionMark + `SELECT s.locked, s.pid, s.read_only, s.idle,
-  CASE WHEN s.locked AND s.version >= 140000 THEN set_config('idle_session_timeout', $2, false) END,
-  CASE WHEN s.locked AND s.version < 140000 THEN set_config('tcp_keepalives_idle', $3, false) || set_config('tcp_keepalives_interval', $4, false)
-    || set_config('tcp_keepalives_count', $5, false) || set_config('tcp_user_timeout', $6, false) END
-FROM (SELECT CASE WHEN r.read_only THEN false
-      WHEN EXISTS (SELECT 1 FROM pg_locks
-        WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 AND granted
-          AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
-          AND objid = (hashtext($1)::bigint & 4294967295)::oid) THEN NULL
-      ELSE ` + try + `(hashtext($1)) END AS locked,
-    pg_backend_pid() AS pid, r.read_only, current_setting('idle_session_timeout', true) AS idle,
-    current_setting('server_version_num')::int AS version
-  FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
-  OFFSET 0) s`
-}
-
-// unlockSQL releases the lock and gives the session back its own
-// idle_session_timeout ($2: NULL on PostgreSQL 13).
-var unlockSQL, unlockSharedSQL = electionUnlockSQL("pg_advisory_unlock"), electionUnlockSQL("pg_advisory_unlock_shared")
-
-func electionUnlockSQL(unlock string) string {
-	return electionMark + `SELECT ` + unlock + `(hashtext($1)), pg_backend_pid(),
-  CASE WHEN $2::text IS NOT NULL THEN set_config('idle_session_timeout', $2::text, false) END`
 }
 
 // session is what the lock statement learned of the lock's session.
@@ -243,12 +190,7 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string) (con
 		if err != nil {
 			return nil, nil, session{}, err
 		}
-		var ignored [2]*string
-		err = conn.QueryRow(ctx, stmt, key,
-			strconv.Itoa(int(guardLease/time.Millisecond)),
-			strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
-			strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)),
-		).Scan(&locked, &sess.pid, &sess.readOnly, &sess.idle, &ignored[0], &ignored[1])
+		locked, sess, err = lockStatement(ctx, conn, stmt, key)
 		if err == nil {
 			return conn, locked, sess, nil
 		}
@@ -272,11 +214,8 @@ const guardLockAttempts = 3
 func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess session, stmt string) error {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
 	defer cancel()
-	var unlocked bool
-	var upid uint32
-	var ignored *string
 	pid := sess.pid
-	err := conn.QueryRow(uctx, stmt, key, sess.idle).Scan(&unlocked, &upid, &ignored)
+	unlocked, upid, err := unlockStatement(uctx, conn, stmt, key, sess.idle)
 	switch {
 	case err != nil:
 		closeConn(conn)

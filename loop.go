@@ -127,19 +127,10 @@ func (r *Relay) Stop(ctx context.Context) error {
 // them to it and only polls, once every Interval: one statement.
 func (r *Relay) run(ctx context.Context, l *loop) {
 	defer close(l.done)
-	if m := r.members; m != nil {
-		// The membership of the partitioned election lasts while the loop
-		// runs; the loop's end lets go of it, after its last pass.
-		r.pass <- struct{}{}
-		m.stay = true
-		<-r.pass
-		defer func() {
-			r.pass <- struct{}{}
-			m.stay = false
-			m.leave(ctx)
-			<-r.pass
-		}()
-	}
+	// What the election keeps between passes (a partitioned membership)
+	// lasts while the loop runs; the loop's end lets go of it, after its last pass.
+	r.election.begin()
+	defer r.election.end(ctx)
 	defer func() { <-l.listening }()
 	defer l.cancel()
 	// The first pass starts once the listener is listening (or could not):
@@ -190,13 +181,11 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 				slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 		}
 	}()
-	o := passOpts{halt: l.halt, drain: true}
-	var res passResult
-	if woken || !r.pollable() {
-		res, _ = r.runIfElected(ctx, o)
-	} else {
-		res = r.poll(ctx, o)
+	kind := passTimed
+	if woken {
+		kind = passElected
 	}
+	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true})
 	switch n := r.failing(); {
 	case res.backlog && res.err == nil:
 		next = 0
@@ -206,59 +195,4 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 		next = min(r.cfg.Interval<<min(n-1, 16), max(r.cfg.Interval, loopBackoffMax))
 	}
 	return next, res.coalesced()
-}
-
-// pollable reports whether the idle poll can stand in for the election: it
-// takes the same advisory lock, so only with the relay's own PostgresGuard,
-// and not partitioned: a member's pass rebalances.
-func (r *Relay) pollable() bool {
-	g, ok := r.guard.(*PostgresGuard)
-	return r.cfg.ClusterLock && r.members == nil && ok && g.pool == r.pool
-}
-
-// poll is the timer's pass: one statement that wins the election for its own
-// length and looks for work (repository.go, pollSQL). Without work, it is the
-// whole pass, elected or coalesced: an idle replica costs one statement per
-// Interval. With work, the pass takes the election for real.
-func (r *Relay) poll(ctx context.Context, o passOpts) passResult {
-	start := time.Now()
-	select {
-	case r.pass <- struct{}{}:
-	default:
-		r.passDone(passResult{}, start) // this relay's own pass holds the election
-		return passResult{}
-	}
-	res, work := r.pollOnce(ctx)
-	<-r.pass
-	if work {
-		res, _ = r.runIfElected(ctx, o)
-		return res
-	}
-	r.passDone(res, start)
-	return res
-}
-
-// pollOnce runs the idle poll's statement: the pass it was, unless there is
-// work, which the caller hands to the elected pass.
-func (r *Relay) pollOnce(ctx context.Context) (res passResult, work bool) {
-	if err := r.learnTable(ctx); err != nil {
-		return passResult{err: err}, false
-	}
-	pctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
-	defer cancel()
-	c, err := acquire(pctx, r.pool, "poll for work")
-	if err != nil {
-		return passResult{err: err}, false
-	}
-	defer c.Release()
-	readOnly, won, work, err := r.repo.poll(pctx, c, r.cfg.MaxAttempts, r.types, r.key)
-	switch {
-	case err != nil:
-		return passResult{err: fmt.Errorf("relay: poll %s for work: %w", r.cfg.Table, err)}, false
-	case readOnly:
-		return passResult{err: fmt.Errorf("%w: not electing %q on it: a lock taken on a standby excludes nobody on the primary", ErrReadOnly, r.key)}, false
-	case !won:
-		return passResult{}, false // coalesced
-	}
-	return passResult{ran: true}, work
 }

@@ -73,6 +73,12 @@ const (
 	// round trip (each in its own transaction). It is also what a crash of the
 	// relay re-delivers at most, per worker, beyond the messages in flight.
 	outcomePipeline = 8
+	// adaptivePipeline is outcomePipeline for the adaptive default: what
+	// queues behind one write goes in the next as one statement, so a worker
+	// may run further ahead of its writes. A crash of the relay re-delivers
+	// at most this many per worker, beyond the message in flight
+	// (docs/decisions/0037-adaptive-outcomes.md).
+	adaptivePipeline = 64
 )
 
 // ErrPoolExhausted says the relay's pool had no free connection within a few
@@ -137,228 +143,61 @@ func (h *heldConn) release() {
 	}
 }
 
-// recorder records the outcomes of one pass: each in its own short
-// transaction on the sending worker's held connection by default, or, with
-// GroupOutcomes > 1, up to that many in one statement on a connection the
-// recorder holds. The first failure to record stops the pass: nothing new is
-// sent, and the messages whose outcome was lost are held back from re-sending.
+// recorder records the outcomes of one pass through its strategy, chosen once
+// per pass (newRecorder) from GroupOutcomes: by default (0) as soon as the
+// sending worker's writer is free, alone when they trickle and together when
+// they queue (adaptiveOutcomes, outcomes_adaptive.go); with 1, each in its own
+// short transaction (eachOutcomes, outcomes_each.go); above 1, up to that many
+// in one statement on a connection the strategy holds (groupedOutcomes,
+// outcomes_grouped.go). All write through recorder.writeAs, which fences,
+// retries and reports. The first failure to
+// record stops the pass: nothing new is sent, and the messages whose outcome
+// was lost are held back from re-sending.
+//
+// Nothing of the adopter's (its Observer, its log handler) is called while a
+// lock of the recorder is held: a slow callback delays the goroutine that
+// reports, never the other workers.
 type recorder struct {
 	r   *Relay
 	ctx context.Context // never cancelled: a send that happened is recorded even during a stop
 	res *passResult
+	outcomeStrategy
 
-	grouped  bool
-	flushing sync.Mutex // one group write at a time, so the last flush waits for a timer's
-	conn     heldConn   // grouped: the connection the groups are written on
-	mu       sync.Mutex
-	pending  []delivery
-	timer    *time.Timer
-	err      error // the first failure that stops the pass
+	// pipeline is how many of a worker's outcomes may wait to be written
+	// while it sends on, and so how many its writer hands over at once.
+	pipeline int
+
+	mu  sync.Mutex
+	err error // the first failure that stops the pass
+}
+
+// outcomeStrategy is how a pass's outcomes reach the table.
+type outcomeStrategy interface {
+	// ready is called before a send when nothing is in flight: a strategy
+	// that writes on a connection of its own holds it first.
+	ready(ctx context.Context) error
+	// hold holds the connection a worker's outcomes are written on, before
+	// the worker's first send, if the strategy writes on the worker's.
+	hold(ctx context.Context, conn *heldConn) error
+	// add records ds, sent by the worker whose held connection is conn.
+	add(ds []delivery, conn *heldConn) error
+	// flush writes what waits to be written, if anything.
+	flush() error
+	// close flushes and gives back what the strategy holds.
+	close() error
 }
 
 func (r *Relay) newRecorder(ctx context.Context, res *passResult) *recorder {
-	return &recorder{
-		r: r, ctx: context.WithoutCancel(ctx), res: res,
-		grouped: r.cfg.GroupOutcomes > 1,
-		conn:    heldConn{pool: r.pool},
+	rc := &recorder{r: r, ctx: context.WithoutCancel(ctx), res: res, pipeline: outcomePipeline}
+	switch n := r.cfg.GroupOutcomes; {
+	case n > 1:
+		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.pool}}
+	case n == 1:
+		rc.outcomeStrategy = eachOutcomes{rc}
+	default:
+		rc.outcomeStrategy, rc.pipeline = adaptiveOutcomes{rc}, adaptivePipeline
 	}
-}
-
-// ready holds, before the pass's first send, the connection the grouped
-// outcomes will be written on. Without grouping each worker's writer holds
-// its own (newWriter).
-func (rc *recorder) ready(ctx context.Context) error {
-	if !rc.grouped {
-		return rc.errorOf()
-	}
-	rc.flushing.Lock()
-	defer rc.flushing.Unlock()
-	_, err := rc.conn.get(ctx)
-	return rc.keep(err)
-}
-
-// writer writes one worker's outcomes on a goroutine of its own, so that the
-// worker sends its next message while the last one's outcome is being
-// written: the send and the write's round trip overlap. It holds the
-// connection the outcomes are written on (one transaction each) from before
-// the worker's first send; with GroupOutcomes it hands them to the recorder's
-// group instead. It also says when a task's keys are done — once their
-// outcomes are recorded, never before, so that the engine never selects a
-// row whose outcome is on its way as if it were still waiting.
-type writer struct {
-	rc    *recorder
-	conn  heldConn
-	in    chan submission
-	slots chan struct{} // one per outcome handed over and not yet recorded: at most outcomePipeline
-	done  chan struct{}
-}
-
-// submission is outcomes to record; once they are, ack (if set) is closed and
-// keys (if set) go to finished.
-type submission struct {
-	ds       []delivery
-	ack      chan struct{}
-	keys     []string
-	finished chan<- []string
-}
-
-// newWriter starts a worker's writer, holding its connection first.
-func (rc *recorder) newWriter(ctx context.Context) (*writer, error) {
-	// The worker sends on while up to outcomePipeline outcomes wait to be
-	// written (slots), in submissions that also carry its tasks' keys.
-	w := &writer{rc: rc, conn: heldConn{pool: rc.r.pool}, in: make(chan submission, 2*outcomePipeline),
-		slots: make(chan struct{}, outcomePipeline), done: make(chan struct{})}
-	if !rc.grouped {
-		if _, err := w.conn.get(ctx); err != nil {
-			return nil, rc.keep(err)
-		}
-	}
-	go w.run()
-	return w, nil
-}
-
-func (w *writer) run() {
-	defer close(w.done)
-	for s := range w.in {
-		// Whatever else is waiting goes in the same round trip, each outcome
-		// in its own transaction.
-		batch := []submission{s}
-		n := len(s.ds)
-	more:
-		for n < outcomePipeline {
-			select {
-			case next, ok := <-w.in:
-				if !ok {
-					break more
-				}
-				batch = append(batch, next)
-				n += len(next.ds)
-			default:
-				break more
-			}
-		}
-		var ds []delivery
-		for _, b := range batch {
-			ds = append(ds, b.ds...)
-		}
-		if len(ds) > 0 {
-			_ = w.rc.addAll(ds, &w.conn) // a failure stops the pass through rc.err
-			for range ds {
-				<-w.slots
-			}
-		}
-		for _, b := range batch {
-			if b.ack != nil {
-				close(b.ack)
-			}
-			if b.finished != nil {
-				b.finished <- b.keys
-			}
-		}
-	}
-}
-
-// addAll records ds: each in its own transaction, all in one round trip, or
-// into the group.
-func (rc *recorder) addAll(ds []delivery, conn *heldConn) error {
-	if !rc.grouped {
-		return rc.keep(rc.writeEach(ds, conn, true))
-	}
-	for _, d := range ds {
-		if err := rc.add(d, conn); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// record hands ds to the writer; with wait, it returns once they are
-// recorded (a key's next message is sent only after its previous outcome is
-// written, so a lost write can never let it overtake). It returns the pass's
-// stopping failure, if any.
-func (w *writer) record(ds []delivery, wait bool) error {
-	for len(ds) > 0 || wait {
-		n := min(len(ds), outcomePipeline)
-		s := submission{ds: ds[:n:n]}
-		ds = ds[n:]
-		last := len(ds) == 0
-		if wait && last {
-			s.ack = make(chan struct{})
-		}
-		for range s.ds {
-			w.slots <- struct{}{} // waits while outcomePipeline outcomes wait
-		}
-		w.in <- s
-		if s.ack != nil {
-			<-s.ack
-		}
-		if last {
-			break
-		}
-	}
-	return w.rc.errorOf()
-}
-
-// finish has the writer send keys to finished once every outcome handed to it
-// before is recorded.
-func (w *writer) finish(keys []string, finished chan<- []string) {
-	w.in <- submission{keys: keys, finished: finished}
-}
-
-// close waits for the last outcome and gives the connection back.
-func (w *writer) close() {
-	close(w.in)
-	<-w.done
-	w.conn.release()
-}
-
-// add records d, at once on the worker's connection or as part of a group. It
-// returns an error once a recording has failed: the pass then starts no new
-// message.
-func (rc *recorder) add(d delivery, worker *heldConn) error {
-	if !rc.grouped {
-		return rc.keep(rc.write([]delivery{d}, worker))
-	}
-	rc.mu.Lock()
-	rc.pending = append(rc.pending, d)
-	if len(rc.pending) < rc.r.cfg.GroupOutcomes {
-		if rc.timer == nil {
-			rc.timer = time.AfterFunc(outcomeGroupDelay, func() { _ = rc.flush() })
-		}
-		err := rc.err
-		rc.mu.Unlock()
-		return err
-	}
-	rc.mu.Unlock()
-	return rc.flush()
-}
-
-// flush records the pending group, if any.
-func (rc *recorder) flush() error {
-	rc.flushing.Lock()
-	defer rc.flushing.Unlock()
-	rc.mu.Lock()
-	group := rc.pending
-	rc.pending = nil
-	if rc.timer != nil {
-		rc.timer.Stop()
-		rc.timer = nil
-	}
-	rc.mu.Unlock()
-	var err error
-	if len(group) > 0 {
-		err = rc.write(group, &rc.conn)
-	}
-	return rc.keep(err)
-}
-
-// close flushes the last group and gives the recorder's connection back.
-func (rc *recorder) close() error {
-	err := rc.flush()
-	rc.flushing.Lock()
-	rc.conn.release()
-	rc.flushing.Unlock()
-	return err
+	return rc
 }
 
 // keep remembers the first failure and returns it, nil while none.
@@ -384,12 +223,31 @@ func (rc *recorder) errorOf() error { return rc.keep(nil) }
 // a shorter failure text when the text did not fit its column. Any other
 // error (read-only server, permission, constraint) is not retried: the
 // messages are held back from re-sending and the pass stops, saying why.
-func (rc *recorder) write(ds []delivery, conn *heldConn) error { return rc.writeEach(ds, conn, false) }
+//
+// It returns the outcomes it recorded, for the caller to [recorder.report]
+// once it holds no lock.
+func (rc *recorder) write(ds []delivery, conn *heldConn) ([]delivery, error) {
+	return rc.writeAs(ds, conn, writeTogether)
+}
 
-// writeEach is write; with each, ds are written one transaction each, in one
-// round trip (repository.recordEach), and a statement that fails alone is
-// written again on its own, as write would write it.
-func (rc *recorder) writeEach(ds []delivery, conn *heldConn, each bool) error {
+// writeMode is how writeAs writes several outcomes.
+type writeMode int
+
+const (
+	// writeTogether writes them in one statement, one transaction.
+	writeTogether writeMode = iota
+	// writeApart writes each in its own transaction, all in one round trip
+	// (repository.recordEach); a statement that fails alone is written again
+	// on its own, as write would write it.
+	writeApart
+	// writeTogetherOrApart writes them together, and apart if the server
+	// refuses the statement as a whole: one row's failure (a constraint, a
+	// trigger) never costs the others their outcome.
+	writeTogetherOrApart
+)
+
+// writeAs is write, with several outcomes written as mode says.
+func (rc *recorder) writeAs(ds []delivery, conn *heldConn, mode writeMode) (recorded []delivery, err error) {
 	r := rc.r
 	ctx, cancel := context.WithTimeout(rc.ctx, outcomeTimeout)
 	defer cancel()
@@ -400,7 +258,7 @@ func (rc *recorder) writeEach(ds []delivery, conn *heldConn, each bool) error {
 		if err != nil {
 			return nil, err
 		}
-		if each && len(ds) > 1 {
+		if mode == writeApart && len(ds) > 1 {
 			var stale map[int64]bool
 			stale, failed, err = r.repo.recordEach(ctx, c, ds, r.cfg.MaxAttempts, width)
 			return stale, err
@@ -428,11 +286,13 @@ func (rc *recorder) writeEach(ds []delivery, conn *heldConn, each bool) error {
 		}
 		stale, err = record()
 	}
+	if err != nil && mode == writeTogetherOrApart && len(ds) > 1 && sqlState(err) != "" && !connectionFailed(err) && ctx.Err() == nil {
+		return rc.writeAs(ds, conn, writeApart)
+	}
 	if err != nil {
-		return rc.unrecorded(ctx, ds, err)
+		return nil, rc.unrecorded(ctx, ds, err)
 	}
 	var again []delivery // statements that failed alone, in a pipeline
-	rc.mu.Lock()
 	for _, d := range ds {
 		if failed[d.m.ID] != nil {
 			again = append(again, d)
@@ -445,16 +305,17 @@ func (rc *recorder) writeEach(ds []delivery, conn *heldConn, each bool) error {
 				slog.String("read_status", orNULL(d.m.status)), slog.Int("read_attempts", d.m.Attempts))
 			continue
 		}
-		rc.report(d)
+		recorded = append(recorded, d)
 	}
-	rc.mu.Unlock()
 	var first error
 	for _, d := range again {
-		if err := rc.write([]delivery{d}, conn); err != nil && first == nil {
+		done, err := rc.write([]delivery{d}, conn)
+		recorded = append(recorded, done...)
+		if err != nil && first == nil {
 			first = err
 		}
 	}
-	return first
+	return recorded, first
 }
 
 // ownEarlierWrite looks at the rows whose retried outcome found them moved
@@ -528,25 +389,42 @@ func recordFailure(err error, table string) string {
 	return "the database refused the update"
 }
 
-// report counts, logs and observes one recorded outcome. Callers hold rc.mu.
-func (rc *recorder) report(d delivery) {
+// report counts, logs and observes recorded outcomes. The caller holds no
+// lock: the log handler and the Observer are the adopter's code.
+func (rc *recorder) report(ds []delivery) {
+	rc.mu.Lock()
+	for _, d := range ds {
+		switch d.out {
+		case outcomeSent:
+			rc.res.sent++
+		case outcomeFailed:
+			rc.res.failed++
+		case outcomeDead:
+			rc.res.dead++
+		}
+	}
+	rc.mu.Unlock()
+	for _, d := range ds {
+		rc.reportOne(d)
+	}
+}
+
+// reportOne logs and observes one recorded outcome, and counts it in Stats.
+func (rc *recorder) reportOne(d delivery) {
 	r := rc.r
 	ctx := rc.ctx
 	attempts := int(d.newAttempts(r.cfg.MaxAttempts))
 	rep := MessageReport{ID: d.m.ID, Type: d.m.Type, Attempts: attempts, Duration: d.took, Err: d.sendErr}
 	switch d.out {
 	case outcomeSent:
-		rc.res.sent++
 		r.stats.sent.Add(1)
 		rep.Outcome = OutcomeSent
 	case outcomeFailed:
-		rc.res.failed++
 		r.stats.failed.Add(1)
 		rep.Outcome = OutcomeError
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: send failed; will retry",
 			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Int("attempts", attempts), slog.String("error", errorText(d.sendErr, 0)))
 	case outcomeDead:
-		rc.res.dead++
 		r.stats.dead.Add(1)
 		rep.Outcome = OutcomeDead
 		msg := "relay: send failed; message is dead until re-queued"

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,4 +176,77 @@ func TestGroupOutcomes(t *testing.T) {
 		<-sentA
 		require.Equal(t, "SENT", seen, "a's outcome was recorded within the group delay, before the batch ended")
 	})
+}
+
+// blockingObserver blocks its first MessageDone until release is closed: an
+// adopter's Observer that pushes metrics to a server that hangs.
+type blockingObserver struct {
+	first   atomic.Bool
+	blocked chan int64 // the id whose report blocks
+	release chan struct{}
+}
+
+func (o *blockingObserver) PassDone(relay.PassReport) {}
+
+func (o *blockingObserver) MessageDone(m relay.MessageReport) {
+	if o.first.CompareAndSwap(false, true) {
+		o.blocked <- m.ID
+		<-o.release
+	}
+}
+
+// TestSlowObserverDelaysOnlyItsWorker proves that the relay calls the
+// Observer with no lock of its own held: while the report of one key's
+// message blocks, the other key's messages are all sent and recorded. (When
+// the report ran under the recorder's lock, every worker stalled behind it.)
+func TestSlowObserverDelaysOnlyItsWorker(t *testing.T) {
+	t.Parallel()
+	for _, group := range []int{0, 4} {
+		t.Run(fmt.Sprintf("GroupOutcomes%d", group), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var keys []string
+			for range 5 {
+				keys = append(keys, "a", "b")
+			}
+			ids := b.insert(t, "t", keys...)
+			keyOf := map[int64]string{}
+			for i, id := range ids {
+				keyOf[id] = keys[i]
+			}
+			obs := &blockingObserver{blocked: make(chan int64, 1), release: make(chan struct{})}
+			var released sync.Once
+			release := func() { released.Do(func() { close(obs.release) }) }
+			t.Cleanup(release) // a failing test lets the pass end
+			cfg := b.cfg
+			cfg.Concurrency = 2
+			cfg.GroupOutcomes = group
+			cfg.Observer = obs
+			rec := newRecorder("t", nil)
+			r := b.newRelay(t, cfg, rec)
+			passed := make(chan error, 1)
+			go func() {
+				_, err := r.Run(context.Background())
+				passed <- err
+			}()
+			other := "a"
+			if keyOf[<-obs.blocked] == "a" {
+				other = "b"
+			}
+			sentOf := func(key string) int {
+				n := 0
+				for _, id := range rec.ids() {
+					if keyOf[id] == key {
+						n++
+					}
+				}
+				return n
+			}
+			require.Eventually(t, func() bool { return sentOf(other) == 5 }, 20*time.Second, 5*time.Millisecond,
+				"key %s is delivered while the report of the other key's message blocks", other)
+			release()
+			require.NoError(t, <-passed)
+			require.Equal(t, 10, b.countStatus(t, "SENT"))
+		})
+	}
 }

@@ -17,7 +17,7 @@ import (
 // This file is the partitioned election (Config.Partitions > 1, decision
 // 0036): several replicas deliver at once, each only the rows of the
 // partitions whose locks it holds, and a row's partition is a hash of its
-// natural key (repository.go, partitionOf), so a key's messages keep their
+// natural key (sql/pass.sql, partitionOf), so a key's messages keep their
 // order on one replica at a time.
 //
 // A replica is a member while one session of its own, the membership's,
@@ -25,7 +25,7 @@ import (
 // other and exclude every exclusive one: a JVM relay, a replica with
 // Partitions 1, an operator's pause. On that same session the member holds
 // its partitions' locks, two-int advisory locks that name N and the
-// partition (repository.go). Nothing else is stored: the server frees a
+// partition (sql/election.sql). Nothing else is stored: the server frees a
 // member's locks when its session ends, and the session carries the lease of
 // the field-faults issue (lease.go): idle_session_timeout and the watch's
 // heartbeat, so a member cut off or frozen loses its partitions within the
@@ -50,10 +50,12 @@ import (
 // replica delivers a key at any time. Partitioned passes drain for at most
 // Interval, so that rebalancing happens at least that often.
 
-// membership is this relay's part in the partitioned election. It is used
-// under the relay's pass semaphore only (r.pass), except for the watch's
-// loss, which takes mu.
+// membership is this relay's part in the partitioned election. Its
+// memberElection (election.go) uses it under turn only, except for the
+// watch's loss, which takes mu.
 type membership struct {
+	turn sync.Mutex // held by a pass, and by the loop's begin and end
+
 	r     *Relay
 	n     int
 	start int // where this member starts looking for free partitions
@@ -293,22 +295,4 @@ func (m *membership) announce(st partitionState) {
 	if msg != "" {
 		m.r.logger.LogAttrs(context.Background(), slog.LevelWarn, msg, append(attrs, slog.String("key", m.r.key))...)
 	}
-}
-
-// partitionedPass is the elected pass of a partitioned relay: its
-// membership's pass, which delivers this replica's partitions.
-func (r *Relay) partitionedPass(ctx context.Context, o passOpts) (passResult, bool) {
-	m := r.members
-	var res passResult
-	o.drainFor = min(r.cfg.Interval, drainMax)
-	ran, err := m.pass(ctx, func(ctx context.Context, parts []int) error {
-		o.parts = parts
-		res = r.dispatch(ctx, o)
-		return res.err
-	})
-	res.err, res.ran = err, ran
-	if !m.stay {
-		m.leave(ctx)
-	}
-	return res, ran
 }

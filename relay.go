@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -39,7 +38,6 @@ type Relay struct {
 	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
-	guard    Guard
 	key      string
 	observer Observer
 	stats    counters
@@ -48,11 +46,12 @@ type Relay struct {
 	// built once rather than for every message.
 	sendTimedOut error
 
-	// pass is a one-slot semaphore: one pass of this relay at a time.
-	pass chan struct{}
+	// slot is a one-slot semaphore: one pass of this relay at a time. Only
+	// Relay.pass takes it (election.go).
+	slot chan struct{}
 
-	// members is the partitioned election's membership (Partitions > 1).
-	members *membership
+	// election decides whether a pass runs, chosen once in New (election.go).
+	election election
 
 	// held are the messages whose outcome could not be recorded, held back
 	// from re-sending (outcomes.go).
@@ -126,28 +125,14 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		tableID:  tableID,
 		senders:  byType,
 		types:    slices.Sorted(maps.Keys(byType)),
-		guard:    cfg.Guard,
 		key:      cfg.lockKey(),
 		observer: cfg.Observer,
-		pass:     make(chan struct{}, 1),
+		slot:     make(chan struct{}, 1),
 
 		sendTimedOut: fmt.Errorf("send timed out after %s", cfg.SendTimeout),
 	}
-	if cfg.Partitions > 1 {
-		r.members = newMembership(r)
-	}
-	if r.guard == nil {
-		g := NewPostgresGuard(pool)
-		g.logger = logger
-		r.guard = g
-	}
-	// The election would hold the pool's only connection while the pass waits
-	// for another: fail now rather than at every pass.
-	if g, ok := r.guard.(*PostgresGuard); ok && g.pool == pool && cfg.ClusterLock {
-		if n := pool.Config().MaxConns; n < 2 {
-			return nil, fmt.Errorf("relay: the pool allows %d connection; the election holds one for the whole pass "+
-				"and the pass needs another: set pool_max_conns to at least 2", n)
-		}
+	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
+		return nil, err
 	}
 	if n := int(pool.Config().MaxConns); cfg.Concurrency > n-2 {
 		logger.Warn("relay: the pool is too small for Concurrency: each message in flight holds a connection for its outcome, "+
@@ -172,24 +157,8 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 // It waits for a pass of this relay already in flight. It returns how many rows
 // it processed (recorded sent or failed).
 func (r *Relay) Run(ctx context.Context) (int, error) {
-	res := r.direct(ctx, passOpts{})
+	res := r.pass(ctx, passDirect, passOpts{})
 	return res.processed(), res.err
-}
-
-// direct runs a pass without election, after waiting for a pass of this relay
-// already in flight.
-func (r *Relay) direct(ctx context.Context, o passOpts) passResult {
-	select {
-	case r.pass <- struct{}{}:
-	case <-ctx.Done():
-		return passResult{err: ctx.Err()}
-	}
-	defer func() { <-r.pass }()
-	start := time.Now()
-	res := r.dispatch(ctx, o)
-	res.ran = true
-	r.passDone(res, start)
-	return res
 }
 
 // RunIfElected runs the same pass as [Relay.Run] under the election for
@@ -207,52 +176,8 @@ func (r *Relay) direct(ctx context.Context, o passOpts) passResult {
 // If the election is lost mid-pass, the pass stops before its next message and
 // the error wraps [ErrElectionLost].
 func (r *Relay) RunIfElected(ctx context.Context) (bool, error) {
-	res, ran := r.runIfElected(ctx, passOpts{})
-	return ran, res.err
-}
-
-// runIfElected is RunIfElected, with the periodic tick's options.
-func (r *Relay) runIfElected(ctx context.Context, o passOpts) (passResult, bool) {
-	if !r.cfg.ClusterLock {
-		res := r.direct(ctx, o)
-		return res, res.ran
-	}
-	select {
-	case r.pass <- struct{}{}:
-	default:
-		// A pass of this relay is in flight: it holds the election, so this
-		// one coalesces like any other loser.
-		r.passDone(passResult{}, time.Now())
-		return passResult{}, false
-	}
-	defer func() { <-r.pass }()
-	start := time.Now()
-	if r.members != nil {
-		res, ran := r.partitionedPass(ctx, o)
-		r.passDone(res, start)
-		return res, ran
-	}
-	var res passResult
-	ran, err := r.tryRun(ctx, func(ctx context.Context) error {
-		res = r.dispatch(ctx, o)
-		return res.err
-	})
-	res.err = err
-	res.ran = ran
-	r.passDone(res, start)
-	return res, ran
-}
-
-// tryRun runs fn under the guard's election. A Guard of the adopter's own
-// that panics is recovered here: the pass fails, the relay goes on.
-func (r *Relay) tryRun(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			r.logger.LogAttrs(ctx, slog.LevelError, "relay: the election panicked", slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
-			err = fmt.Errorf("relay: the election panicked: %v", p)
-		}
-	}()
-	return r.guard.TryRun(ctx, r.key, fn)
+	res := r.pass(ctx, passElected, passOpts{})
+	return res.ran, res.err
 }
 
 func (r *Relay) passDone(res passResult, start time.Time) {

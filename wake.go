@@ -9,7 +9,6 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,56 +92,6 @@ func wakeDueAt(channel, typ string, now int64) bool {
 	return last.CompareAndSwap(prev, now)
 }
 
-// WakeTriggerSQL returns the DDL of a trigger that wakes the relays of table
-// (optionally schema-qualified) whenever rows are inserted by any producer,
-// for producers that do not call [Enqueue] (a JVM service, plain SQL). It is
-// idempotent. One statement notifies once per type it inserted; of several
-// transactions inserting at once, only the one holding the wake-up token
-// carries the NOTIFY, so the producers' commits stay concurrent. Its price is
-// one more function call per INSERT statement. Unlike Enqueue it has no
-// window of its own: while a long transaction holds the token, the relays
-// find the rows of the others at their next poll.
-func WakeTriggerSQL(table string) (string, error) {
-	id, err := parseTable(table)
-	if err != nil {
-		return "", fmt.Errorf("relay: %w", err)
-	}
-	fn := append(pgx.Identifier{}, id...)
-	fn[len(fn)-1] = strings.Trim(indexName(id[len(id)-1], "_relay_wake"), `"`)
-	channel := wakeChannel(id)
-	return `CREATE OR REPLACE FUNCTION ` + fn.Sanitize() + `() RETURNS trigger LANGUAGE plpgsql AS $relay$
-BEGIN
-  IF pg_try_advisory_xact_lock(hashtext('relay:wake'), hashtext(` + quoteLiteral(channel) + `)) THEN
-    PERFORM pg_notify(` + quoteLiteral(channel) + `, t.type) FROM (SELECT DISTINCT type FROM relay_new_rows WHERE direction = 'OUT') t;
-  END IF;
-  RETURN NULL;
-END
-$relay$;
-DROP TRIGGER IF EXISTS relay_wake ON ` + id.Sanitize() + `;
-CREATE TRIGGER relay_wake AFTER INSERT ON ` + id.Sanitize() + `
-  REFERENCING NEW TABLE AS relay_new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + fn.Sanitize() + `();
-`, nil
-}
-
-// CreateWakeTrigger installs [WakeTriggerSQL]'s trigger on table.
-func CreateWakeTrigger(ctx context.Context, db Beginner, table string) error {
-	ddl, err := WakeTriggerSQL(table)
-	if err != nil {
-		return err
-	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "relay_schema:"+table); err != nil {
-			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
-		}
-		if _, err := tx.Exec(ctx, ddl); err != nil {
-			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
-		}
-		return nil
-	})
-}
-
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
 // listen is the started relay's listener: a connection of its own on which it
 // LISTENs for its table's channel, waking the loop for each notification of
 // a type it delivers. It first checks that its own test notification comes
@@ -212,8 +161,7 @@ func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, er
 	}
 	lctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
 	defer cancel()
-	quoted := pgx.Identifier{channel}.Sanitize()
-	if _, err := conn.Exec(lctx, "LISTEN "+quoted); err != nil {
+	if _, err := conn.Exec(lctx, listenSQL(channel)); err != nil {
 		return fail(err)
 	}
 	var token [8]byte
@@ -223,7 +171,7 @@ func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, er
 	// proxy the LISTEN's server connection went back to the proxy's pool, and
 	// a notification to it never reaches this client, even if the proxy
 	// happens to lend this client the same server connection again.
-	if _, err := r.pool.Exec(lctx, "SELECT pg_notify($1, $2)", channel, probe); err != nil {
+	if err := wakeProbe(lctx, r.pool, channel, probe); err != nil {
 		return fail(err)
 	}
 	for {

@@ -700,7 +700,7 @@ const sentSQL = `UPDATE ` + benchTable + ` SET status = 'SENT', sent_at = now(),
 WHERE id = $1 AND status = $2 AND attempts = $3`
 
 // sentAsyncSQL is the statement the relay records a SENT outcome with under
-// AsyncCommit (repository.go): synchronous_commit off for its own transaction.
+// AsyncCommit (sql/outcomes.sql): synchronous_commit off for its own transaction.
 const sentAsyncSQL = `UPDATE ` + benchTable + ` SET status = 'SENT', sent_at = now(), updated_at = now()
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 WHERE id = $1 AND status IS NOT DISTINCT FROM $2 AND attempts IS NOT DISTINCT FROM $3`

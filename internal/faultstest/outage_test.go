@@ -215,10 +215,11 @@ func (l *logLines) count(t *testing.T, msg, level string) int {
 func TestOutage(t *testing.T) { testOutage(t, false) }
 
 // atRisk is how many messages a database that stops answering can leave sent
-// but not recorded, with Concurrency 1: the worker sends on while up to 8 of
-// its outcomes wait to be written (outcomePipeline, outcomes.go), so the
-// message in flight and those 8.
-const atRisk = 1 + 8
+// but not recorded, with Concurrency 1 and the default adaptive outcomes: the
+// worker sends on while up to 64 of its outcomes wait to be written
+// (adaptivePipeline, outcomes.go; docs/decisions/0037-adaptive-outcomes.md),
+// so the message in flight and those 64.
+const atRisk = 1 + 64
 
 // TestOutageAsyncCommit is TestOutage with AsyncCommit on, the default: the
 // halt, a crash of the server, also forgets the outcomes committed in its last

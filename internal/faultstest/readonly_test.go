@@ -40,6 +40,7 @@ func TestReadOnlyCutover(t *testing.T) {
 	}
 	cfg := w.config(logs.logger())
 	cfg.Concurrency = 4
+	cfg.GroupOutcomes = 1 // one transaction per outcome: at most 8 wait per worker (the bound below)
 	pool := newPool(t, w.name, 8)
 	r, err := relay.New(pool, cfg, dest)
 	require.NoError(t, err)
@@ -76,7 +77,7 @@ func TestReadOnlyCutover(t *testing.T) {
 		}
 	}
 	// In flight at the switch: per worker, the message being sent and those
-	// whose outcomes waited for its writer (outcomes.go, outcomePipeline: 8).
+	// whose outcomes waited for its writer (outcomes.go, outcomePipeline: 8, with GroupOutcomes 1).
 	require.LessOrEqual(t, twice, cfg.Concurrency*(1+8), "only the messages in flight at the switch are delivered twice")
 	require.Positive(t, logs.count(t, "relay: pass failed", ""))
 	var readOnlyLines int

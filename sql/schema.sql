@@ -1,4 +1,9 @@
-CREATE TABLE IF NOT EXISTS {{table}} (
+-- The outbox table's DDL (store_schema.go: SchemaSQL, CreateTable).
+
+-- name: schema
+-- The table and its indexes, idempotent. {{.Table}} is the quoted table, the
+-- index names are the table's (indexName).
+CREATE TABLE IF NOT EXISTS {{.Table}} (
     id          bigserial   PRIMARY KEY,
     direction   text        NOT NULL DEFAULT 'OUT' CHECK (direction IN ('IN', 'OUT')),
     type        text        NOT NULL,
@@ -12,17 +17,22 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     sent_at     timestamptz
 );
 -- the pass reads only the small live part of the table, however large the SENT history grows
-CREATE INDEX IF NOT EXISTS {{outbox_index}} ON {{table}} (id)
+CREATE INDEX IF NOT EXISTS {{.OutboxIndex}} ON {{.Table}} (id)
     WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');
 -- a pass reads its own types' waiting rows only: another app's backlog sharing the table is never
 -- walked (a NULL status, as a table without the column's default leaves it, is read as PENDING)
-CREATE INDEX IF NOT EXISTS {{pending_index}} ON {{table}} (type, id)
+CREATE INDEX IF NOT EXISTS {{.PendingIndex}} ON {{.Table}} (type, id)
     WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL);
 -- failed rows by type and attempts: the range attempts < MaxAttempts stops before the dead rows,
 -- however many accumulate
-CREATE INDEX IF NOT EXISTS {{error_index}} ON {{table}} (type, attempts, id)
+CREATE INDEX IF NOT EXISTS {{.ErrorIndex}} ON {{.Table}} (type, attempts, id)
     WHERE direction = 'OUT' AND status = 'ERROR';
 -- per-key order under RetryBackoff: a row waits while an earlier ERROR row of its key waits out its
 -- backoff; only ERROR rows can wait, so only they are indexed (a PENDING backlog stays out of it)
-CREATE INDEX IF NOT EXISTS {{retry_index}} ON {{table}} (natural_key, id)
+CREATE INDEX IF NOT EXISTS {{.RetryIndex}} ON {{.Table}} (natural_key, id)
     WHERE direction = 'OUT' AND status = 'ERROR';
+
+-- name: schemaLock @name
+-- Serialises replicas that create the table (or its wake-up trigger) at the
+-- same time: a transaction-scoped advisory lock on the table's name.
+SELECT pg_advisory_xact_lock(hashtext(@name))

@@ -1,0 +1,281 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// These tests run the engine's ordering and hand-off logic on an in-memory
+// table, without PostgreSQL: a memTable fetches, and its memOutcomes strategy
+// records. The integration tests (drain_test.go, outcomes_test.go, …) run the
+// same engine against the server.
+
+// memTable is an outbox in memory: rows by id, selected as the relay's select
+// selects them (deliverable, past after, in id order, at most limit).
+type memTable struct {
+	mu      sync.Mutex
+	rows    map[int64]*row
+	limit   int
+	ceiling int
+	selects int
+}
+
+func newMemTable(limit int, keys ...string) *memTable {
+	t := &memTable{rows: map[int64]*row{}, limit: limit, ceiling: 10}
+	for i, k := range keys {
+		id := int64(i + 1)
+		t.rows[id] = &row{Message: Message{ID: id, Type: "t", Key: k}}
+	}
+	return t
+}
+
+func (t *memTable) fetch(_ context.Context, _ bool, after int64, _ []int) (fetched, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.selects++
+	var ids []int64
+	for id, r := range t.rows {
+		if id > after && r.status.String != statusSent && r.Attempts < t.ceiling {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	var f fetched
+	if len(ids) >= t.limit {
+		ids, f.full = ids[:t.limit], true
+	}
+	for _, id := range ids {
+		f.rows = append(f.rows, *t.rows[id])
+	}
+	return f, nil
+}
+
+func (t *memTable) starved() bool { return false }
+
+// memOutcomes records outcomes into its memTable, one at a time.
+type memOutcomes struct {
+	rc *recorder
+	t  *memTable
+}
+
+func (s memOutcomes) ready(context.Context) error           { return s.rc.errorOf() }
+func (s memOutcomes) hold(context.Context, *heldConn) error { return nil }
+func (s memOutcomes) flush() error                          { return s.rc.errorOf() }
+func (s memOutcomes) close() error                          { return s.rc.errorOf() }
+
+func (s memOutcomes) add(ds []delivery, _ *heldConn) error {
+	s.t.mu.Lock()
+	for _, d := range ds {
+		r := s.t.rows[d.m.ID]
+		if d.out == outcomeSent {
+			r.status.String = statusSent
+		} else {
+			r.status.String = statusError
+			r.Attempts = int(d.newAttempts(s.t.ceiling))
+		}
+	}
+	s.t.mu.Unlock()
+	s.rc.report(ds)
+	return s.rc.errorOf()
+}
+
+// orderSender sends into a log, checks that no two messages of a key are in
+// flight at once, and fails the messages fail says.
+type orderSender struct {
+	mu       sync.Mutex
+	inFlight map[string]bool
+	sent     []Message
+	overlaps []string
+	fail     func(m Message) bool
+	hold     chan struct{} // when set, each send waits for it
+}
+
+func (s *orderSender) Type() string { return "t" }
+
+func (s *orderSender) Send(ctx context.Context, m Message) error {
+	s.mu.Lock()
+	if s.inFlight[m.Key] {
+		s.overlaps = append(s.overlaps, m.Key)
+	}
+	s.inFlight[m.Key] = true
+	s.mu.Unlock()
+	if s.hold != nil {
+		<-s.hold
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.inFlight, m.Key)
+	if s.fail != nil && s.fail(m) {
+		return errors.New("refused")
+	}
+	s.sent = append(s.sent, m)
+	return nil
+}
+
+// memRelay is a Relay with no pool, for the engine alone.
+func memRelay(t *testing.T, concurrency, batch int, s Sender) *Relay {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Concurrency, cfg.BatchSize, cfg.MaxAttempts = concurrency, batch, 10
+	r := &Relay{cfg: cfg, maxConns: concurrency + 2, logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		senders: map[string]Sender{"t": s}, types: []string{"t"}, sendTimedOut: errors.New("send timed out")}
+	return r
+}
+
+// runMem runs one pass of r's engine over t.
+func runMem(r *Relay, t *memTable, o passOpts) passResult {
+	e := r.newEngine(context.Background(), o, t)
+	e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res, pipeline: outcomePipeline}
+	e.rec.outcomeStrategy = memOutcomes{rc: e.rec, t: t}
+	e.run()
+	return e.res
+}
+
+func TestEngineDrainsInKeyOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		keys, concurrency int
+		rows, batch       int
+	}{
+		{"OneKeyManyBatches", 1, 4, 50, 7},
+		{"FewKeysManyWorkers", 3, 8, 90, 10},
+		{"ManyKeysOneWorker", 40, 1, 120, 16},
+		{"ManyKeysSmallBatches", 25, 4, 200, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var keys []string
+			for i := range tc.rows {
+				keys = append(keys, fmt.Sprint("k", i%tc.keys))
+			}
+			table := newMemTable(tc.batch, keys...)
+			s := &orderSender{inFlight: map[string]bool{}}
+			r := memRelay(t, tc.concurrency, tc.batch, s)
+			res := runMem(r, table, passOpts{drain: true, drainFor: time.Hour})
+			require.NoError(t, res.err)
+			require.Equal(t, tc.rows, res.sent)
+			require.Empty(t, s.overlaps, "two messages of one key in flight at once")
+			last := map[string]int64{}
+			seen := map[int64]bool{}
+			for _, m := range s.sent {
+				require.False(t, seen[m.ID], "row %d sent twice", m.ID)
+				seen[m.ID] = true
+				require.Greater(t, m.ID, last[m.Key], "key %s out of id order", m.Key)
+				last[m.Key] = m.ID
+			}
+		})
+	}
+}
+
+func TestEngineOneBatchWithoutDrain(t *testing.T) {
+	table := newMemTable(5, "a", "b", "c", "d", "e", "f", "g")
+	s := &orderSender{inFlight: map[string]bool{}}
+	res := runMem(memRelay(t, 2, 5, s), table, passOpts{})
+	require.NoError(t, res.err)
+	require.Equal(t, 5, res.sent, "Run and RunIfElected take one batch")
+	require.Equal(t, 1, table.selects)
+}
+
+func TestEngineFailureStopsItsKey(t *testing.T) {
+	// Key a's second message fails: a's later messages wait for a later pass;
+	// b's go on.
+	var keys []string
+	for range 10 {
+		keys = append(keys, "a", "b")
+	}
+	table := newMemTable(20, keys...)
+	s := &orderSender{inFlight: map[string]bool{}, fail: func(m Message) bool { return m.ID == 3 }}
+	res := runMem(memRelay(t, 2, 20, s), table, passOpts{drain: true, drainFor: time.Hour})
+	require.NoError(t, res.err)
+	require.Equal(t, 1, res.failed)
+	var a, b []int64
+	for _, m := range s.sent {
+		if m.Key == "a" {
+			a = append(a, m.ID)
+		} else {
+			b = append(b, m.ID)
+		}
+	}
+	require.Equal(t, []int64{1}, a, "nothing of a after its failed message")
+	require.Len(t, b, 10, "b goes on")
+	for id := int64(5); id <= 19; id += 2 {
+		require.Empty(t, table.rows[id].status.String, "a's row %d waits, unsent, for a later pass", id)
+	}
+}
+
+func TestEngineKeyInFlightIsNotHandedOutTwice(t *testing.T) {
+	// Batches of 2 over one key: every batch after the first finds the key in
+	// flight, and its rows wait until the key is idle; each row goes once, in order.
+	table := newMemTable(2, "a", "a", "a", "a", "a", "a")
+	s := &orderSender{inFlight: map[string]bool{}, hold: make(chan struct{})}
+	r := memRelay(t, 4, 2, s)
+	done := make(chan passResult)
+	go func() { done <- runMem(r, table, passOpts{drain: true, drainFor: time.Hour}) }()
+	for range 6 {
+		s.hold <- struct{}{}
+	}
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, 6, res.sent)
+	require.Empty(t, s.overlaps)
+	var ids []int64
+	for _, m := range s.sent {
+		ids = append(ids, m.ID)
+	}
+	require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, ids)
+}
+
+func TestEngineHaltStartsNothingNew(t *testing.T) {
+	table := newMemTable(10, "a", "b", "c")
+	s := &orderSender{inFlight: map[string]bool{}}
+	halt := make(chan struct{})
+	close(halt)
+	res := runMem(memRelay(t, 2, 10, s), table, passOpts{halt: halt, drain: true})
+	require.NoError(t, res.err)
+	require.Zero(t, res.sent)
+	require.Empty(t, s.sent)
+}
+
+func TestCursor(t *testing.T) {
+	rows := func(ids ...int64) []row {
+		var rs []row
+		for _, id := range ids {
+			rs = append(rs, row{Message: Message{ID: id}})
+		}
+		return rs
+	}
+	c := newCursor(true)
+	from, rereads := c.next()
+	require.Equal(t, int64(math.MinInt64), from)
+	require.False(t, rereads)
+	require.True(t, c.first)
+
+	c.selected(rows(1, 2, 3), true, false) // a full batch: onwards past it
+	require.True(t, c.more)
+	require.False(t, c.first)
+	from, rereads = c.next()
+	require.Equal(t, int64(3), from)
+	require.False(t, rereads)
+
+	c.selected(rows(4, 5), false, true) // short, but rows were left behind: back to the start
+	require.True(t, c.more)
+	from, rereads = c.next()
+	require.Equal(t, int64(math.MinInt64), from)
+	require.True(t, rereads, "a select from the start goes over ids selected before")
+
+	c.selected(rows(4), false, false) // nothing left behind since: the pass ends
+	require.False(t, c.more)
+
+	one := newCursor(false)
+	one.selected(rows(1, 2), true, false)
+	require.False(t, one.more, "without drain, one batch")
+}

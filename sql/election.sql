@@ -1,0 +1,114 @@
+-- The elections' statements (store_election.go): the guard's lock of one key
+-- (guard.go), its lease's heartbeat (lease.go), and the partitioned
+-- election's membership and partitions (partitions.go).
+--
+-- Every statement the guard runs on the lock's session starts with
+-- electionMark, so that pg_stat_activity.query tells a Go relay's election
+-- from any other holder's (a JVM relay, an operator); the heartbeat's says
+-- since when. parseElectionMark (guard.go) reads them back.
+
+-- name: electionMark
+/* relay election */
+
+-- name: lock @key @idle_timeout @keepalive_idle @keepalive_interval @keepalive_count @user_timeout
+-- Tries the lock in one round trip with .Lock (pg_try_advisory_lock, or
+-- pg_try_advisory_lock_shared for the partitioned election's hold of the
+-- app's key), and, when it wins, sets the session's lease. Its columns:
+-- locked (NULL: the lock is already held by this very session, which would
+-- stack: a connection handed back to the pool by another holder still holding
+-- it — the guard coalesces), the backend's pid, whether the server is
+-- read-only (then it tries nothing), and the session's idle_session_timeout
+-- as it was, for the unlock to restore. The subqueries fence the order: the
+-- lock is tried before the lease is set, and only on a writable server.
+--
+-- @idle_timeout idle_session_timeout (ms), @keepalive_idle tcp keepalive idle
+-- (s), @keepalive_interval interval (s), @keepalive_count count,
+-- @user_timeout tcp_user_timeout (ms).
+{{template "electionMark"}} SELECT s.locked, s.pid, s.read_only, s.idle,
+  CASE WHEN s.locked AND s.version >= 140000 THEN set_config('idle_session_timeout', @idle_timeout, false) END,
+  CASE WHEN s.locked AND s.version < 140000 THEN set_config('tcp_keepalives_idle', @keepalive_idle, false) || set_config('tcp_keepalives_interval', @keepalive_interval, false)
+    || set_config('tcp_keepalives_count', @keepalive_count, false) || set_config('tcp_user_timeout', @user_timeout, false) END
+FROM (SELECT CASE WHEN r.read_only THEN false
+      WHEN EXISTS (SELECT 1 FROM pg_locks
+        WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 AND granted
+          AND classid = ((hashtext(@key)::bigint >> 32) & 4294967295)::oid
+          AND objid = (hashtext(@key)::bigint & 4294967295)::oid) THEN NULL
+      ELSE {{.Lock}}(hashtext(@key)) END AS locked,
+    pg_backend_pid() AS pid, r.read_only, current_setting('idle_session_timeout', true) AS idle,
+    current_setting('server_version_num')::int AS version
+  FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
+  OFFSET 0) s
+
+-- name: unlock @key @idle
+-- Releases the lock with .Unlock and gives the session back its own
+-- idle_session_timeout (@idle: NULL on PostgreSQL 13).
+{{template "electionMark"}} SELECT {{.Unlock}}(hashtext(@key)), pg_backend_pid(),
+  CASE WHEN @idle::text IS NOT NULL THEN set_config('idle_session_timeout', @idle::text, false) END
+
+-- name: heartbeat
+-- The heartbeat of an election won at .Since (RFC 3339, UTC).
+/* relay election since {{.Since}} */ SELECT pg_backend_pid()
+
+-- The partitioned election. A member's locks are two-int advisory locks
+-- beside the app's own one-bigint key, all with hashtext(<app key>) first, so
+-- that pg_locks tells who holds what with which N:
+--
+--   (k, n<<16 | p)      partition p of n, exclusive
+--   (k, n<<16 | 65535)  the member mark of n, shared: a member with N = n
+--   (k, -1)             the configuration lock, for one rebalance at a time
+
+-- name: partitionMark @key @n
+-- Takes the member mark, once, after the join.
+{{template "electionMark"}} SELECT pg_try_advisory_lock_shared(hashtext(@key), (@n::int << 16) | 65535)
+
+-- name: partitionConfig @key
+-- Takes the configuration lock until the end of the transaction: rebalance,
+-- sent with it in one batch (one implicit transaction), so that two members
+-- never decide on the same state.
+{{template "electionMark"}} SELECT pg_advisory_xact_lock(hashtext(@key), -1)
+
+-- name: rebalance
+-- A member's look at the election, and its taking of free partitions: how
+-- many members run with @n (marks, this one among them); whether a partition
+-- of another count is held (foreign: then nobody of @n takes one); whether an
+-- exclusive request waits for the app's key (an operator's pause: members
+-- leave); the fewest partitions a member of @n holds; and the partitions this
+-- member holds after it took free ones, up to its share, ceil(@n / members),
+-- starting from @start so that members spread, and none while a member holds
+-- fewer than floor(@n / members) and this one does not: those are left for
+-- it. pg_locks is read before any lock is tried (the lateral row comes
+-- first), and the CASE keeps a partition this session holds from being
+-- locked twice (session locks stack).
+{{template "electionMark"}} SELECT st.members, st.foreign_n, st.waiter, st.fewest, st.mine || coalesce((
+    SELECT array_agg(x.p) FROM (
+      SELECT c.p FROM (SELECT (@start::int + g) % @n::int AS p FROM generate_series(0, @n::int - 1) g) c
+      WHERE CASE WHEN st.foreign_n IS NOT NULL OR st.waiter OR c.p = ANY(st.taken) OR c.p = ANY(st.mine) THEN false
+        ELSE pg_try_advisory_lock(hashtext(@key), (@n::int << 16) | c.p) END
+      LIMIT CASE WHEN cardinality(st.mine) >= @n::int / st.members AND st.fewest < @n::int / st.members THEN 0
+        ELSE greatest((@n::int + st.members - 1) / st.members - cardinality(st.mine), 0) END) x), '{}')
+FROM (
+  WITH l AS (SELECT pid, mode, granted, objsubid, classid, objid::bigint AS objid FROM pg_locks
+      WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+    app AS (SELECT * FROM l WHERE objsubid = 1
+      AND classid = ((hashtext(@key)::bigint >> 32) & 4294967295)::oid
+      AND objid = hashtext(@key)::bigint & 4294967295),
+    mine AS (SELECT * FROM l WHERE granted AND objsubid = 2 AND classid = (hashtext(@key)::bigint & 4294967295)::oid
+      AND objid <> 4294967295),
+    marks AS (SELECT DISTINCT pid FROM mine WHERE objid & 65535 = 65535 AND objid >> 16 = @n::int
+      UNION SELECT pg_backend_pid()),
+    parts AS (SELECT pid, (objid >> 16)::int AS n, (objid & 65535)::int AS p FROM mine WHERE objid & 65535 <> 65535)
+  SELECT (SELECT count(*)::int FROM marks) AS members,
+    (SELECT min(n) FROM parts WHERE n <> @n::int) AS foreign_n,
+    EXISTS (SELECT 1 FROM app WHERE NOT granted AND mode = 'ExclusiveLock') AS waiter,
+    (SELECT coalesce(min(x.c), 0)::int FROM (SELECT m.pid, count(pp.p) AS c FROM marks m
+      LEFT JOIN parts pp ON pp.pid = m.pid AND pp.n = @n::int GROUP BY m.pid) x) AS fewest,
+    (SELECT coalesce(array_agg(p), '{}') FROM parts WHERE n = @n::int AND pid <> pg_backend_pid()) AS taken,
+    (SELECT coalesce(array_agg(p ORDER BY p), '{}') FROM parts WHERE n = @n::int AND pid = pg_backend_pid()) AS mine
+  OFFSET 0) st
+
+-- name: releasePartitions
+-- Lets go of the partitions @release of @n, and of the member mark too when
+-- @leave; false if this session did not hold one of them.
+{{template "electionMark"}} SELECT coalesce(bool_and(pg_advisory_unlock(hashtext(@key), (@n::int << 16) | p)), true)
+  AND (NOT @leave::bool OR pg_advisory_unlock_shared(hashtext(@key), (@n::int << 16) | 65535))
+FROM unnest(@release::int[]) p

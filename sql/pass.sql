@@ -1,0 +1,114 @@
+-- The pass's reads (store_pass.go): the select of a batch, the idle poll,
+-- a large payload, and what the relay learns of its table.
+--
+-- The select's parameters are named: @max the ceiling, @types, @limit, @after
+-- the least id, @backoff and @cap in seconds, @n partitions and @parts this
+-- replica's, @key the election.
+
+-- name: preflight
+-- Sent with the first select of a pass, in the same round trip: a read-only
+-- server (a hot standby after a failover, a cutover's
+-- default_transaction_read_only) can never record an outcome, so nothing is
+-- sent from it; and the database's clock measures the lag against the
+-- producers' own now().
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, clock_timestamp()
+
+-- name: fetch
+-- One batch: the deliverable rows (candidates), in id order. A payload up to
+-- InlinePayloadMax stored bytes (pg_column_size, perhaps compressed) comes
+-- with its row; a larger one is loaded on its own (payload), after its size
+-- was checked, so a batch never holds more than BatchBytes.
+--
+-- The columns are cast and read as nullable, and a NULL status or attempts is
+-- read as PENDING or 0: a table made by another migration (nullable columns,
+-- varchar instead of text) never makes the select fail, and a row that cannot
+-- be delivered is marked dead by the pass, not skipped.
+SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
+  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= {{.InlinePayloadMax}} THEN m.payload::text END
+FROM {{.Table}} m
+WHERE m.id = ANY(ARRAY(SELECT c.id FROM ({{template "candidates" .}}
+  ) c ORDER BY c.id LIMIT @limit))
+ORDER BY m.id
+
+-- name: candidates
+-- The ids of deliverable rows, at most @limit of each part; partitioned,
+-- only of this replica's partitions (partitions.go).
+--
+-- Each part walks an index of its own types only (schema.sql): the waiting
+-- rows by (type, id), one type at a time, and the failed rows by (type,
+-- attempts, id), whose range attempts < ceiling stops before the dead rows,
+-- then sorted. Another app's backlog and the dead rows, however many, are
+-- never read. Two shapes keep the planner on those indexes: the type is
+-- matched by a range, not "=", so that "ORDER BY type, id" is not reduced to
+-- "ORDER BY id", which the primary key would offer at the price of walking
+-- every row (the planner cannot see that few rows of a busy table are this
+-- type's waiting ones); and OFFSET 0 keeps it from trading the failed rows'
+-- range for a walk in id order.
+{{/* starts on a line of its own */}}
+  SELECT p.id FROM unnest(@types::text[]) AS ty(type) CROSS JOIN LATERAL (
+    SELECT m.id FROM {{.Table}} m
+    WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
+      AND coalesce(m.attempts, 0) < @max AND m.id > @after{{template "inPartitions" .}}{{template "heldBack" .}}
+    ORDER BY m.type, m.id LIMIT @limit) p{{template "failed" (.Failing "m.attempts < @max")}}{{template "failed" (.Failing "m.attempts IS NULL")}}
+
+-- name: failed
+-- The failed rows of candidates whose attempts match .Attempts, that wait out
+-- no backoff.
+{{/* starts on a line of its own */}}
+  UNION ALL
+  (SELECT e.id FROM (SELECT m.id FROM {{.Table}} m
+    WHERE m.type = ANY(@types::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR' AND {{.Attempts}} AND m.id > @after{{template "inPartitions" .}}
+      AND NOT {{template "waiting" (.As "m")}}{{template "heldBack" .}}
+    OFFSET 0) e ORDER BY e.id LIMIT @limit)
+
+-- name: inPartitions
+-- Partitioned, a candidate is of this replica's partitions.
+{{if .Partitioned}} AND {{template "partitionOf" "m.natural_key"}} = ANY(@parts::int[]){{end}}
+
+-- name: partitionOf
+-- The partition of a natural key, for Config.Partitions @n: its hashtext,
+-- without sign, modulo @n. A NULL key is in the partition of the empty key,
+-- so that some replica marks its row dead.
+((hashtext(coalesce({{.}}::text, '')) & 2147483647) % @n::int)
+
+-- name: waiting
+-- Whether row .Alias, a failed one, still waits out its backoff. The
+-- exponent is clamped (2^40 s is far past the cap), so no number of attempts
+-- overflows; a NULL updated_at does not wait. Without a backoff nothing waits.
+{{if .Backoff}}coalesce({{.Alias}}.updated_at > now() - make_interval(secs => least(@backoff::float8 * power(2::float8, least(greatest(coalesce({{.Alias}}.attempts, 0), 1) - 1, 40)), @cap::float8)), false){{else}}false{{end}}
+
+-- name: heldBack
+-- A row waits while an earlier failed row of its key waits out its backoff:
+-- a retry never lets a later message of its key overtake it.
+{{if .Backoff}}
+      AND NOT EXISTS (SELECT 1 FROM {{.Table}} e
+        WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.direction = 'OUT' AND e.status = 'ERROR'
+          AND e.type = ANY(@types::text[]) AND (e.attempts < @max OR e.attempts IS NULL) AND {{template "waiting" (.As "e")}}){{end}}
+
+-- name: poll
+-- The idle poll, one statement: is the server writable, does this session
+-- win the election for the statement's own length (a transaction-scoped
+-- lock, gone when the statement ends: nobody waits on it, a JVM replica
+-- trying at that instant coalesces), and is there anything to deliver? Only a
+-- poll that finds work takes the election for real. @limit is 1.
+SELECT l.read_only, l.won, l.won AND EXISTS ({{template "candidates" .}})
+FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext(@key)) AS won
+  FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
+  OFFSET 0) l
+
+-- name: payload @id @max_bytes
+-- A large payload, measured before it is sent: above @max_bytes only its
+-- size comes back, and the row is marked dead instead.
+SELECT s.n, CASE WHEN s.n <= @max_bytes THEN s.p END
+FROM (SELECT payload::text AS p, octet_length(payload::text) AS n FROM {{.Table}} WHERE id = @id) s
+
+-- name: probe @table
+-- What the relay learns of the table before its first pass: its
+-- schema-qualified name, the columns it has, and the width of last_error
+-- when it is declared narrower than text (varchar(255)).
+SELECT n.nspname::text, c.relname::text,
+  coalesce((SELECT array_agg(a.attname::text) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+  coalesce((SELECT CASE WHEN a.atttypid IN ('varchar'::regtype, 'bpchar'::regtype) AND a.atttypmod > 4 THEN a.atttypmod - 4 END
+    FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'last_error' AND NOT a.attisdropped), 0)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass(@table)

@@ -1,0 +1,6 @@
+-- The Scheduler's clock (store_schedule.go).
+
+-- name: databaseNow
+-- The database's clock: the one clock every replica's Scheduler agrees on,
+-- whatever their own clocks say.
+SELECT clock_timestamp()

@@ -1,0 +1,228 @@
+package relay
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/template"
+)
+
+// The SQL layer. Every statement the package sends lives in sql/*.sql,
+// embedded below, one file per concern, and runs from one Go file per
+// concern:
+//
+//	sql/schema.sql    the table's DDL            store_schema.go   (SchemaSQL, CreateTable)
+//	sql/pass.sql      the pass's reads           store_pass.go     (the select, the idle poll, the probe)
+//	sql/outcomes.sql  the fenced outcomes        store_outcomes.go
+//	sql/admin.sql     Admin's statements         store_admin.go
+//	sql/election.sql  guard, lease, partitions   store_election.go
+//	sql/wake.sql      the wake-up on commit      store_wake.go     (WakeTriggerSQL, the listener)
+//	sql/producer.sql  Enqueue's insert           store_producer.go
+//	sql/schedule.sql  the Scheduler's clock      store_schedule.go
+//
+// A file holds statements, each under a marker line
+//
+//	-- name: stmtName @first @second
+//
+// whose optional list of parameters fixes their numbering ($1, $2 ...), for
+// callers that pass their arguments in that order; parameters it does not
+// list are numbered in order of first appearance (numbered). The comment
+// lines right under the marker document the statement and are not sent; the
+// rest, up to the next marker, is the statement, but for the comment and
+// blank lines that end it (the next section's comment).
+//
+// A statement is a text/template run once when the statements are built,
+// never per pass: per table and options when a Relay or an Admin is made, at
+// package initialisation for those that name no table, once per won election
+// for the heartbeat (its start) and per connection for the listener's
+// LISTEN (its channel). Enqueue's insert is rendered once and cut where its
+// per-call table goes. {{.Table}} is the quoted table; {{if .Backoff}},
+// {{if .Async}}, {{if .Partitioned}}, {{if .Wake}} the options (sqlData);
+// {{template "name" .}} includes another statement of any file, a fragment.
+// TestSQLFiles checks that every statement is used, lists only its own
+// parameters, and is sent with exactly its arguments.
+
+//go:embed sql/*.sql
+var sqlFiles embed.FS
+
+// sqlMarker is the line that starts a statement: its name, then its parameters.
+var sqlMarker = regexp.MustCompile(`^-- name: ([A-Za-z][A-Za-z0-9]*)((?: @[a-z][a-z0-9_]*)*)\s*$`)
+
+// sqlSet is every statement of sql/*.sql, parsed once; read-only afterwards.
+type sqlSet struct {
+	tmpl   *template.Template
+	params map[string][]string // a statement's listed parameters, in their order
+	files  map[string]string   // a statement's file
+}
+
+var statements = mustParseSQL(sqlFiles)
+
+func mustParseSQL(fsys fs.FS) *sqlSet {
+	s, err := parseSQL(fsys)
+	if err != nil {
+		panic("relay: " + err.Error())
+	}
+	return s
+}
+
+// parseSQL reads every statement of the .sql files of fsys's sql directory.
+func parseSQL(fsys fs.FS) (*sqlSet, error) {
+	s := &sqlSet{tmpl: template.New("").Option("missingkey=error"), params: map[string][]string{}, files: map[string]string{}}
+	paths, err := fs.Glob(fsys, "sql/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	for _, path := range paths {
+		data, err := fs.ReadFile(fsys, path)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.parseFile(path, string(data)); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// parseFile adds the statements of the file at path.
+func (s *sqlSet) parseFile(path, data string) error {
+	var name string
+	var body []string
+	doc := false
+	flush := func() error {
+		if name == "" {
+			return nil
+		}
+		for len(body) > 0 && (strings.HasPrefix(body[len(body)-1], "--") || strings.TrimSpace(body[len(body)-1]) == "") {
+			body = body[:len(body)-1] // the next section's comment
+		}
+		text := strings.TrimRight(strings.Join(body, "\n"), " \t")
+		if text == "" {
+			return fmt.Errorf("%s: statement %s is empty", path, name)
+		}
+		if _, err := s.tmpl.New(name).Parse(text); err != nil {
+			return fmt.Errorf("%s: statement %s: %w", path, name, err)
+		}
+		return nil
+	}
+	for line := range strings.Lines(data) {
+		line = strings.TrimSuffix(line, "\n")
+		m := sqlMarker.FindStringSubmatch(line)
+		switch {
+		case m != nil:
+			if err := flush(); err != nil {
+				return err
+			}
+			name, body, doc = m[1], nil, true
+			if prev, ok := s.files[name]; ok {
+				return fmt.Errorf("%s: statement %s is also in %s", path, name, prev)
+			}
+			s.files[name] = path
+			for _, p := range strings.Fields(m[2]) {
+				s.params[name] = append(s.params[name], p[1:])
+			}
+		case strings.HasPrefix(line, "-- name:"):
+			return fmt.Errorf("%s: malformed marker %q", path, line)
+		case name == "" || doc && (strings.HasPrefix(line, "--") || strings.TrimSpace(line) == ""):
+			// the file's header, or the statement's own comment
+		default:
+			doc = false
+			body = append(body, line)
+		}
+	}
+	return flush()
+}
+
+// sqlData is what a statement's template reads.
+type sqlData struct {
+	Table       string // the quoted, possibly schema-qualified table
+	Backoff     bool   // Config.RetryBackoff is set
+	Async       bool   // Config.AsyncCommit
+	Partitioned bool   // only this replica's partitions
+	Wake        bool   // Enqueue's insert also notifies
+
+	// Per use of a fragment.
+	Alias    string // the row alias a fragment reads ("m", "e")
+	Attempts string // the attempts predicate of a branch of failed rows
+
+	// The DDL's names (quoted) and literals; the election's lock functions.
+	OutboxIndex, PendingIndex, ErrorIndex, RetryIndex string
+	Function, Channel                                 string
+	Since                                             string
+	Lock, Unlock                                      string
+	InlinePayloadMax                                  int
+}
+
+// As is d for a fragment that reads the rows of alias.
+func (d sqlData) As(alias string) sqlData { d.Alias = alias; return d }
+
+// Failing is d for the branch of failed rows whose attempts match attempts.
+func (d sqlData) Failing(attempts string) sqlData { d.Attempts = attempts; return d }
+
+// text renders statement name for d. A statement that does not render is a
+// bug of the package: it panics.
+func (s *sqlSet) text(name string, d sqlData) string {
+	var b strings.Builder
+	if err := s.tmpl.ExecuteTemplate(&b, name, d); err != nil {
+		panic("relay: statement " + name + ": " + err.Error())
+	}
+	return b.String()
+}
+
+// named renders statement name for d and numbers its parameters.
+func (s *sqlSet) named(name string, d sqlData) namedSQL {
+	return numbered(s.text(name, d), s.params[name])
+}
+
+// positional renders statement name for d and numbers its parameters, for a
+// caller that passes its arguments in the order of the statement's marker.
+func (s *sqlSet) positional(name string, d sqlData) string {
+	return s.named(name, d).sql
+}
+
+// namedSQL is a statement whose parameters were named ("@max") and numbered
+// ($1) by numbered.
+type namedSQL struct {
+	sql   string
+	names []string
+}
+
+var paramName = regexp.MustCompile(`@[a-z][a-z0-9_]*`)
+
+// numbered numbers the named parameters of a statement: those of order
+// first, in its order, then the others in order of first appearance.
+func numbered(text string, order []string) namedSQL {
+	var n namedSQL
+	index := map[string]int{}
+	for _, name := range order {
+		n.names = append(n.names, name)
+		index["@"+name] = len(n.names)
+	}
+	n.sql = paramName.ReplaceAllStringFunc(text, func(name string) string {
+		i, ok := index[name]
+		if !ok {
+			n.names = append(n.names, name[1:])
+			i = len(n.names)
+			index[name] = i
+		}
+		return "$" + strconv.Itoa(i)
+	})
+	return n
+}
+
+// args orders values by the statement's parameters; a name it lacks is a
+// bug, and panics.
+func (n namedSQL) args(values map[string]any) []any {
+	args := make([]any, len(n.names))
+	for i, name := range n.names {
+		v, ok := values[name]
+		if !ok {
+			panic("relay: no value for the statement's parameter @" + name)
+		}
+		args[i] = v
+	}
+	return args
+}

@@ -1,0 +1,277 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Admin's statements, in sql/admin.sql.
+
+// The statements of Admin that name no table.
+var (
+	purgeCutoffSQL = statements.positional("purgeCutoff", sqlData{})
+	serverStateSQL = statements.positional("serverState", sqlData{})
+	lockHoldersSQL = statements.positional("lockHolders", sqlData{})
+)
+
+// adminRepository holds the statements of Admin for one table. A dead row is
+// an outbound ERROR row whose attempts reached the ceiling (@ceiling everywhere).
+type adminRepository struct {
+	table          string // quoted
+	countSQL       string
+	deadPageSQL    string
+	deadTypeSQL    string
+	requeueAllSQL  string
+	requeueTypeSQL string
+	requeueIDsSQL  string
+	purgeSQL       string
+
+	liveGroupsSQL    string
+	sentByTypeSQL    string
+	estimateSentSQL  string
+	sampleSentSQL    string
+	countPurgeSQL    string
+	estimatePurgeSQL string
+}
+
+func newAdminRepository(table string) (*adminRepository, error) {
+	id, err := parseTable(table)
+	if err != nil {
+		return nil, err
+	}
+	d := sqlData{Table: id.Sanitize()}
+	return &adminRepository{
+		table:            d.Table,
+		countSQL:         statements.positional("countByStatus", d),
+		deadPageSQL:      statements.positional("deadPage", d),
+		deadTypeSQL:      statements.positional("deadPageOfType", d),
+		requeueAllSQL:    statements.positional("requeueAll", d),
+		requeueTypeSQL:   statements.positional("requeueType", d),
+		requeueIDsSQL:    statements.positional("requeueIDs", d),
+		purgeSQL:         statements.positional("purgeChunk", d),
+		liveGroupsSQL:    statements.positional("liveGroups", d),
+		sentByTypeSQL:    statements.positional("sentByType", d),
+		estimateSentSQL:  statements.positional("estimateSent", d),
+		sampleSentSQL:    statements.positional("sampleSent", d),
+		countPurgeSQL:    statements.positional("countPurge", d),
+		estimatePurgeSQL: statements.positional("estimatePurge", d),
+	}, nil
+}
+
+func (r *adminRepository) countByStatus(ctx context.Context, db querier, ceiling int) ([]StatusCount, error) {
+	rows, err := db.Query(ctx, r.countSQL, ceiling)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (StatusCount, error) {
+		var c StatusCount
+		err := row.Scan(&c.Type, &c.Status, &c.Dead, &c.Count)
+		return c, err
+	})
+}
+
+func (r *adminRepository) deadPage(ctx context.Context, db querier, ceiling int, q DeadQuery) ([]DeadMessage, error) {
+	sql, args := r.deadPageSQL, []any{ceiling, q.AfterID, q.Limit, PayloadPreviewMax, LastErrorMax}
+	if q.Type != "" {
+		sql, args = r.deadTypeSQL, append(args, q.Type)
+	}
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadMessage, error) {
+		var d DeadMessage
+		err := row.Scan(&d.ID, &d.Type, &d.Key, &d.Attempts, &d.LastError, &d.CreatedAt, &d.UpdatedAt, &d.Payload)
+		if n := utf8.RuneCountInString(d.Payload); n > PayloadPreviewMax {
+			d.Payload, d.PayloadCut = cutRunes(d.Payload, PayloadPreviewMax), true
+		}
+		return d, err
+	})
+}
+
+// cutRunes returns the first n runes of s.
+func cutRunes(s string, n int) string {
+	for i := range s {
+		if n == 0 {
+			return s[:i]
+		}
+		n--
+	}
+	return s
+}
+
+func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling))
+}
+
+func (r *adminRepository) requeueType(ctx context.Context, db execer, ceiling int, typ string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueTypeSQL, ceiling, typ))
+}
+
+func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids))
+}
+
+// cutoff is the database's now() minus retention, fixed once for a whole purge.
+func (r *adminRepository) cutoff(ctx context.Context, db querier, retention time.Duration) (time.Time, error) {
+	var t time.Time
+	err := db.QueryRow(ctx, purgeCutoffSQL, retention.Seconds()).Scan(&t)
+	return t, err
+}
+
+func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit))
+}
+
+func (r *adminRepository) countSentBefore(ctx context.Context, db querier, cutoff time.Time) (int64, error) {
+	srv, err := r.server(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	if srv.pages > sentCountMaxPages {
+		return r.estimate(ctx, db, r.estimatePurgeSQL, cutoff)
+	}
+	return r.countSentRows(ctx, db, cutoff)
+}
+
+// countSentRows counts the SENT rows sent before cutoff, by a scan.
+func (r *adminRepository) countSentRows(ctx context.Context, db querier, cutoff time.Time) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, r.countPurgeSQL, cutoff).Scan(&n)
+	return n, err
+}
+
+// liveGroup is one row of liveGroupsSQL: a type's rows in one state.
+type liveGroup struct {
+	typ, status string
+	dead        bool
+	count       int64
+	head        RowHead
+}
+
+func (r *adminRepository) liveGroups(ctx context.Context, db querier, ceiling int) ([]liveGroup, error) {
+	rows, err := db.Query(ctx, r.liveGroupsSQL, ceiling, LastErrorMax)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (liveGroup, error) {
+		var g liveGroup
+		err := row.Scan(&g.typ, &g.status, &g.dead, &g.count,
+			&g.head.ID, &g.head.Status, &g.head.Attempts, &g.head.CreatedAt, &g.head.LastError)
+		return g, err
+	})
+}
+
+// typeCount is a count of one type's rows.
+type typeCount struct {
+	typ   string
+	count int64
+}
+
+func (r *adminRepository) sentByType(ctx context.Context, db querier) ([]typeCount, error) {
+	rows, err := db.Query(ctx, r.sentByTypeSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (typeCount, error) {
+		var c typeCount
+		err := row.Scan(&c.typ, &c.count)
+		return c, err
+	})
+}
+
+// serverState is what Overview reads of the server and of the table's size.
+type serverState struct {
+	now                         time.Time
+	inRecovery, defaultReadOnly bool
+	analyzed                    bool  // the table has statistics (reltuples is known)
+	pages                       int64 // the table's size now, in pages
+}
+
+func (r *adminRepository) server(ctx context.Context, db querier) (serverState, error) {
+	var s serverState
+	err := db.QueryRow(ctx, serverStateSQL, r.table).Scan(&s.now, &s.inRecovery, &s.defaultReadOnly, &s.analyzed, &s.pages)
+	return s, err
+}
+
+// sampledPages is how many pages sampleSent reads of a table never analyzed.
+const sampledPages = 256
+
+// sampleSent estimates the SENT rows of a table of pages pages that has no
+// statistics yet, from a sample of about sampledPages of its pages.
+func (r *adminRepository) sampleSent(ctx context.Context, db querier, pages int64) (int64, error) {
+	pct := min(100, 100*float64(sampledPages)/float64(max(pages, 1)))
+	var n int64
+	if err := db.QueryRow(ctx, r.sampleSentSQL, pct).Scan(&n); err != nil {
+		return 0, err
+	}
+	return int64(float64(n) * 100 / pct), nil
+}
+
+// estimate runs an EXPLAIN (FORMAT JSON) and returns its top plan's row estimate.
+func (r *adminRepository) estimate(ctx context.Context, db querier, explainSQL string, args ...any) (int64, error) {
+	var doc []byte
+	if err := db.QueryRow(ctx, explainSQL, args...).Scan(&doc); err != nil {
+		return 0, err
+	}
+	var plans []struct {
+		Plan struct {
+			Rows float64 `json:"Plan Rows"`
+		}
+	}
+	if err := json.Unmarshal(doc, &plans); err != nil || len(plans) != 1 {
+		return 0, fmt.Errorf("read the planner's estimate: unexpected EXPLAIN output %.200q", doc)
+	}
+	return int64(plans[0].Plan.Rows), nil
+}
+
+func (r *adminRepository) lockHolders(ctx context.Context, db querier, keys []string) ([]LockHolder, error) {
+	rows, err := db.Query(ctx, lockHoldersSQL, keys)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (LockHolder, error) {
+		var h LockHolder
+		var mode string
+		var start, change, queryStart *time.Time
+		var pid int32
+		var parts []int32
+		var of *int32
+		err := row.Scan(&h.Key, &mode, &h.Granted, &pid, &h.User, &h.ApplicationName, &h.ClientAddr,
+			&start, &h.State, &change, &h.Hidden, &h.At, &h.query, &queryStart, &parts, &of)
+		for _, p := range parts {
+			h.Partitions = append(h.Partitions, int(p))
+		}
+		if of != nil {
+			h.PartitionsOf = int(*of)
+		}
+		if queryStart != nil {
+			h.queryStart = *queryStart
+		}
+		h.PID = int(pid)
+		h.Mode = LockExclusive
+		if mode == "ShareLock" {
+			h.Mode = LockShared
+		}
+		if start != nil {
+			h.BackendStart = *start
+		}
+		if change != nil {
+			h.StateChange = *change
+		}
+		return h, err
+	})
+}
+
+func rowsAffected(tag pgconn.CommandTag, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}

@@ -1,0 +1,109 @@
+package relay
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The elections' statements, in sql/election.sql: the guard's lock of one
+// key (guard.go), the lease's heartbeat (lease.go) and the partitioned
+// election (partitions.go).
+
+// The lock of one key, exclusive (the election of one) or shared (the
+// partitioned election's hold of the app's key), and their unlocks.
+var (
+	lockSQL         = statements.positional("lock", sqlData{Lock: "pg_try_advisory_lock"})
+	lockSharedSQL   = statements.positional("lock", sqlData{Lock: "pg_try_advisory_lock_shared"})
+	unlockSQL       = statements.positional("unlock", sqlData{Unlock: "pg_advisory_unlock"})
+	unlockSharedSQL = statements.positional("unlock", sqlData{Unlock: "pg_advisory_unlock_shared"})
+)
+
+// heartbeatSQL is the heartbeat of an election won at since, built once per
+// election.
+func heartbeatSQL(since time.Time) string {
+	return statements.text("heartbeat", sqlData{Since: since.UTC().Format(time.RFC3339)})
+}
+
+// lockStatement tries the lock of key with stmt (lockSQL, or lockSharedSQL)
+// on db, the session that is to hold it, with the lease's settings.
+func lockStatement(ctx context.Context, db querier, stmt, key string) (locked *bool, sess session, err error) {
+	var ignored [2]*string
+	err = db.QueryRow(ctx, stmt, key,
+		strconv.Itoa(int(guardLease/time.Millisecond)),
+		strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
+		strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)),
+	).Scan(&locked, &sess.pid, &sess.readOnly, &sess.idle, &ignored[0], &ignored[1])
+	return locked, sess, err
+}
+
+// unlockStatement releases the lock of key with stmt (unlockSQL, or
+// unlockSharedSQL) and restores the session's idle_session_timeout idle; pid
+// is the backend that answered.
+func unlockStatement(ctx context.Context, db querier, stmt, key string, idle *string) (unlocked bool, pid uint32, err error) {
+	var ignored *string
+	err = db.QueryRow(ctx, stmt, key, idle).Scan(&unlocked, &pid, &ignored)
+	return unlocked, pid, err
+}
+
+// The partitioned election's statements.
+var (
+	markSQL              = statements.positional("partitionMark", sqlData{})
+	partitionConfigSQL   = statements.positional("partitionConfig", sqlData{})
+	rebalanceSQL         = statements.named("rebalance", sqlData{})
+	releasePartitionsSQL = statements.named("releasePartitions", sqlData{})
+)
+
+// partitionState is what a member learned at rebalanceSQL.
+type partitionState struct {
+	members  int  // members running with this N: this one among them
+	foreignN int  // 0, or the count of partitions held with another N
+	waiter   bool // an exclusive request waits for the app's key
+	fewest   int  // the fewest partitions a member holds
+	held     []int
+	excluded bool // (join) an exclusive holder keeps this replica out
+}
+
+// rebalanceStatement takes the configuration lock and runs rebalanceSQL, in
+// one round trip and one transaction.
+func rebalanceStatement(ctx context.Context, db querier, key string, n, start int) (partitionState, error) {
+	var st partitionState
+	var foreign *int32
+	var held []int32
+	b := &pgx.Batch{}
+	b.Queue(partitionConfigSQL, key)
+	b.Queue(rebalanceSQL.sql, rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start})...).
+		QueryRow(func(row pgx.Row) error {
+			return row.Scan(&st.members, &foreign, &st.waiter, &st.fewest, &held)
+		})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return partitionState{}, err
+	}
+	if foreign != nil {
+		st.foreignN = int(*foreign)
+	}
+	for _, p := range held {
+		st.held = append(st.held, int(p))
+	}
+	slices.Sort(st.held)
+	return st, nil
+}
+
+// releasePartitionsStatement releases the partitions release of n, and the
+// member mark when leave.
+func releasePartitionsStatement(ctx context.Context, db querier, key string, n int, release []int, leave bool) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, releasePartitionsSQL.sql,
+		releasePartitionsSQL.args(map[string]any{"key": key, "n": n, "release": release, "leave": leave})...).Scan(&ok)
+	return ok, err
+}
+
+// markStatement takes the member mark of n.
+func markStatement(ctx context.Context, db querier, key string, n int) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, markSQL, key, n).Scan(&ok)
+	return ok, err
+}

@@ -1,0 +1,65 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The wake-up's statements, in sql/wake.sql; wake.go is the wake-up itself.
+
+// wakeProbeSQL is the listener's test notification.
+var wakeProbeSQL = statements.positional("wakeProbe", sqlData{})
+
+// wakeProbe notifies channel with payload, the listener's test notification.
+func wakeProbe(ctx context.Context, db execer, channel, payload string) error {
+	_, err := db.Exec(ctx, wakeProbeSQL, channel, payload)
+	return err
+}
+
+// listenSQL subscribes a connection to channel.
+func listenSQL(channel string) string {
+	return statements.text("listen", sqlData{Channel: pgx.Identifier{channel}.Sanitize()})
+}
+
+// WakeTriggerSQL returns the DDL of a trigger that wakes the relays of table
+// (optionally schema-qualified) whenever rows are inserted by any producer,
+// for producers that do not call [Enqueue] (a JVM service, plain SQL). It is
+// idempotent. One statement notifies once per type it inserted; of several
+// transactions inserting at once, only the one holding the wake-up token
+// carries the NOTIFY, so the producers' commits stay concurrent. Its price is
+// one more function call per INSERT statement. Unlike Enqueue it has no
+// window of its own: while a long transaction holds the token, the relays
+// find the rows of the others at their next poll.
+func WakeTriggerSQL(table string) (string, error) {
+	id, err := parseTable(table)
+	if err != nil {
+		return "", fmt.Errorf("relay: %w", err)
+	}
+	fn := append(pgx.Identifier{}, id...)
+	fn[len(fn)-1] = strings.Trim(indexName(id[len(id)-1], "_relay_wake"), `"`)
+	channel := wakeChannel(id)
+	return statements.text("wakeTrigger", sqlData{Table: id.Sanitize(), Function: fn.Sanitize(), Channel: quoteLiteral(channel)}) +
+		"\n", nil // a script ends its last line
+}
+
+// CreateWakeTrigger installs [WakeTriggerSQL]'s trigger on table.
+func CreateWakeTrigger(ctx context.Context, db Beginner, table string) error {
+	ddl, err := WakeTriggerSQL(table)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, schemaLockSQL, "relay_schema:"+table); err != nil {
+			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
+		}
+		if _, err := tx.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("relay: create the wake-up trigger on %s: %w", table, err)
+		}
+		return nil
+	})
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
