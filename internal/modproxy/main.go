@@ -148,7 +148,7 @@ func writeModule(root, dir string, files []string, version, out string) (string,
 	if err != nil {
 		return "", err
 	}
-	mf, err := modfile.ParseLax("go.mod", gomod, nil)
+	mf, err := modfile.Parse("go.mod", gomod, nil)
 	if err != nil {
 		return "", err
 	}
