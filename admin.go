@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,12 +38,51 @@ type Admin struct {
 	table       string
 	maxAttempts int
 	repo        *adminRepository
+	types       []string // AdminTypes; nil: the live replicas' (or all, with allTypes)
+	allTypes    bool
+}
+
+// AdminOption configures an [Admin] at [NewAdmin].
+type AdminOption func(*Admin) error
+
+// AdminTypes makes the Admin act on the rows of these types only, whatever
+// the live relays serve. Without it (and without [AdminAllTypes]), an Admin
+// acts on the types the live relays of its app have senders for.
+func AdminTypes(types ...string) AdminOption {
+	types = slices.Clone(types)
+	return func(a *Admin) error {
+		if len(types) == 0 {
+			return errors.New("relay: AdminTypes: name at least one type (AdminAllTypes acts on every type)")
+		}
+		for _, t := range types {
+			if strings.TrimSpace(t) == "" {
+				return fmt.Errorf("relay: AdminTypes: type %q is blank", t)
+			}
+		}
+		slices.Sort(types)
+		a.types = slices.Compact(types)
+		return nil
+	}
+}
+
+// AdminAllTypes makes the Admin act on the rows of every type of the table:
+// those of the other apps sharing it too.
+func AdminAllTypes() AdminOption {
+	return func(a *Admin) error {
+		a.allTypes = true
+		return nil
+	}
 }
 
 // NewAdmin returns an Admin for cfg.Table whose ceiling is cfg.MaxAttempts,
 // reporting the election of cfg.AppName. cfg must come from [DefaultConfig] or
 // [ConfigFromEnv], as for [New]; pass the relays' own Config.
-func NewAdmin(pool *pgxpool.Pool, cfg Config) (*Admin, error) {
+//
+// What it re-queues and purges is its scope ([Admin.Scope]): by default the
+// types the live relays of cfg.AppName have senders for, so that an app's
+// tools leave the rows of the other apps sharing the table alone;
+// [AdminTypes] names the types, [AdminAllTypes] takes every type.
+func NewAdmin(pool *pgxpool.Pool, cfg Config, opts ...AdminOption) (*Admin, error) {
 	if pool == nil {
 		return nil, errors.New("relay: NewAdmin needs a *pgxpool.Pool, got nil")
 	}
@@ -52,7 +93,119 @@ func NewAdmin(pool *pgxpool.Pool, cfg Config) (*Admin, error) {
 	if err != nil {
 		return nil, &FieldError{Field: "Table", msg: err.Error()}
 	}
-	return &Admin{pool: pool, app: cfg.AppName, key: cfg.lockKey(), table: cfg.Table, maxAttempts: cfg.MaxAttempts, repo: repo}, nil
+	a := &Admin{pool: pool, app: cfg.AppName, key: cfg.lockKey(), table: cfg.Table, maxAttempts: cfg.MaxAttempts, repo: repo}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(a); err != nil {
+			return nil, err
+		}
+	}
+	if a.allTypes && a.types != nil {
+		return nil, errors.New("relay: NewAdmin: AdminTypes and AdminAllTypes exclude each other")
+	}
+	return a, nil
+}
+
+// AdminScope is what an [Admin] re-queues and purges, as [Admin.Scope] says.
+type AdminScope struct {
+	// All says every type of the table ([AdminAllTypes], or no live relay to
+	// learn the app's types from: then Unknown is set too); Types is empty then.
+	All     bool
+	Unknown bool
+	Types   []string
+	// Source says where Types came from: "explicit" ([AdminTypes]), "live
+	// replicas" (the default), "all", or "no live relay".
+	Source string
+	// Replicas are the live relays of the app, read for the default scope
+	// and for the ceiling check of a re-queue.
+	Replicas []Replica
+}
+
+// String says the scope in words: `types "a", "b" (live replicas)`.
+func (s AdminScope) String() string {
+	switch {
+	case s.Unknown:
+		return "every type: no live relay of the app to learn its types from (name them with relay.AdminTypes or relayctl --types)"
+	case s.All:
+		return "every type (all apps' rows)"
+	}
+	q := make([]string, len(s.Types))
+	for i, t := range s.Types {
+		q[i] = strconv.Quote(t)
+	}
+	return "types " + strings.Join(q, ", ") + " (" + s.Source + ")"
+}
+
+// Scope returns the types the Admin's re-queues and purges act on: those of
+// [AdminTypes], every type with [AdminAllTypes], or else the types the live
+// relays of its app serve ([Admin.Replicas]). Without a live relay, and with
+// neither option, nothing tells the app's types from another's: it acts on
+// every type, as before scopes existed, and says so (AdminScope.Unknown) —
+// name the types when the table is shared and the app is down.
+func (a *Admin) Scope(ctx context.Context) (AdminScope, error) {
+	reps, err := a.replicas(ctx, a.types)
+	if err != nil {
+		return AdminScope{}, err
+	}
+	return a.ScopeOf(reps)
+}
+
+// ScopeOf is [Admin.Scope] from live replicas already read with
+// [Admin.Replicas].
+func (a *Admin) ScopeOf(reps []Replica) (AdminScope, error) {
+	switch {
+	case a.allTypes:
+		return AdminScope{All: true, Source: "all", Replicas: reps}, nil
+	case a.types != nil:
+		return AdminScope{Types: a.types, Source: "explicit", Replicas: reps}, nil
+	}
+	var types []string
+	for _, r := range reps {
+		types = append(types, r.Types...)
+	}
+	slices.Sort(types)
+	types = slices.Compact(types)
+	if len(types) == 0 {
+		return AdminScope{All: true, Unknown: true, Source: "no live relay", Replicas: reps}, nil
+	}
+	return AdminScope{Types: types, Source: "live replicas", Replicas: reps}, nil
+}
+
+// scope is Scope for a statement: nil is every type.
+func (a *Admin) scope(ctx context.Context, requeue bool) ([]string, error) {
+	s, err := a.Scope(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if requeue {
+		if err := a.sameCeiling(s.Replicas); err != nil {
+			return nil, err
+		}
+	}
+	if s.All {
+		return nil, nil
+	}
+	return s.Types, nil
+}
+
+// ErrCeilingDiffers says the live relays of the app run with another
+// MaxAttempts than the Admin's: a re-queue would reset rows they still retry.
+var ErrCeilingDiffers = errors.New("relay: the live relays run with another MaxAttempts than this Admin")
+
+// sameCeiling refuses a re-queue when a live relay's ceiling is not the
+// Admin's: rows it still retries would look dead (a higher one), or dead rows
+// would be missed (a lower one).
+func (a *Admin) sameCeiling(reps []Replica) error {
+	for _, r := range reps {
+		if r.MaxAttempts != a.maxAttempts {
+			return fmt.Errorf("%w: replica %s (pid %d) of app %q runs with MaxAttempts %d, this Admin with %d: "+
+				"set RELAY_MAX_ATTEMPTS=%d (relayctl --max-attempts %d) to agree with it",
+				ErrCeilingDiffers, r.ID, r.PID, a.app, r.MaxAttempts, a.maxAttempts, r.MaxAttempts, r.MaxAttempts)
+		}
+	}
+	return nil
 }
 
 // AppName is the app whose election the Admin reports: [Config.AppName].
@@ -90,11 +243,17 @@ func (a *Admin) CountByStatus(ctx context.Context) ([]StatusCount, error) {
 type DeadMessage struct {
 	ID        int64
 	Type      string
-	Key       string    // the natural key
-	Attempts  int       // at or above the ceiling
-	LastError string    // the last failure's text, cut to [LastErrorMax] bytes; "" if none was recorded
-	CreatedAt time.Time // when it was written
-	UpdatedAt time.Time // when it died
+	Key       string // the natural key
+	Attempts  int    // at or above the ceiling
+	LastError string // the last failure's text, cut to [LastErrorMax] bytes; "" if none was recorded
+	// Permanent says the row died of a permanent failure ([Permanent], a 4xx)
+	// rather than by reaching the ceiling; AttemptsMade is then how many
+	// attempts were really made (Attempts is set to the ceiling, which keeps
+	// the row dead). Otherwise AttemptsMade is Attempts. See [ParsePermanent].
+	Permanent    bool
+	AttemptsMade int
+	CreatedAt    time.Time // when it was written
+	UpdatedAt    time.Time // when it died
 
 	// Payload is the start of the payload's JSON text, at most
 	// [PayloadPreviewMax] characters, cut by the database: a page of dead rows
@@ -157,15 +316,21 @@ func (a *Admin) DeadPage(ctx context.Context, q DeadQuery) ([]DeadMessage, error
 	return dead, nil
 }
 
-// RequeueAll re-queues every dead row: status PENDING, attempts 0, last_error
-// kept for the record. The next pass delivers them. It returns how many rows it
-// re-queued.
+// RequeueAll re-queues every dead row of the Admin's scope ([Admin.Scope]):
+// status PENDING, attempts 0, last_error kept for the record. The next pass
+// delivers them. It returns how many rows it re-queued. It refuses, with
+// [ErrCeilingDiffers], while a live relay of the app runs with another
+// MaxAttempts.
 //
 // A re-queued row goes back in its key's order by id: if later messages of the
 // same key were delivered while it was dead, it now arrives after them, and the
 // receiver must tolerate that as it tolerates any redelivery.
 func (a *Admin) RequeueAll(ctx context.Context) (int64, error) {
-	n, err := a.repo.requeueAll(ctx, a.pool, a.maxAttempts)
+	scope, err := a.scope(ctx, true)
+	if err != nil {
+		return 0, err
+	}
+	n, err := a.repo.requeueAll(ctx, a.pool, a.maxAttempts, scope)
 	if err != nil {
 		return 0, fmt.Errorf("relay: re-queue the dead rows of %s: %w", a.table, err)
 	}
@@ -173,10 +338,18 @@ func (a *Admin) RequeueAll(ctx context.Context) (int64, error) {
 }
 
 // RequeueType re-queues the dead rows of type typ, as [Admin.RequeueAll] does,
-// and returns how many. typ must not be blank.
+// and returns how many. typ must not be blank, and must be in the Admin's scope.
 func (a *Admin) RequeueType(ctx context.Context, typ string) (int64, error) {
 	if strings.TrimSpace(typ) == "" {
 		return 0, errors.New("relay: RequeueType: the type must not be empty (use RequeueAll to re-queue every dead row)")
+	}
+	scope, err := a.scope(ctx, true)
+	if err != nil {
+		return 0, err
+	}
+	if scope != nil && !slices.Contains(scope, typ) {
+		return 0, fmt.Errorf("relay: RequeueType: type %q is not among the types this Admin acts on (%s): "+
+			"name it with AdminTypes (relayctl --types) or use AdminAllTypes (relayctl --all-types)", typ, strings.Join(scope, ", "))
 	}
 	n, err := a.repo.requeueType(ctx, a.pool, a.maxAttempts, typ)
 	if err != nil {
@@ -187,19 +360,25 @@ func (a *Admin) RequeueType(ctx context.Context, typ string) (int64, error) {
 
 // RequeueIDs re-queues the rows of ids that are dead, as [Admin.RequeueAll]
 // does, and returns how many; ids of rows that are not dead (live, SENT,
-// inbound or missing) are left alone. No ids re-queues nothing.
+// inbound, missing, or of a type outside the Admin's scope) are left alone.
+// No ids re-queues nothing.
 func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	n, err := a.repo.requeueIDs(ctx, a.pool, a.maxAttempts, ids)
+	scope, err := a.scope(ctx, true)
+	if err != nil {
+		return 0, err
+	}
+	n, err := a.repo.requeueIDs(ctx, a.pool, a.maxAttempts, ids, scope)
 	if err != nil {
 		return 0, fmt.Errorf("relay: re-queue %d dead row(s) of %s by id: %w", len(ids), a.table, err)
 	}
 	return n, nil
 }
 
-// PurgeSent deletes the outbound SENT rows whose sent_at is older than
+// PurgeSent deletes the outbound SENT rows of the Admin's scope ([Admin.Scope])
+// whose sent_at is older than
 // retention (measured on the database's clock), oldest first, in statements of
 // at most [PurgeChunk] rows each, and returns how many it deleted. Live and
 // dead rows, inbound rows and SENT rows within retention are left alone.
@@ -221,6 +400,10 @@ func (a *Admin) PurgeSentProgress(ctx context.Context, retention time.Duration, 
 	if retention < 0 {
 		return 0, fmt.Errorf("relay: PurgeSent: retention must not be negative, got %s", retention)
 	}
+	scope, err := a.scope(ctx, false)
+	if err != nil {
+		return 0, err
+	}
 	cutoff, err := a.repo.cutoff(ctx, a.pool, retention)
 	if err != nil {
 		return 0, fmt.Errorf("relay: purge the SENT rows of %s: %w", a.table, err)
@@ -233,7 +416,7 @@ func (a *Admin) PurgeSentProgress(ctx context.Context, retention time.Duration, 
 	}
 	var total int64
 	for {
-		n, err := a.repo.purgeChunk(ctx, a.pool, cutoff, PurgeChunk)
+		n, err := a.repo.purgeChunk(ctx, a.pool, cutoff, PurgeChunk, scope)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("relay: purge the SENT rows of %s (%d deleted so far): %w", a.table, total, err)

@@ -43,6 +43,9 @@ type LockHolder struct {
 	// Replica names a Go relay's replica: its session's application_name, as
 	// its pool set it; "" if it has none.
 	Replica string
+	// ReplicaID is the id of the live replica ([Admin.Replicas]) whose pass
+	// or membership this session runs, when its statements name it; "" otherwise.
+	ReplicaID string
 	// Partitions are the partitions a partitioned replica holds (Mode
 	// shared), of PartitionsOf, its Config.Partitions; nil and 0 otherwise.
 	Partitions   []int
@@ -107,8 +110,8 @@ const applicationNameMax = 63
 // lock's session (sql/election.sql, electionMark), and its heartbeat also says since
 // when it holds the election.
 func classify(h *LockHolder, app string) {
-	if since, ok := parseElectionMark(h.query, h.queryStart); ok {
-		h.Kind, h.Since, h.Replica = HolderRelay, since, h.ApplicationName
+	if since, id, ok := parseElectionMark(h.query, h.queryStart); ok {
+		h.Kind, h.Since, h.Replica, h.ReplicaID = HolderRelay, since, h.ApplicationName, id
 		return
 	}
 	// The pause's name is cut at 63 bytes for a long app name.

@@ -13,17 +13,24 @@ func TestElectionMark(t *testing.T) {
 	won := time.Date(2026, 11, 30, 10, 0, 0, 123, time.FixedZone("BRT", -3*3600))
 	started := time.Date(2026, 11, 30, 13, 0, 5, 0, time.UTC)
 
-	since, ok := parseElectionMark(heartbeatSQL(won), started)
+	since, id, ok := parseElectionMark(heartbeatSQL(won), started)
 	require.True(t, ok)
+	require.Empty(t, id)
 	require.True(t, since.Equal(won.Truncate(time.Second)), "the heartbeat says when the election was won, to the second")
 
-	since, ok = parseElectionMark(lockSQL, started)
+	since, id, ok = parseElectionMark(markReplica(heartbeatSQL(won), "0a1b2c3d"), started)
 	require.True(t, ok)
+	require.Equal(t, "0a1b2c3d", id, "a marked heartbeat names its replica")
+	require.True(t, since.Equal(won.Truncate(time.Second)))
+
+	since, id, ok = parseElectionMark(markReplica(lockSQL, "0a1b2c3d"), started)
+	require.True(t, ok)
+	require.Equal(t, "0a1b2c3d", id)
 	require.Equal(t, started, since, "right after winning, the lock statement's start")
 
 	for _, q := range []string{"", "SELECT pg_try_advisory_lock(hashtext('billing_relay_m2m'))", "<insufficient privilege>",
 		"select 1 /* relay election */"} {
-		_, ok := parseElectionMark(q, started)
+		_, _, ok := parseElectionMark(q, started)
 		require.False(t, ok, q)
 	}
 }

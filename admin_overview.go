@@ -39,6 +39,12 @@ type Overview struct {
 	// session's role and database: writes fail unless a transaction asks for
 	// read-write, which the relays do not.
 	DefaultReadOnly bool
+
+	// MissingIndexes are the partial indexes of [SchemaSQL] the table lacks
+	// (a table made by the JVM service or by hand), with the statements that
+	// add them: without them every pass reads past the SENT, dead and other
+	// apps' rows.
+	MissingIndexes []MissingIndex
 }
 
 // TypeOverview is one type's rows in an [Overview]. Pending, Retrying and Dead
@@ -67,6 +73,17 @@ type RowHead struct {
 	Attempts  int
 	CreatedAt time.Time
 	LastError string // cut to [LastErrorMax] characters; "" if none
+	// Permanent and AttemptsMade are as in [DeadMessage].
+	Permanent    bool
+	AttemptsMade int
+}
+
+// permanence sets Permanent and AttemptsMade from the last error.
+func permanence(lastError string, attempts int) (bool, int) {
+	if n, ok := ParsePermanent(lastError); ok {
+		return true, n
+	}
+	return false, attempts
 }
 
 // sentCountMaxPages is the largest table (in 8 kB pages: 32 MB) whose SENT
@@ -92,6 +109,9 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		return o, fmt.Errorf("relay: read the state of the server and of %s: %w", a.table, err)
 	}
 	o.At, o.InRecovery, o.DefaultReadOnly = srv.now, srv.inRecovery, srv.defaultReadOnly
+	if o.MissingIndexes, err = missingIndexes(ctx, a.pool, a.table); err != nil {
+		return o, fmt.Errorf("relay: read the indexes of %s: %w", a.table, err)
+	}
 
 	byType := make(map[string]*TypeOverview)
 	get := func(typ string) *TypeOverview {

@@ -18,11 +18,12 @@ import (
 // adminCeiling is the MaxAttempts of the admin tests.
 const adminCeiling = 3
 
-// newAdmin returns b's Admin, with the relays' adminCeiling.
+// newAdmin returns b's Admin, with the relays' adminCeiling, acting on every
+// type (these tests run no started relay to learn an app's types from).
 func (b *bundle) newAdmin(t *testing.T) *relay.Admin {
 	t.Helper()
 	b.cfg.MaxAttempts = adminCeiling
-	a, err := relay.NewAdmin(b.pool, b.cfg)
+	a, err := relay.NewAdmin(b.pool, b.cfg, relay.AdminAllTypes())
 	require.NoError(t, err)
 	return a
 }

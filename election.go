@@ -2,10 +2,14 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // This file is the one seam that runs a pass. [Relay.pass] is the only
@@ -41,7 +45,7 @@ type election interface {
 	// poll looks for work at the cost of as little as it can: a pass that
 	// finds none is over, elected or coalesced, with res. Elections without a
 	// poll report work at once.
-	poll(ctx context.Context) (res passResult, work bool)
+	poll(ctx context.Context, o passOpts) (res passResult, work bool)
 	// run runs the engine under the election; res.ran is false when it coalesced.
 	run(ctx context.Context, o passOpts) passResult
 	// begin and end bracket the started loop: what outlasts one pass (a
@@ -106,7 +110,7 @@ func (r *Relay) pass(ctx context.Context, kind passKind, o passOpts) passResult 
 	var res passResult
 	work := true
 	if kind == passTimed {
-		res, work = e.poll(ctx)
+		res, work = e.poll(ctx, o)
 	}
 	if work {
 		res = e.run(ctx, o)
@@ -118,10 +122,10 @@ func (r *Relay) pass(ctx context.Context, kind passKind, o passOpts) passResult 
 // noElection runs every pass directly: ClusterLock off, or Run.
 type noElection struct{ r *Relay }
 
-func (noElection) waits() bool                             { return true }
-func (noElection) poll(context.Context) (passResult, bool) { return passResult{}, true }
-func (noElection) begin()                                  {}
-func (noElection) end(context.Context)                     {}
+func (noElection) waits() bool                                       { return true }
+func (noElection) poll(context.Context, passOpts) (passResult, bool) { return passResult{}, true }
+func (noElection) begin()                                            {}
+func (noElection) end(context.Context)                               {}
 func (e noElection) run(ctx context.Context, o passOpts) passResult {
 	res := e.r.dispatch(ctx, o)
 	res.ran = true
@@ -134,10 +138,10 @@ type guardElection struct {
 	guard Guard
 }
 
-func (guardElection) waits() bool                             { return false }
-func (guardElection) poll(context.Context) (passResult, bool) { return passResult{}, true }
-func (guardElection) begin()                                  {}
-func (guardElection) end(context.Context)                     {}
+func (guardElection) waits() bool                                       { return false }
+func (guardElection) poll(context.Context, passOpts) (passResult, bool) { return passResult{}, true }
+func (guardElection) begin()                                            {}
+func (guardElection) end(context.Context)                               {}
 
 func (e guardElection) run(ctx context.Context, o passOpts) passResult {
 	var res passResult
@@ -158,29 +162,44 @@ func (e guardElection) tryRun(ctx context.Context, fn func(ctx context.Context) 
 			err = fmt.Errorf("relay: the election panicked: %v", p)
 		}
 	}()
-	return e.guard.TryRun(ctx, e.r.key, fn)
+	return e.guard.TryRun(withReplica(ctx, e.r.presence.id), e.r.key, fn)
 }
 
 // polledElection is the relay's own PostgresGuard on its pool. Its poll is one
 // statement that wins the election for its own length and looks for work
 // (pollSQL): without work, that is the whole pass, elected or coalesced, so
-// an idle replica costs one statement per Interval. With work, the pass takes
-// the election for real.
+// an idle replica costs one statement per Interval, run on the started
+// relay's own session (session.go) where it has one. With work, the pass
+// takes the election for real.
 type polledElection struct{ guardElection }
 
-func (e polledElection) poll(ctx context.Context) (res passResult, work bool) {
+func (e polledElection) poll(ctx context.Context, o passOpts) (res passResult, work bool) {
 	r := e.r
 	if err := r.learnTable(ctx); err != nil {
 		return passResult{err: err}, false
 	}
 	pctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
-	c, err := acquire(pctx, r.pool, "poll for work")
-	if err != nil {
-		return passResult{err: err}, false
+	var readOnly, won bool
+	// On the relay's own session (session.go) when it has one: no pooled
+	// connection to take, and so no ping of pgxpool's before it.
+	err := o.own.do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+		var got uint32
+		var err error
+		readOnly, won, work, got, err = r.repo.poll(ctx, conn, r.presence.mark, r.cfg.MaxAttempts, r.types, r.key)
+		if err == nil && got != pid {
+			err = errPresenceMoved
+		}
+		return err
+	})
+	if errors.Is(err, errNoSession) {
+		var c *pgxpool.Conn
+		if c, err = acquire(pctx, r.pool, "poll for work"); err != nil {
+			return passResult{err: err}, false
+		}
+		readOnly, won, work, _, err = r.repo.poll(pctx, c, "", r.cfg.MaxAttempts, r.types, r.key)
+		c.Release()
 	}
-	defer c.Release()
-	readOnly, won, work, err := r.repo.poll(pctx, c, r.cfg.MaxAttempts, r.types, r.key)
 	switch {
 	case err != nil:
 		return passResult{err: fmt.Errorf("relay: poll %s for work: %w", r.cfg.Table, err)}, false
@@ -197,8 +216,8 @@ func (e polledElection) poll(ctx context.Context) (res passResult, work bool) {
 // lasts between passes; otherwise each pass joins and leaves.
 type memberElection struct{ m *membership }
 
-func (memberElection) waits() bool                             { return false }
-func (memberElection) poll(context.Context) (passResult, bool) { return passResult{}, true }
+func (memberElection) waits() bool                                       { return false }
+func (memberElection) poll(context.Context, passOpts) (passResult, bool) { return passResult{}, true }
 
 func (e *memberElection) begin() {
 	e.m.turn.Lock()

@@ -22,6 +22,7 @@ type passOpts struct {
 	drain    bool            // take batches while they come back full
 	drainFor time.Duration   // how long at most; 0: drainMax
 	parts    []int           // partitioned: deliver only these partitions (partitions.go)
+	own      *ownSession     // the started relay's own session, for the idle poll; nil: the pool's
 }
 
 // drainMax bounds how long one pass keeps draining a backlog before it lets go

@@ -850,6 +850,11 @@ func TestIdleSessionTimeout(t *testing.T) {
 	poolWithTimeout := func(t *testing.T, timeout string) *pgxpool.Pool {
 		return pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) {
 			pc.ConnConfig.RuntimeParams["idle_session_timeout"] = timeout
+			// The server ends the pool's idle sessions after the role's
+			// timeout: ping each before it is handed out, so that a loaded
+			// machine's slow pass never meets two dead ones in a row (the
+			// relay retries a failed connection once).
+			pc.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return true }
 		})
 	}
 

@@ -97,20 +97,59 @@ func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
 	return &PostgresGuard{pool: pool, logger: slog.Default(), held: make(map[string]bool)}
 }
 
+// markReplica adds a relay's replica id (presence.go) to the election mark
+// of stmt: "/* relay election replica=1a2b3c4d */ …", so that Admin links an
+// election's session to the live replica whose pass it runs. Statements
+// without the mark, and an empty id, are returned as they are.
+func markReplica(stmt, replica string) string {
+	if replica == "" || !strings.HasPrefix(stmt, "/* relay election") {
+		return stmt
+	}
+	i := strings.Index(stmt, " */")
+	if i < 0 {
+		return stmt
+	}
+	return stmt[:i] + " replica=" + replica + stmt[i:]
+}
+
+type replicaKey struct{}
+
+// withReplica marks ctx with the replica id whose election statements the
+// guard marks (markReplica).
+func withReplica(ctx context.Context, replica string) context.Context {
+	return context.WithValue(ctx, replicaKey{}, replica)
+}
+
+// replicaOf is the replica id withReplica put in ctx, "" if none.
+func replicaOf(ctx context.Context) string {
+	id, _ := ctx.Value(replicaKey{}).(string)
+	return id
+}
+
 // parseElectionMark reads a holder's last statement: whether a Go relay's
-// guard ran it, and since when it holds the election — the heartbeat's mark,
-// or else the start of the statement (the lock's own, which won it).
-func parseElectionMark(query string, queryStart time.Time) (since time.Time, ok bool) {
+// guard ran it, since when it holds the election — the heartbeat's mark,
+// or else the start of the statement (the lock's own, which won it) — and
+// the replica whose pass it runs, when the statement names it.
+func parseElectionMark(query string, queryStart time.Time) (since time.Time, replica string, ok bool) {
 	rest, ok := strings.CutPrefix(query, "/* relay election")
 	if !ok {
-		return time.Time{}, false
+		return time.Time{}, "", false
 	}
-	if stamp, ok := strings.CutPrefix(rest, " since "); ok {
-		if t, err := time.Parse(time.RFC3339, strings.TrimSpace(strings.SplitN(stamp, "*/", 2)[0])); err == nil {
-			return t, true
+	since = queryStart
+	mark, _, _ := strings.Cut(rest, "*/")
+	fields := strings.Fields(mark)
+	for i := 0; i < len(fields); i++ {
+		switch f := fields[i]; {
+		case f == "since" && i+1 < len(fields):
+			if t, err := time.Parse(time.RFC3339, fields[i+1]); err == nil {
+				since = t
+			}
+			i++
+		case strings.HasPrefix(f, "replica="):
+			replica = strings.TrimPrefix(f, "replica=")
 		}
 	}
-	return queryStart, true
+	return since, replica, true
 }
 
 // session is what the lock statement learned of the lock's session.
@@ -131,7 +170,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancelLock()
 	won := time.Now()
-	conn, locked, sess, err := tryElection(lctx, g.pool, key, lockSQL)
+	conn, locked, sess, err := tryElection(lctx, g.pool, key, markReplica(lockSQL, replicaOf(ctx)))
 	if err != nil {
 		return false, err
 	}
@@ -158,7 +197,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	}
 
 	jobCtx, cancel := context.WithCancelCause(ctx)
-	w := startWatch(conn.Conn().PgConn(), sess.pid, won, won, cancel)
+	w := startWatch(conn.Conn().PgConn(), sess.pid, won, won, replicaOf(ctx), cancel)
 	jobCtx = context.WithValue(jobCtx, leaseKey{}, w.lease)
 
 	// Unlock even if fn panics; the panic goes on after the lock is released.

@@ -105,10 +105,10 @@ type watch struct {
 
 // startWatch watches conn, the session of backend pid that holds the
 // election since won, with a lease from answered, when the session last
-// answered a statement sent then.
-func startWatch(conn *pgconn.PgConn, pid uint32, won, answered time.Time, lost func(error)) *watch {
+// answered a statement sent then. Its heartbeat names replica (markReplica).
+func startWatch(conn *pgconn.PgConn, pid uint32, won, answered time.Time, replica string, lost func(error)) *watch {
 	w := &watch{conn: conn, pid: pid, lease: newLease(answered), lost: lost, done: make(chan struct{}),
-		beat: heartbeatSQL(won)}
+		beat: markReplica(heartbeatSQL(won), replica)}
 	go w.run()
 	return w
 }

@@ -36,6 +36,7 @@ type loop struct {
 	listening chan struct{} // closed when the wake-up listener has returned (at once without one)
 	attempted chan struct{} // closed once the listener's first LISTEN has succeeded or failed (at once without one)
 	done      chan struct{} // closed when the loop has returned: its last pass unwound
+	own       *ownSession   // the relay's own session, for the idle poll (session.go)
 }
 
 func (l *loop) stop() { l.halted.Do(func() { close(l.halt) }) }
@@ -68,9 +69,9 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	passCtx, cancel := context.WithCancel(ctx)
 	l := &loop{cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1),
-		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{})}
+		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{}), own: newOwnSession()}
 	r.loop = l
-	if r.cfg.WakeOnCommit && r.cfg.Enabled {
+	if r.cfg.Enabled { // the listener carries presence even without WakeOnCommit
 		go r.listen(passCtx, l)
 	} else {
 		close(l.listening)
@@ -79,7 +80,8 @@ func (r *Relay) Start(ctx context.Context) error {
 	go r.run(passCtx, l)
 	r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: started",
 		slog.Bool("enabled", r.cfg.Enabled), slog.Bool("cluster_lock", r.cfg.ClusterLock),
-		durationAttr("interval", r.cfg.Interval), slog.String("table", r.cfg.Table), slog.Any("types", r.types))
+		durationAttr("interval", r.cfg.Interval), slog.String("table", r.cfg.Table), slog.Any("types", r.types),
+		slog.String("replica", r.presence.id))
 	return nil
 }
 
@@ -185,7 +187,7 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 	if woken {
 		kind = passElected
 	}
-	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true})
+	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own})
 	switch n := r.failing(); {
 	case res.backlog && res.err == nil:
 		next = 0

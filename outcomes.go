@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,7 +54,55 @@ func (d *delivery) newAttempts(maxAttempts int) int64 {
 }
 
 // errorText is the failure's text as last_error, width characters wide, keeps it.
-func (d *delivery) errorText(width int) string { return errorText(d.sendErr, width) }
+// A permanent failure's starts with permanentPrefix, which a cut keeps.
+func (d *delivery) errorText(width int) string {
+	if p := d.permanentPrefix(); p != "" {
+		return clip(p+errorText(d.sendErr, 0), width)
+	}
+	return errorText(d.sendErr, width)
+}
+
+// permanentPrefix starts the last_error of a row that died of a permanent
+// failure ([Permanent], a 4xx, a row that cannot be sent) before the ceiling,
+// with the number of attempts really made: the row is written with attempts
+// at the ceiling, so that it is dead by the table's own rule (ERROR and
+// attempts >= MaxAttempts), which the JVM relay shares; "" for any other
+// outcome.
+func (d *delivery) permanentPrefix() string {
+	if d.out != outcomeDead {
+		return ""
+	}
+	switch {
+	case d.m.bad != "":
+		return fmt.Sprintf(permanentMark+"%d attempt(s), not sent: ", d.m.Attempts)
+	case permanentFailure(d.sendErr):
+		return fmt.Sprintf(permanentMark+"%d attempt(s): ", d.m.Attempts+1)
+	}
+	return ""
+}
+
+// permanentMark starts the last_error of a permanent failure (permanentPrefix).
+const permanentMark = "permanent after "
+
+// ParsePermanent reads the mark a relay puts at the start of the last_error
+// of a row that died of a permanent failure ("permanent after 1 attempt(s): …")
+// and returns the number of attempts really made; ok is false for any other
+// text, such as a row that reached MaxAttempts.
+func ParsePermanent(lastError string) (attempts int, ok bool) {
+	rest, ok := strings.CutPrefix(lastError, permanentMark)
+	if !ok {
+		return 0, false
+	}
+	num, _, ok := strings.Cut(rest, " attempt(s)")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
 
 // Timings of recording.
 const (

@@ -130,7 +130,7 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 	lctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	now := time.Now()
-	conn, locked, sess, err := tryElection(lctx, r.pool, r.key, lockSharedSQL)
+	conn, locked, sess, err := tryElection(lctx, r.pool, r.key, markReplica(lockSharedSQL, r.presence.id))
 	switch {
 	case err != nil:
 		return false, err
@@ -151,7 +151,7 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	m.conn, m.sess, m.since, m.held = conn, sess, now, nil
-	if ok, err := markStatement(lctx, conn, r.key, m.n); err != nil || !ok {
+	if ok, err := markStatement(withReplica(lctx, r.presence.id), conn, r.key, m.n); err != nil || !ok {
 		m.drop()
 		return false, fmt.Errorf("relay: mark the membership of %q with Partitions %d: %w", r.key, m.n, cmp.Or(err, errors.New("refused")))
 	}
@@ -173,7 +173,7 @@ func (m *membership) rebalance(ctx context.Context) (partitionState, error) {
 	rctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	sent := time.Now()
-	st, err := rebalanceStatement(rctx, m.conn, r.key, m.n, m.start)
+	st, err := rebalanceStatement(withReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start)
 	if err != nil {
 		m.drop()
 		return partitionState{}, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)
@@ -222,7 +222,7 @@ func (m *membership) resume(at time.Time) {
 	if m.conn == nil || m.w != nil {
 		return
 	}
-	m.w = startWatch(m.conn.Conn().PgConn(), m.sess.pid, m.since, at, func(err error) {
+	m.w = startWatch(m.conn.Conn().PgConn(), m.sess.pid, m.since, at, m.r.presence.id, func(err error) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.lost = err

@@ -50,6 +50,9 @@ type Relay struct {
 	// Relay.pass takes it (election.go).
 	slot chan struct{}
 
+	// presence is what this relay says of itself while started (presence.go).
+	presence *presence
+
 	// election decides whether a pass runs, chosen once in New (election.go).
 	election election
 
@@ -57,9 +60,10 @@ type Relay struct {
 	// from re-sending (outcomes.go).
 	held heldBack
 
-	tableMu   sync.Mutex
-	tableInfo tableInfo
-	tableOK   bool
+	tableMu        sync.Mutex
+	tableInfo      tableInfo
+	tableOK        bool
+	indexesChecked bool // the missing indexes were looked for (once)
 
 	mu   sync.Mutex
 	loop *loop
@@ -131,6 +135,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 
 		sendTimedOut: fmt.Errorf("send timed out after %s", cfg.SendTimeout),
 	}
+	r.presence = newPresence(cfg, r.types)
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err
 	}
@@ -305,7 +310,32 @@ func (r *Relay) learnTable(ctx context.Context) error {
 		return fmt.Errorf("relay: %w", err)
 	}
 	r.tableInfo, r.tableOK = info, true
+	if !r.indexesChecked {
+		r.indexesChecked = true
+		r.warnMissingIndexes(pctx, c)
+	}
 	return nil
+}
+
+// warnMissingIndexes says once, at WARN, which of the relay's partial
+// indexes the table lacks (indexes.go), with the statements that add them.
+func (r *Relay) warnMissingIndexes(ctx context.Context, db querier) {
+	missing, err := missingIndexes(ctx, db, r.cfg.Table)
+	if err != nil {
+		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: could not read the table's indexes", slog.String("error", err.Error()))
+		return
+	}
+	if len(missing) == 0 {
+		return
+	}
+	var names, stmts []string
+	for _, m := range missing {
+		names = append(names, m.Name)
+		stmts = append(stmts, m.Statement)
+	}
+	r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the table lacks indexes the pass relies on: each pass reads past the SENT, dead and "+
+		"other apps' rows, which costs more as they accumulate; add them (CREATE INDEX CONCURRENTLY on a busy table)",
+		slog.String("table", r.cfg.Table), slog.Any("missing", names), slog.String("sql", strings.Join(stmts, "\n")))
 }
 
 // table is what learnTable learned.

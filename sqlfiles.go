@@ -22,6 +22,7 @@ import (
 //	sql/wake.sql      the wake-up on commit      store_wake.go     (WakeTriggerSQL, the listener)
 //	sql/producer.sql  Enqueue's insert           store_producer.go
 //	sql/schedule.sql  the Scheduler's clock      store_schedule.go
+//	sql/presence.sql  presence, table indexes    store_presence.go (presence.go, admin_presence.go, indexes.go)
 //
 // A file holds statements, each under a marker line
 //

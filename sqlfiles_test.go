@@ -176,7 +176,8 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		}
 	}
 	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL,
-		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL)
+		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
+		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, replicasSQL, tableIndexesSQL)
 	pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
 	failedState, three := pgtype.Text{String: statusError, Valid: true}, pgtype.Int8{Int64: 3, Valid: true}
 	for _, table := range []string{"outbox", "billing." + strings.Repeat("x", 63)} {
@@ -202,7 +203,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 					_, _ = r.record(ctx, q, ds, 10, 0)
 				}
 				_, _ = r.states(ctx, q, []int64{1})
-				_, _, _, _ = r.poll(ctx, q, 3, []string{"t"}, "app")
+				_, _, _, _, _ = r.poll(ctx, q, "", 3, []string{"t"}, "app")
 				_, _ = r.probe(ctx, q)
 			}
 		}
@@ -213,11 +214,12 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		_, _ = a.countByStatus(ctx, q, 3)
 		_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1})
 		_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, Type: "t"})
-		_, _ = a.requeueAll(ctx, q, 3)
+		_, _ = a.requeueAll(ctx, q, 3, []string{"t"})
 		_, _ = a.requeueType(ctx, q, 3, "t")
-		_, _ = a.requeueIDs(ctx, q, 3, []int64{1})
+		_, _ = a.requeueIDs(ctx, q, 3, []int64{1}, nil)
 		_, _ = a.cutoff(ctx, q, time.Hour)
-		_, _ = a.purgeChunk(ctx, q, cut, 10)
+		_, _ = a.purgeChunk(ctx, q, cut, 10, nil)
+		_, _ = tableIndexesStatement(ctx, q, table)
 		_, _ = a.countSentBefore(ctx, q, cut)
 		_, _ = a.countSentRows(ctx, q, cut)
 		_, _ = a.liveGroups(ctx, q, 3)
@@ -239,6 +241,11 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	_, _ = markStatement(ctx, q, "app", 4)
 	_, _ = databaseNow(ctx, q)
 	_ = wakeProbe(ctx, q, "c", "p")
+	p := newPresence(DefaultConfig(), []string{"t"})
+	_, _, _ = presenceTakeStatement(ctx, q, "", p.args, presenceLease)
+	_, _ = presenceBeatStatement(ctx, q, "")
+	_ = presenceReleaseStatement(ctx, q)
+	_, _ = replicasStatement(ctx, q, "app", []string{"t"})
 	return built
 }
 

@@ -88,6 +88,7 @@ func (r *adminRepository) deadPage(ctx context.Context, db querier, ceiling int,
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadMessage, error) {
 		var d DeadMessage
 		err := row.Scan(&d.ID, &d.Type, &d.Key, &d.Attempts, &d.LastError, &d.CreatedAt, &d.UpdatedAt, &d.Payload)
+		d.Permanent, d.AttemptsMade = permanence(d.LastError, d.Attempts)
 		if n := utf8.RuneCountInString(d.Payload); n > PayloadPreviewMax {
 			d.Payload, d.PayloadCut = cutRunes(d.Payload, PayloadPreviewMax), true
 		}
@@ -106,16 +107,16 @@ func cutRunes(s string, n int) string {
 	return s
 }
 
-func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling))
+func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling, scope))
 }
 
 func (r *adminRepository) requeueType(ctx context.Context, db execer, ceiling int, typ string) (int64, error) {
 	return rowsAffected(db.Exec(ctx, r.requeueTypeSQL, ceiling, typ))
 }
 
-func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids))
+func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids, scope))
 }
 
 // cutoff is the database's now() minus retention, fixed once for a whole purge.
@@ -125,8 +126,8 @@ func (r *adminRepository) cutoff(ctx context.Context, db querier, retention time
 	return t, err
 }
 
-func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit))
+func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit, scope))
 }
 
 func (r *adminRepository) countSentBefore(ctx context.Context, db querier, cutoff time.Time) (int64, error) {
@@ -164,6 +165,7 @@ func (r *adminRepository) liveGroups(ctx context.Context, db querier, ceiling in
 		var g liveGroup
 		err := row.Scan(&g.typ, &g.status, &g.dead, &g.count,
 			&g.head.ID, &g.head.Status, &g.head.Attempts, &g.head.CreatedAt, &g.head.LastError)
+		g.head.Permanent, g.head.AttemptsMade = permanence(g.head.LastError, g.head.Attempts)
 		return g, err
 	})
 }

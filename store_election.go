@@ -74,8 +74,8 @@ func rebalanceStatement(ctx context.Context, db querier, key string, n, start in
 	var foreign *int32
 	var held []int32
 	b := &pgx.Batch{}
-	b.Queue(partitionConfigSQL, key)
-	b.Queue(rebalanceSQL.sql, rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start})...).
+	b.Queue(markReplica(partitionConfigSQL, replicaOf(ctx)), key)
+	b.Queue(markReplica(rebalanceSQL.sql, replicaOf(ctx)), rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start})...).
 		QueryRow(func(row pgx.Row) error {
 			return row.Scan(&st.members, &foreign, &st.waiter, &st.fewest, &held)
 		})
@@ -104,6 +104,6 @@ func releasePartitionsStatement(ctx context.Context, db querier, key string, n i
 // markStatement takes the member mark of n.
 func markStatement(ctx context.Context, db querier, key string, n int) (bool, error) {
 	var ok bool
-	err := db.QueryRow(ctx, markSQL, key, n).Scan(&ok)
+	err := db.QueryRow(ctx, markReplica(markSQL, replicaOf(ctx)), key, n).Scan(&ok)
 	return ok, err
 }

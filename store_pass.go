@@ -230,11 +230,14 @@ func tooLarge(size, limit int) string {
 }
 
 // poll runs the idle poll (pollSQL) for the election key.
-func (r *repository) poll(ctx context.Context, db querier, maxAttempts int, types []string, key string) (readOnly, won, work bool, err error) {
+//
+// mark starts the statement: on the relay's own session, the presence
+// comment, which pg_stat_activity.query must go on showing (presence.go).
+func (r *repository) poll(ctx context.Context, db querier, mark string, maxAttempts int, types []string, key string) (readOnly, won, work bool, pid uint32, err error) {
 	args := r.pollSQL.args(map[string]any{"max": maxAttempts, "types": types, "limit": 1, "after": int64(math.MinInt64),
 		"backoff": r.backoff, "cap": r.backoffMax, "key": key})
-	err = db.QueryRow(ctx, r.pollSQL.sql, args...).Scan(&readOnly, &won, &work)
-	return readOnly, won, work, err
+	err = db.QueryRow(ctx, mark+r.pollSQL.sql, args...).Scan(&readOnly, &won, &work, &pid)
+	return readOnly, won, work, pid, err
 }
 
 // tableInfo is what the relay learns of its table before the first pass.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // This file is the wake-up on commit: producers NOTIFY when they write a
@@ -98,16 +99,29 @@ func wakeDueAt(channel, typ string, now int64) bool {
 // back: through a transaction-pooling proxy it does not, and the relay then
 // says so once and polls. A lost connection is replaced, with a backoff; the
 // loop is woken after each reconnection, for what was missed meanwhile.
+//
+// The same session carries the relay's presence (presence.go): its locks are
+// taken once the session is known to be one (the probe came back), and again
+// after each reconnection. With WakeOnCommit off, the session LISTENs for
+// nothing and only carries presence.
 func (r *Relay) listen(ctx context.Context, l *loop) {
 	defer close(l.listening)
 	var attempted sync.Once
 	defer attempted.Do(func() { close(l.attempted) })
+	wake := r.cfg.WakeOnCommit
+	if !wake {
+		attempted.Do(func() { close(l.attempted) }) // no LISTEN to wait for
+	}
 	channel := wakeChannel(r.tableID)
 	wait, reconnect := time.Second, false
 	for ctx.Err() == nil {
-		conn, err := r.openListener(ctx, channel)
+		conn, pid, err := r.openListener(ctx, channel, wake)
 		attempted.Do(func() { close(l.attempted) })
 		switch {
+		case errors.Is(err, errPresenceMoved):
+			r.logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
+				slog.String("replica", r.presence.id))
+			return
 		case errors.Is(err, errListenUnreachable):
 			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: wake-ups on commit are off: a notification to this session never came back "+
 				"(a transaction-pooling proxy?); passes run every Interval", slog.String("channel", channel), durationAttr("interval", r.cfg.Interval))
@@ -130,11 +144,19 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 			l.wakeUp() // what was committed while nobody listened
 		}
 		wait, reconnect = time.Second, true
-		err = r.waitForWakeUps(ctx, conn, l)
+		err = r.waitForWakeUps(ctx, conn, l, pid)
+		if !conn.IsClosed() {
+			r.presence.release(conn)
+		}
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Close(closeCtx)
 		cancel()
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errPresenceMoved) {
+			r.logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
+				slog.String("replica", r.presence.id))
 			return
 		}
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the wake-up listener's connection was lost; connecting again",
@@ -146,18 +168,36 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 var errListenUnreachable = errors.New("relay: notifications do not reach the listening session")
 
 // openListener takes a connection out of the pool, LISTENs on it and checks
-// that a notification comes back.
-func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, error) {
+// that a notification comes back (only when wake), and takes the relay's
+// presence on it. It returns the connection and its backend's pid.
+func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*pgx.Conn, uint32, error) {
 	pc, err := acquire(ctx, r.pool, "listen for wake-ups")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	conn := pc.Hijack() // ours until closed: it never goes back to the pool
-	fail := func(err error) (*pgx.Conn, error) {
+	fail := func(err error) (*pgx.Conn, uint32, error) {
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(closeCtx)
-		return nil, err
+		return nil, 0, err
+	}
+	present := func() (*pgx.Conn, uint32, error) {
+		pctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+		defer cancel()
+		pid, err := r.presence.take(pctx, conn)
+		if err != nil {
+			return fail(err)
+		}
+		// Through a transaction-pooling proxy the next statement may answer
+		// from another backend: then the locks are not this session's.
+		if err := r.presence.beat(pctx, conn, pid); err != nil {
+			return fail(err)
+		}
+		return conn, pid, nil
+	}
+	if !wake {
+		return present()
 	}
 	lctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
 	defer cancel()
@@ -182,17 +222,44 @@ func (r *Relay) openListener(ctx context.Context, channel string) (*pgx.Conn, er
 		case err != nil:
 			return fail(err)
 		case n.Payload == probe:
-			return conn, nil
+			return present()
 		}
 	}
 }
 
 // waitForWakeUps wakes the loop for each notification of a type this relay
-// delivers, until ctx ends or the connection fails.
-func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop) error {
+// delivers, runs the statements handed to the session (the loop's idle poll,
+// session.go), and the presence keepalive when no statement ran for
+// presenceBeat, until ctx ends or the connection fails. The wait is cut by
+// the socket's read deadline, which leaves the connection usable (as the
+// election's watch does).
+func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop, pid uint32) error {
+	l.own.hold(conn, pid)
+	defer l.own.release()
+	last := time.Now() // the session's last statement
 	for {
+		_ = conn.PgConn().Conn().SetReadDeadline(last.Add(presenceBeat))
+		if l.own.serve(ctx, conn, pid) { // a job handed over meanwhile (session.go)
+			last = time.Now()
+			continue
+		}
 		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
+		_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
+		switch {
+		case err != nil && ctx.Err() == nil && pgconn.Timeout(err):
+			if l.own.serve(ctx, conn, pid) {
+				last = time.Now()
+				continue
+			}
+			if time.Since(last) < presenceBeat {
+				continue
+			}
+			if err := r.presence.beat(ctx, conn, pid); err != nil {
+				return err
+			}
+			last = time.Now()
+			continue
+		case err != nil:
 			return err
 		}
 		if n.Payload == "" || slices.Contains(r.types, n.Payload) {

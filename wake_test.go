@@ -61,13 +61,16 @@ func TestWakeOnCommit(t *testing.T) {
 	})
 }
 
-// waitListening waits until a session of the bundle's app LISTENs.
+// waitListening waits until a session of the bundle's app LISTENs: its last
+// statement is the LISTEN, or the presence it takes once the LISTEN's probe
+// came back (presence.go).
 func waitListening(t *testing.T, b *bundle) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var n int
 		require.NoError(t, b.pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'`,
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
+			  AND (query LIKE 'LISTEN %' OR query LIKE '/* relay presence %')`,
 			appNameOf(b.pool)).Scan(&n))
 		return n > 0
 	}, 10*time.Second, 5*time.Millisecond, "the relay listens")

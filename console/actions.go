@@ -1,6 +1,7 @@
 package console
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/xadm/relay"
 )
 
 // action checks that r may act and returns its source; otherwise it answers
@@ -106,6 +109,10 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	retention := time.Duration(age * float64(unit))
 	start := time.Now()
 	n, err := s.Admin.PurgeSent(r.Context(), retention)
+	if refused(err) {
+		c.actionFailed(w, r, "purge", s, err)
+		return
+	}
 	if err != nil {
 		// A purge stopped half-way deleted some rows: say how many.
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "relay console: purge failed",
@@ -123,6 +130,12 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) actionFailed(w http.ResponseWriter, r *http.Request, name string, s *source, err error) {
 	v := viewerOf(r.Context())
+	if refused(err) {
+		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "relay console: action refused",
+			slog.String("who", v.who), slog.String("action", name), slog.String("app", s.Admin.AppName()), slog.Any("error", err))
+		c.errorPage(w, r, http.StatusConflict, "The action was refused: "+err.Error(), v.who)
+		return
+	}
 	c.logger.LogAttrs(r.Context(), slog.LevelError, "relay console: action failed",
 		slog.String("who", v.who), slog.String("action", name), slog.String("app", s.Admin.AppName()), slog.Any("error", err))
 	c.errorPage(w, r, http.StatusInternalServerError, "The action failed: "+err.Error(), v.who)
@@ -138,4 +151,10 @@ func (c *Console) redirect(w http.ResponseWriter, page string, i int, done strin
 	}
 	w.Header().Set("Location", "./"+page+"?"+q.Encode())
 	w.WriteHeader(http.StatusSeeOther)
+}
+
+// refused says err is the Admin declining to act (no scope, another
+// ceiling), which the operator fixes, not a failure of the console.
+func refused(err error) bool {
+	return errors.Is(err, relay.ErrCeilingDiffers)
 }

@@ -49,7 +49,7 @@ func setup(t *testing.T) *world {
 	w.cfg.AppName, w.cfg.Table, w.cfg.MaxAttempts = name, name, ceiling
 	w.cfg.Logger = w.logs.Logger()
 	var err error
-	w.admin, err = relay.NewAdmin(w.pool, w.cfg)
+	w.admin, err = relay.NewAdmin(w.pool, w.cfg, relay.AdminAllTypes())
 	require.NoError(t, err)
 	return w
 }

@@ -108,7 +108,11 @@ func (c *Console) look(ctx context.Context, s *source) (diagnose.Look, diagnose.
 	if err != nil {
 		return diagnose.Look{}, diagnose.Diagnosis{}, err
 	}
-	now := diagnose.Look{Overview: o, Holders: h}
+	reps, err := s.Admin.Replicas(ctx)
+	if err != nil {
+		return diagnose.Look{}, diagnose.Diagnosis{}, err
+	}
+	now := diagnose.Look{Overview: o, Holders: h, Replicas: reps, PresenceKnown: true}
 	in := diagnose.Input{Now: now, StallAfter: c.opts.StallAfter}
 	if s.Relay != nil {
 		st := s.Relay.Stats()
@@ -136,6 +140,15 @@ type sourceView struct {
 	D       diagnose.Diagnosis
 	Holders []holderView
 	Stats   *statsView
+	// Replicas are the app's live relays; Scope says which types the
+	// actions write (Admin.Scope), or why none.
+	Replicas []replicaView
+	Scope    string
+}
+
+type replicaView struct {
+	relay.Replica
+	Description string
 }
 
 type holderView struct {
@@ -155,6 +168,10 @@ func newSourceView(i int, s *source, l diagnose.Look, d diagnose.Diagnosis) sour
 		v.Holders = append(v.Holders, holderView{LockHolder: h, Description: diagnose.Holder(h),
 			PartitionsText: strings.TrimPrefix(diagnose.PartitionsText(h.Partitions, h.PartitionsOf), "partitions ")})
 	}
+	for _, r := range l.Replicas {
+		v.Replicas = append(v.Replicas, replicaView{Replica: r, Description: diagnose.Replica(r)})
+	}
+	v.Scope = scopeText(s.Admin, l.Replicas)
 	if s.Relay != nil {
 		st := s.Relay.Stats()
 		v.Stats = &statsView{Stats: st}
@@ -304,7 +321,10 @@ func parseTemplates() (map[string]*template.Template, error) {
 			}
 			return diagnose.Duration(at.Sub(t)) + " ago"
 		},
-		"cut":   diagnose.Cut,
+		"cut": diagnose.Cut,
+		"attempts": func(d relay.DeadMessage) string {
+			return diagnose.Attempts(d.Permanent, d.AttemptsMade, d.Attempts)
+		},
 		"upper": strings.ToUpper,
 		"ms": func(d time.Duration) string {
 			return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) + " ms"
@@ -331,4 +351,14 @@ func parseTemplates() (map[string]*template.Template, error) {
 		pages[name] = t
 	}
 	return pages, nil
+}
+
+// scopeText says which types the source's actions write, from the live
+// replicas already read (the Admin's own options first).
+func scopeText(a *relay.Admin, reps []relay.Replica) string {
+	s, err := a.ScopeOf(reps)
+	if err != nil {
+		return "nothing: " + err.Error()
+	}
+	return s.String()
 }

@@ -96,7 +96,7 @@ func named(t *testing.T, app string) *world {
 	w.app = app
 	w.cfg.AppName = app
 	var err error
-	w.admin, err = relay.NewAdmin(w.pool, w.cfg)
+	w.admin, err = relay.NewAdmin(w.pool, w.cfg, relay.AdminAllTypes())
 	require.NoError(t, err)
 	return w
 }

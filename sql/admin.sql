@@ -28,26 +28,30 @@ WHERE {{template "dead"}} AND id > @after AND type = @type ORDER BY id LIMIT @li
 -- reads them, so it never races a delivery.
 UPDATE {{.Table}} SET status = 'PENDING', attempts = 0, updated_at = now() WHERE {{template "dead"}}
 
--- name: requeueAll @ceiling
-{{template "requeue" .}}
+-- name: scope
+-- The Admin's scope (Admin.Scope): a NULL @scope is every type.
+(@scope::text[] IS NULL OR type = ANY(@scope::text[]))
+
+-- name: requeueAll @ceiling @scope
+{{template "requeue" .}} AND {{template "scope"}}
 
 -- name: requeueType @ceiling @type
 {{template "requeue" .}} AND type = @type
 
--- name: requeueIDs @ceiling @ids
-{{template "requeue" .}} AND id = ANY(@ids::bigint[])
+-- name: requeueIDs @ceiling @ids @scope
+{{template "requeue" .}} AND id = ANY(@ids::bigint[]) AND {{template "scope"}}
 
 -- name: purgeCutoff @retention
 -- The database's now() minus @retention seconds, fixed once for a whole purge.
 SELECT now() - make_interval(secs => @retention::float8)
 
--- name: purgeChunk @cutoff @limit
+-- name: purgeChunk @cutoff @limit @scope
 -- One bounded chunk, oldest first: short statements, few locks. SENT rows are
 -- never written by a pass again. id = ANY(ARRAY(...)) deletes by primary key;
 -- "id IN (subquery)" plans a hash join that reads the whole table for every
 -- chunk.
 DELETE FROM {{.Table}} WHERE id = ANY(ARRAY(SELECT id FROM {{.Table}}
-WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < @cutoff ORDER BY id LIMIT @limit))
+WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < @cutoff AND {{template "scope"}} ORDER BY id LIMIT @limit))
 
 -- name: liveGroups @ceiling @error_width
 -- The live rows by type and state, each group with its first row (the lowest

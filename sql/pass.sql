@@ -90,8 +90,9 @@ ORDER BY m.id
 -- win the election for the statement's own length (a transaction-scoped
 -- lock, gone when the statement ends: nobody waits on it, a JVM replica
 -- trying at that instant coalesces), and is there anything to deliver? Only a
--- poll that finds work takes the election for real. @limit is 1.
-SELECT l.read_only, l.won, l.won AND EXISTS ({{template "candidates" .}})
+-- poll that finds work takes the election for real. @limit is 1. The backend's
+-- pid says, on the relay's own session, that it still is the one it holds.
+SELECT l.read_only, l.won, l.won AND EXISTS ({{template "candidates" .}}), pg_backend_pid()
 FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext(@key)) AS won
   FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
   OFFSET 0) l

@@ -19,18 +19,24 @@ func runWho(ctx context.Context, e *env) int {
 	if err != nil {
 		return e.fail(err)
 	}
+	reps, err := e.admin.Replicas(ctx)
+	if err != nil {
+		return e.fail(err)
+	}
 	if e.o.json {
 		err := writeJSON(e.stdout, struct {
-			App      string       `json:"app"`
-			Key      string       `json:"key"`
-			Election []jsonHolder `json:"election"`
-		}{e.cfg.AppName, e.cfg.AppName + relay.LockKeySuffix, holdersJSON(holders)})
+			App      string        `json:"app"`
+			Key      string        `json:"key"`
+			Election []jsonHolder  `json:"election"`
+			Replicas []jsonReplica `json:"replicas"`
+		}{e.cfg.AppName, e.cfg.AppName + relay.LockKeySuffix, holdersJSON(holders), replicasJSON(reps)})
 		if err != nil {
 			return e.fail(err)
 		}
 		return exitOK
 	}
 	printElection(e, e.cfg.AppName, holders)
+	printReplicas(e, e.cfg.AppName, reps)
 	return exitOK
 }
 

@@ -75,6 +75,12 @@ Flags of every command:
   --json              machine-readable output on stdout (every command but
                       pause and resume)
 
+Flags of requeue and purge (which rows they write):
+  --types A,B         these types only
+  --all-types         every type of the table, the other apps' rows too
+                      (default: the types the live relays of --app serve;
+                      without a live relay, one of the two is needed)
+
 Exit codes:
   0  done; status: delivery works, or nothing waits
   1  error: bad configuration, the database unreachable, a statement failed
@@ -127,6 +133,9 @@ type opts struct {
 	ids idList
 	typ string
 	all bool
+	// requeue and purge: the Admin's scope
+	types    string
+	allTypes bool
 	// purge
 	olderThan ageFlag
 	// pause
@@ -225,7 +234,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer pool.Close()
 	e.pool = pool
-	if e.admin, err = relay.NewAdmin(pool, cfg); err != nil {
+	var aopts []relay.AdminOption
+	if e.o.types != "" {
+		var types []string
+		for _, t := range strings.Split(e.o.types, ",") {
+			types = append(types, strings.TrimSpace(t))
+		}
+		aopts = append(aopts, relay.AdminTypes(types...))
+	}
+	if e.o.allTypes {
+		if e.o.types != "" {
+			return e.usageErr("give --types or --all-types, not both")
+		}
+		aopts = append(aopts, relay.AdminAllTypes())
+	}
+	if e.admin, err = relay.NewAdmin(pool, cfg, aopts...); err != nil {
 		fmt.Fprintf(stderr, "relayctl: %v\n", err)
 		return exitError
 	}
@@ -288,6 +311,25 @@ func (e *env) fail(err error) int {
 		fmt.Fprintf(e.stderr, "relayctl: is %q the relays' table? Set RELAY_TABLE or --table (schema.table if it is not on the search_path).\n", e.cfg.Table)
 	}
 	return exitError
+}
+
+// scopeFlags are the flags of the commands that write rows: which types.
+func scopeFlags(fs *flag.FlagSet, o *opts) {
+	fs.StringVar(&o.types, "types", "", "act on these types only, separated by commas (default: the types the live relays of --app serve)")
+	fs.BoolVar(&o.allTypes, "all-types", false, "act on every type of the table, the other apps' rows too")
+}
+
+// scope says on stderr which types a command writes, and returns them
+// (nil: every type).
+func (e *env) scope(ctx context.Context) (relay.AdminScope, error) {
+	s, err := e.admin.Scope(ctx)
+	if err != nil {
+		return s, err
+	}
+	if !e.o.json { // the JSON answer carries them
+		fmt.Fprintf(e.stderr, "relayctl: acting on %s of app %q in %s\n", s, e.cfg.AppName, e.cfg.Table)
+	}
+	return s, nil
 }
 
 // usageErr reports a bad flag value and returns exitUsage.

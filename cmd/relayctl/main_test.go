@@ -365,21 +365,29 @@ func TestRequeue(t *testing.T) {
 
 	var first int64
 	require.NoError(t, w.pool.QueryRow(ctx, fmt.Sprintf("SELECT min(id) FROM %s", pgx.Identifier{w.table}.Sanitize())).Scan(&first))
-	code, stdout, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprintf("%d,%d", first, first+5), "--json")
+	// No relay runs: nothing tells this app's types, so the tool acts on every
+	// type, and says so (the retrying row given is not dead: left alone).
+	code, _, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprint(first+5))
 	require.Equal(t, exitOK, code, stderr)
-	require.JSONEq(t, `{"requeued": 1}`, stdout, "the retrying row given is not dead: left alone")
+	require.Contains(t, stderr, "every type: no live relay of the app to learn its types from")
+	require.Contains(t, stderr, "--types")
+
+	code, stdout, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprintf("%d,%d", first, first+5), "--json", "--all-types")
+	require.Equal(t, exitOK, code, stderr)
+	require.JSONEq(t, `{"requeued": 1, "types": null, "all_types": true}`, stdout, "the retrying row given is not dead: left alone")
 	require.Equal(t, 2, dead("invoices"))
 	require.Equal(t, 1, w.count(t, "status = 'ERROR' AND attempts = "+fmt.Sprint(ceiling-1)))
 
-	code, stdout, _ = w.ctl(t, ctx, "requeue", "--type", "orders")
+	code, stdout, stderr = w.ctl(t, ctx, "requeue", "--type", "orders", "--types", "orders")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, `re-queued 2 dead row(s) of type "orders"`)
+	require.Contains(t, stderr, `acting on types "orders" (explicit)`)
 	require.Zero(t, dead("orders"))
 
-	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all")
+	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all", "--all-types")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, "re-queued 2 dead row(s)")
-	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all")
+	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all", "--all-types")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, "nothing re-queued")
 	require.Equal(t, 5, w.count(t, "status = 'PENDING' AND attempts = 0"))
@@ -393,7 +401,7 @@ func TestPurge(t *testing.T) {
 	w.rows(t, "orders", 3, "SENT", 0, time.Hour)
 	w.rows(t, "orders", 1, "PENDING", 0, 40*24*time.Hour)
 
-	code, stdout, stderr := w.ctl(t, ctx, "purge", "--older-than", "30d")
+	code, stdout, stderr := w.ctl(t, ctx, "purge", "--older-than", "30d", "--all-types")
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "purged 2,005 SENT row(s)")
 	require.Contains(t, stderr, "purge: 1,000 of ~2,005 rows deleted", "plain progress lines when not on a terminal")
@@ -401,9 +409,9 @@ func TestPurge(t *testing.T) {
 	require.Equal(t, 3, w.count(t, "status = 'SENT'"))
 	require.Equal(t, 1, w.count(t, "status = 'PENDING'"))
 
-	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "0", "--json")
+	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "0", "--json", "--types", "orders")
 	require.Equal(t, exitOK, code)
-	require.JSONEq(t, `{"purged": 3}`, stdout)
+	require.JSONEq(t, `{"purged": 3, "types": ["orders"], "all_types": false}`, stdout)
 	require.Empty(t, stderr, "no progress with --json")
 }
 

@@ -103,3 +103,31 @@ func oneLine(s string, n int) string {
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
 func fprintf(w io.Writer, format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
+
+type jsonReplica struct {
+	ID              string     `json:"id"`
+	Description     string     `json:"description"`
+	Types           []string   `json:"types"`
+	UnnamedTypes    int        `json:"unnamed_types"`
+	MaxAttempts     int        `json:"max_attempts"`
+	Partitions      int        `json:"partitions"`
+	Elected         bool       `json:"elected"`
+	Held            []int      `json:"held"`
+	Host            string     `json:"host,omitempty"`
+	Process         int        `json:"process,omitempty"`
+	PID             int        `json:"pid"`
+	ApplicationName string     `json:"application_name"`
+	ClientAddr      string     `json:"client_addr"`
+	BackendStart    *time.Time `json:"backend_start,omitempty"`
+	Hidden          bool       `json:"hidden"`
+}
+
+func replicasJSON(reps []relay.Replica) []jsonReplica {
+	out := make([]jsonReplica, 0, len(reps))
+	for _, r := range reps {
+		out = append(out, jsonReplica{ID: r.ID, Description: diagnose.Replica(r), Types: r.Types, UnnamedTypes: r.UnnamedTypes,
+			MaxAttempts: r.MaxAttempts, Partitions: r.Partitions, Elected: r.Elected, Held: r.Held, Host: r.Host, Process: r.Process,
+			PID: r.PID, ApplicationName: r.ApplicationName, ClientAddr: r.ClientAddr, BackendStart: timePtr(r.BackendStart), Hidden: r.Hidden})
+	}
+	return out
+}

@@ -47,6 +47,7 @@ func (a *ageFlag) Set(v string) error {
 
 func purgeFlags(fs *flag.FlagSet, o *opts) {
 	fs.Var(&o.olderThan, "older-than", "delete the SENT rows delivered longer ago than this: 30d, 12h, 0 for all (required)")
+	scopeFlags(fs, o)
 }
 
 func runPurge(ctx context.Context, e *env) int {
@@ -54,6 +55,10 @@ func runPurge(ctx context.Context, e *env) int {
 		return e.usageErr("purge: --older-than is required (e.g. --older-than 30d; 0 purges every SENT row)")
 	}
 	age := e.o.olderThan.d
+	scope, err := e.scope(ctx)
+	if err != nil {
+		return e.fail(err)
+	}
 	p := newProgress(e.stderr, e.o.json)
 	n, err := e.admin.PurgeSentProgress(ctx, age, p.update)
 	p.done()
@@ -61,7 +66,7 @@ func runPurge(ctx context.Context, e *env) int {
 		return e.fail(err)
 	}
 	if e.o.json {
-		if err := writeJSON(e.stdout, map[string]int64{"purged": n}); err != nil {
+		if err := writeJSON(e.stdout, map[string]any{"purged": n, "types": scope.Types, "all_types": scope.All}); err != nil {
 			return e.fail(err)
 		}
 		return exitOK

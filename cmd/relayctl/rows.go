@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/diagnose"
 )
 
 func deadFlags(fs *flag.FlagSet, o *opts) {
@@ -23,6 +24,8 @@ type jsonDead struct {
 	Type       string    `json:"type"`
 	Key        string    `json:"key"`
 	Attempts   int       `json:"attempts"`
+	Permanent  bool      `json:"permanent"`
+	Made       int       `json:"attempts_made"`
 	LastError  string    `json:"last_error"`
 	CreatedAt  time.Time `json:"created_at"`
 	UpdatedAt  time.Time `json:"updated_at"`
@@ -49,7 +52,7 @@ func runDead(ctx context.Context, e *env) int {
 	if e.o.json {
 		rows := make([]jsonDead, 0, len(page))
 		for _, d := range page {
-			rows = append(rows, jsonDead{d.ID, d.Type, d.Key, d.Attempts, d.LastError, d.CreatedAt.UTC(), d.UpdatedAt.UTC(), d.Payload, d.PayloadCut})
+			rows = append(rows, jsonDead{d.ID, d.Type, d.Key, d.Attempts, d.Permanent, d.AttemptsMade, d.LastError, d.CreatedAt.UTC(), d.UpdatedAt.UTC(), d.Payload, d.PayloadCut})
 		}
 		err := writeJSON(e.stdout, struct {
 			Rows      []jsonDead `json:"rows"`
@@ -79,7 +82,7 @@ func runDead(ctx context.Context, e *env) int {
 		if d.PayloadCut && !strings.HasSuffix(payload, "…") {
 			payload += "…"
 		}
-		fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.Type, oneLine(d.Key, 30), d.Attempts,
+		fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.ID, d.Type, oneLine(d.Key, 30), diagnose.Attempts(d.Permanent, d.AttemptsMade, d.Attempts),
 			stamp(d.UpdatedAt), oneLine(d.LastError, 70), payload)
 	}
 	_ = tw.Flush()
@@ -120,6 +123,7 @@ func requeueFlags(fs *flag.FlagSet, o *opts) {
 	fs.Var(&o.ids, "id", "re-queue these dead rows: an id, or ids separated by commas (repeatable)")
 	fs.StringVar(&o.typ, "type", "", "re-queue every dead row of this type")
 	fs.BoolVar(&o.all, "all", false, "re-queue every dead row")
+	scopeFlags(fs, o)
 }
 
 func runRequeue(ctx context.Context, e *env) int {
@@ -132,8 +136,11 @@ func runRequeue(ctx context.Context, e *env) int {
 	if modes != 1 {
 		return e.usageErr("requeue: give exactly one of --id, --type or --all")
 	}
+	scope, err := e.scope(ctx)
+	if err != nil {
+		return e.fail(err)
+	}
 	var n int64
-	var err error
 	var what string
 	switch {
 	case e.o.all:
@@ -150,7 +157,7 @@ func runRequeue(ctx context.Context, e *env) int {
 		return e.fail(err)
 	}
 	if e.o.json {
-		if err := writeJSON(e.stdout, map[string]int64{"requeued": n}); err != nil {
+		if err := writeJSON(e.stdout, map[string]any{"requeued": n, "types": scope.Types, "all_types": scope.All}); err != nil {
 			return e.fail(err)
 		}
 		return exitOK

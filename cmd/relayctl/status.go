@@ -33,7 +33,11 @@ func look(ctx context.Context, a *relay.Admin) (diagnose.Look, error) {
 	if err != nil {
 		return diagnose.Look{}, err
 	}
-	return diagnose.Look{Overview: o, Holders: h}, nil
+	reps, err := a.Replicas(ctx)
+	if err != nil {
+		return diagnose.Look{}, err
+	}
+	return diagnose.Look{Overview: o, Holders: h, Replicas: reps, PresenceKnown: true}, nil
 }
 
 func runStatus(ctx context.Context, e *env) int {
@@ -80,25 +84,32 @@ func runStatus(ctx context.Context, e *env) int {
 }
 
 type jsonStatus struct {
-	App             string       `json:"app"`
-	Table           string       `json:"table"`
-	MaxAttempts     int          `json:"max_attempts"`
-	At              time.Time    `json:"at"`
-	Verdict         string       `json:"verdict"`
-	Cause           string       `json:"cause"`
-	Summary         string       `json:"summary"`
-	Trend           string       `json:"trend,omitempty"`
-	Waiting         int64        `json:"waiting"`
-	Pending         int64        `json:"pending"`
-	Retrying        int64        `json:"retrying"`
-	Dead            int64        `json:"dead"`
-	Sent            int64        `json:"sent"`
-	SentEstimated   bool         `json:"sent_estimated"`
-	LagSeconds      float64      `json:"lag_seconds"`
-	InRecovery      bool         `json:"in_recovery"`
-	DefaultReadOnly bool         `json:"default_read_only"`
-	Types           []jsonType   `json:"types"`
-	Election        []jsonHolder `json:"election"`
+	App             string        `json:"app"`
+	Table           string        `json:"table"`
+	MaxAttempts     int           `json:"max_attempts"`
+	At              time.Time     `json:"at"`
+	Verdict         string        `json:"verdict"`
+	Cause           string        `json:"cause"`
+	Summary         string        `json:"summary"`
+	Trend           string        `json:"trend,omitempty"`
+	Waiting         int64         `json:"waiting"`
+	Pending         int64         `json:"pending"`
+	Retrying        int64         `json:"retrying"`
+	Dead            int64         `json:"dead"`
+	Sent            int64         `json:"sent"`
+	SentEstimated   bool          `json:"sent_estimated"`
+	LagSeconds      float64       `json:"lag_seconds"`
+	InRecovery      bool          `json:"in_recovery"`
+	DefaultReadOnly bool          `json:"default_read_only"`
+	Types           []jsonType    `json:"types"`
+	Election        []jsonHolder  `json:"election"`
+	Replicas        []jsonReplica `json:"replicas"`
+	MissingIndexes  []jsonIndex   `json:"missing_indexes"`
+}
+
+type jsonIndex struct {
+	Name      string `json:"name"`
+	Statement string `json:"statement"`
 }
 
 func statusJSON(l diagnose.Look, d diagnose.Diagnosis) jsonStatus {
@@ -108,7 +119,11 @@ func statusJSON(l diagnose.Look, d diagnose.Diagnosis) jsonStatus {
 		Waiting: o.Pending + o.Retrying, Pending: o.Pending, Retrying: o.Retrying, Dead: o.Dead,
 		Sent: o.Sent, SentEstimated: o.SentEstimated, LagSeconds: o.Lag.Seconds(),
 		InRecovery: o.InRecovery, DefaultReadOnly: o.DefaultReadOnly,
-		Types: make([]jsonType, 0, len(o.Types)), Election: holdersJSON(l.Holders)}
+		Types: make([]jsonType, 0, len(o.Types)), Election: holdersJSON(l.Holders),
+		Replicas: replicasJSON(l.Replicas), MissingIndexes: []jsonIndex{}}
+	for _, m := range o.MissingIndexes {
+		s.MissingIndexes = append(s.MissingIndexes, jsonIndex{m.Name, m.Statement})
+	}
 	for _, t := range o.Types {
 		jt := jsonType{Type: t.Type, Pending: t.Pending, Retrying: t.Retrying, Dead: t.Dead,
 			LagSeconds: t.Lag.Seconds(), Next: headJSON(t.Next), FirstDead: headJSON(t.FirstDead)}
@@ -159,6 +174,7 @@ func printStatus(e *env, l diagnose.Look, d diagnose.Diagnosis) {
 	fprintf(w, "\n")
 
 	printElection(e, o.AppName, l.Holders)
+	printReplicas(e, o.AppName, l.Replicas)
 	server := "accepts writes"
 	switch {
 	case o.InRecovery:
@@ -167,6 +183,14 @@ func printStatus(e *env, l diagnose.Look, d diagnose.Diagnosis) {
 		server = "READ-ONLY for this role: default_transaction_read_only is on"
 	}
 	fprintf(w, "server:   %s\n", server)
+	if len(o.MissingIndexes) == 0 {
+		fprintf(w, "indexes:  the relay's indexes are all there\n")
+	} else {
+		fprintf(w, "indexes:  MISSING %d of the relay's indexes; add them with:\n", len(o.MissingIndexes))
+		for _, m := range o.MissingIndexes {
+			fprintf(w, "  %s\n", m.Statement)
+		}
+	}
 	if d.Trend != "" {
 		fprintf(w, "lag:      %s\n", d.Trend)
 	}
@@ -185,5 +209,17 @@ func printElection(e *env, app string, hs []relay.LockHolder) {
 			verb = "waited for by"
 		}
 		fprintf(e.stdout, "election: %s %s %s %s\n", h.Key, h.Mode, verb, diagnose.Holder(h))
+	}
+}
+
+// printReplicas writes the app's live relays, one line each.
+func printReplicas(e *env, app string, reps []relay.Replica) {
+	if len(reps) == 0 {
+		fprintf(e.stdout, "replicas: no relay of app %q is running (none holds its presence)\n", app)
+		return
+	}
+	fprintf(e.stdout, "replicas: %d relay(s) of app %q running:\n", len(reps), app)
+	for _, r := range reps {
+		fprintf(e.stdout, "  %s\n", diagnose.Replica(r))
 	}
 }

@@ -24,6 +24,11 @@ const StallAfterDefault = time.Minute
 type Look struct {
 	Overview relay.Overview
 	Holders  []relay.LockHolder
+	// Replicas are the app's live relays ([relay.Admin.Replicas]), read when
+	// PresenceKnown: a caller that did not read them leaves it false, and the
+	// diagnosis then goes without.
+	Replicas      []relay.Replica
+	PresenceKnown bool
 }
 
 // Input is what Diagnose judges.
@@ -63,7 +68,13 @@ const (
 	CausePassFails   = "pass-fails"       // this process's passes fail
 	CauseFailing     = "deliveries-fail"  // the oldest rows are retried and fail
 	CauseTypeMissing = "type-not-drained" // some types move, these do not
-	CauseNoRelay     = "no-relay-elected" // nobody takes the election
+	CauseNoRelay     = "no-relay-elected" // nobody takes the election (presence unknown)
+
+	// With presence (Look.PresenceKnown):
+	CauseUnserved       = "type-unserved"    // rows of a type no live relay of the app has a sender for
+	CauseNoRelayRunning = "no-relay-running" // rows wait and no relay of the app is running
+	CauseNoneElected    = "none-elected"     // relays run, serve the types, and none takes the election
+	CauseNotMoving      = "rows-not-moving"  // a live relay serves the type, and its rows do not move
 )
 
 // Diagnosis is Diagnose's answer.
@@ -178,6 +189,8 @@ func (j *judge) decide() {
 	defer j.deadNote()
 	defer j.trendNote()
 	defer j.readOnlyNote()
+	defer j.ceilingNote()
+	defer j.indexNote()
 
 	switch {
 	case pause != nil:
@@ -192,7 +205,8 @@ func (j *judge) decide() {
 		return
 	case j.d.Waiting == 0 && o.Dead > 0:
 		j.set(Dead, CauseDeadRows, fmt.Sprintf(
-			"Nothing waits to be delivered, but %s row(s) are dead: they failed %d times (MaxAttempts) and are never retried until re-queued.",
+			"Nothing waits to be delivered, but %s row(s) are dead: they failed %d times (MaxAttempts), or once with a permanent failure, "+
+				"and are never retried until re-queued.",
 			Count(o.Dead), o.MaxAttempts))
 		return
 	case j.d.Waiting == 0 && o.Sent == 0:
@@ -205,6 +219,20 @@ func (j *judge) decide() {
 
 	waiting := fmt.Sprintf("%s row(s) wait, the oldest (%s) for %s", Count(j.d.Waiting), j.oldest(), Duration(o.Lag))
 	readOnly := o.InRecovery || o.DefaultReadOnly
+	if unserved := j.unserved(); len(unserved) > 0 {
+		// Named at once: no relay that runs will ever select these rows.
+		reps := j.in.Now.Replicas
+		var rows []string
+		for _, t := range unserved {
+			rows = append(rows, fmt.Sprintf("%q: %s row(s), the oldest (id %d) waiting for %s", t.Type, Count(t.Pending+t.Retrying), t.Next.ID, Duration(t.Lag)))
+		}
+		j.set(Stalled, CauseUnserved, fmt.Sprintf(
+			"Rows of type %s wait and no running relay of app %q has a sender for them: %s. The %d live replica(s) serve %s. "+
+				"Register a Sender for it in the relay of the app that owns these rows (and deploy it), or, if they belong to another app, "+
+				"run that app's relay; rows written with a mistaken type can be fixed in SQL.",
+			quoteList(typesOf(unserved)), app, strings.Join(rows, "; "), len(reps), quoteList(servedTypes(reps))))
+		return
+	}
 	switch {
 	case readOnly && (stuck || j.still):
 		why := "the server is a standby in recovery"
@@ -290,11 +318,171 @@ func (j *judge) decide() {
 			quoteList(late), quoteList(fine), app, quoteList(late), waiting))
 		return
 	}
+	if j.in.Now.PresenceKnown {
+		j.presenceCause(waiting)
+		return
+	}
 	j.set(Stalled, CauseNoRelay, fmt.Sprintf(
 		"Nothing is delivered because no relay of app %q takes the election: nobody holds it and %s. "+
 			"Is a replica running with RELAY_APP_NAME=%s, RELAY_TABLE=%s and RELAY_ENABLED=true, "+
 			"with a sender for each waiting type, and does its log show passes (relay: pass) or errors (relay: pass failed)?",
 		app, waiting, app, o.Table))
+}
+
+// presenceCause tells, with presence, why rows that wait too long do not
+// move while nobody holds the election.
+func (j *judge) presenceCause(waiting string) {
+	o, app := j.o, j.o.AppName
+	reps := j.in.Now.Replicas
+	switch {
+	case len(reps) == 0:
+		j.set(Stalled, CauseNoRelayRunning, fmt.Sprintf(
+			"Nothing is delivered because no relay of app %q is running: no live replica holds its presence, and %s. "+
+				"Start the service that runs the relay (RELAY_APP_NAME=%s, RELAY_TABLE=%s, RELAY_ENABLED=true); "+
+				"a JVM relay of the app, which has no presence, would show as the election's holder while it passes.",
+			app, waiting, app, o.Table))
+	case !anyElected(reps):
+		j.set(Stalled, CauseNoneElected, fmt.Sprintf(
+			"Nothing is delivered although %d relay(s) of app %q run and serve the waiting types: none has taken the election for %s, and %s. "+
+				"Their logs say why (relay: pass failed: the database, a pool too small; an exclusive holder would show here). "+
+				"Check that they run with RELAY_ENABLED=true against the same database.",
+			len(reps), app, Duration(o.Lag), waiting))
+	default:
+		late, _ := j.splitTypes()
+		if len(late) == 0 {
+			late = typesOf(j.waitingTypes())
+		}
+		j.set(Stalled, CauseNotMoving, fmt.Sprintf(
+			"Rows of type %s do not move although a live relay of app %q has a sender for them: %s. "+
+				"Look at that replica's log for its passes (relay: pass failed, send failed) or a sender that does not return.",
+			quoteList(late), app, waiting))
+	}
+}
+
+// unserved are the waiting types that no live replica serves, when presence
+// is known and at least one replica runs (with none, presenceCause says so).
+func (j *judge) unserved() []relay.TypeOverview {
+	reps := j.in.Now.Replicas
+	if !j.in.Now.PresenceKnown || len(reps) == 0 {
+		return nil
+	}
+	var out []relay.TypeOverview
+	for _, t := range j.waitingTypes() {
+		served := false
+		for _, r := range reps {
+			// A replica whose type names are hidden gets the benefit of the doubt.
+			served = served || r.Serves(t.Type) || r.UnnamedTypes > 0
+		}
+		if !served {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func (j *judge) waitingTypes() []relay.TypeOverview {
+	var out []relay.TypeOverview
+	for _, t := range j.o.Types {
+		if t.Next != nil {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func typesOf(ts []relay.TypeOverview) []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Type)
+	}
+	return out
+}
+
+func servedTypes(reps []relay.Replica) []string {
+	var out []string
+	for _, r := range reps {
+		out = append(out, r.Types...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func anyElected(reps []relay.Replica) bool {
+	for _, r := range reps {
+		if r.Elected {
+			return true
+		}
+	}
+	return false
+}
+
+// indexNote says which of the relay's indexes the table lacks, and how to add them.
+func (j *judge) indexNote() {
+	m := j.o.MissingIndexes
+	if len(m) == 0 {
+		return
+	}
+	var names, stmts []string
+	for _, x := range m {
+		names = append(names, x.Name)
+		stmts = append(stmts, x.Statement)
+	}
+	j.note("The table lacks %d of the relay's indexes (%s): each pass reads past the SENT, dead and other apps' rows, "+
+		"which costs more as they accumulate. Add them (CONCURRENTLY on a busy table): %s",
+		len(m), strings.Join(names, ", "), strings.Join(stmts, " "))
+}
+
+// ceilingNote says when the live relays count dead rows at another ceiling.
+func (j *judge) ceilingNote() {
+	var other []string
+	for _, r := range j.in.Now.Replicas {
+		if r.MaxAttempts != j.o.MaxAttempts {
+			other = append(other, fmt.Sprintf("replica %s (pid %d) runs with MaxAttempts %d", r.ID, r.PID, r.MaxAttempts))
+		}
+	}
+	if len(other) > 0 {
+		j.note("This look counts a row dead at %d attempts, but %s: pass --max-attempts (RELAY_MAX_ATTEMPTS) as the relays run; re-queues are refused until then.",
+			j.o.MaxAttempts, strings.Join(other, ", "))
+	}
+}
+
+// Replica describes a live replica in one phrase.
+func Replica(r relay.Replica) string {
+	var d []string
+	d = append(d, "pid "+strconv.Itoa(r.PID))
+	switch {
+	case r.Hidden:
+		d = append(d, "details hidden: grant pg_read_all_stats to this role")
+	case r.ClientAddr == "":
+		d = append(d, "over a local socket")
+	default:
+		d = append(d, "from "+r.ClientAddr)
+	}
+	if r.ApplicationName != "" {
+		d = append(d, fmt.Sprintf("application_name %q", r.ApplicationName))
+	}
+	if r.Host != "" {
+		d = append(d, fmt.Sprintf("host %s process %d", r.Host, r.Process))
+	}
+	if !r.BackendStart.IsZero() {
+		d = append(d, "since "+r.BackendStart.UTC().Format(time.RFC3339))
+	}
+	types := quoteList(r.Types)
+	if r.UnnamedTypes > 0 {
+		types += fmt.Sprintf(" and %d type(s) whose names are hidden", r.UnnamedTypes)
+	}
+	d = append(d, "types "+types, fmt.Sprintf("MaxAttempts %d", r.MaxAttempts))
+	switch {
+	case r.Partitions > 1 && r.Elected:
+		d = append(d, "member of the partitioned election, "+PartitionsText(r.Held, r.Partitions))
+	case r.Partitions > 1:
+		d = append(d, fmt.Sprintf("Partitions %d, not a member right now", r.Partitions))
+	case r.Elected:
+		d = append(d, "in a pass (holds the election)")
+	default:
+		d = append(d, "between passes")
+	}
+	return "replica " + r.ID + " [" + strings.Join(d, ", ") + "]"
 }
 
 // oldest names the oldest waiting row.
@@ -422,7 +610,11 @@ func (j *judge) deadNote() {
 		if t.Dead > 0 {
 			parts = append(parts, fmt.Sprintf("%s %s", t.Type, Count(t.Dead)))
 			if example == "" && t.FirstDead != nil && t.FirstDead.LastError != "" {
-				example = fmt.Sprintf(" The oldest dead row of %s (id %d) last failed with %s.", t.Type, t.FirstDead.ID, quote(Cut(t.FirstDead.LastError, 200)))
+				how := "last failed with"
+				if t.FirstDead.Permanent {
+					how = fmt.Sprintf("died of a permanent failure (%s):", Attempts(true, t.FirstDead.AttemptsMade, t.FirstDead.Attempts))
+				}
+				example = fmt.Sprintf(" The oldest dead row of %s (id %d) %s %s.", t.Type, t.FirstDead.ID, how, quote(Cut(t.FirstDead.LastError, 200)))
 			}
 		}
 	}
@@ -434,6 +626,18 @@ func (j *judge) deadNote() {
 	}
 	j.note("%s%s.%s Re-queue them once the cause is fixed: `relayctl requeue --type T` or `--all`, or the console's buttons.",
 		lead, strings.Join(parts, ", "), example)
+}
+
+// Attempts writes a dead row's attempts: "permanent, 1 attempt" for a row
+// that died of a permanent failure, else the count ("10").
+func Attempts(permanent bool, made, attempts int) string {
+	if !permanent {
+		return strconv.Itoa(attempts)
+	}
+	if made == 1 {
+		return "permanent, 1 attempt"
+	}
+	return fmt.Sprintf("permanent, %d attempts", made)
 }
 
 // Holder describes a holder of the election in one phrase.

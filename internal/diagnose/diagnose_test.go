@@ -253,3 +253,82 @@ func TestDuration(t *testing.T) {
 		require.Equal(t, want, diagnose.Duration(d), d.String())
 	}
 }
+
+// replica is a live relay of "billing" serving types.
+func replica(id string, elected bool, types ...string) relay.Replica {
+	return relay.Replica{ID: id, Types: types, MaxAttempts: 10, Partitions: 1, Elected: elected, PID: 4242,
+		ClientAddr: "10.0.0.9", BackendStart: now.Add(-time.Hour), At: now}
+}
+
+// TestDiagnosePresence: with the live replicas known, the causes that
+// presence tells apart, each at the first look.
+func TestDiagnosePresence(t *testing.T) {
+	t.Parallel()
+	late := 5 * time.Minute
+	look := func(reps []relay.Replica, hs []relay.LockHolder, types ...relay.TypeOverview) diagnose.Input {
+		return diagnose.Input{Now: diagnose.Look{Overview: overview(types...), Holders: hs, Replicas: reps, PresenceKnown: true}}
+	}
+	for _, tc := range []struct {
+		name     string
+		in       diagnose.Input
+		verdict  diagnose.Verdict
+		cause    string
+		contains []string
+	}{
+		{
+			// Issue 18: before presence, OK for a minute, then "no relay takes the election".
+			name:    "UnservedTypeAtOnce",
+			in:      look([]relay.Replica{replica("a1", false, "order")}, nil, waiting("order", 2, 10, time.Second), waiting("invoice", 1, 3, 4*time.Second)),
+			verdict: diagnose.Stalled, cause: diagnose.CauseUnserved,
+			contains: []string{`Rows of type "invoice" wait and no running relay of app "billing" has a sender for them`,
+				`"invoice": 1 row(s), the oldest (id 3) waiting for 4s`, `The 1 live replica(s) serve "order"`, "Register a Sender"},
+		},
+		{
+			name:    "UnservedEvenWhileAnotherDelivers",
+			in:      look([]relay.Replica{replica("a1", true, "order")}, []relay.LockHolder{holder(relay.HolderRelay, 7, "billing")}, waiting("invoice", 1, 3, time.Second)),
+			verdict: diagnose.Stalled, cause: diagnose.CauseUnserved,
+		},
+		{
+			name:    "HiddenTypeNamesAreNotBlamed",
+			in:      look([]relay.Replica{{ID: "a1", UnnamedTypes: 1, MaxAttempts: 10, Partitions: 1}}, nil, waiting("invoice", 1, 3, time.Second)),
+			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
+		},
+		{
+			name:    "NoRelayRunning",
+			in:      look(nil, nil, waiting("order", 2, 10, late)),
+			verdict: diagnose.Stalled, cause: diagnose.CauseNoRelayRunning,
+			contains: []string{`no relay of app "billing" is running`, "Start the service"},
+		},
+		{
+			name:    "RunningButNoneElected",
+			in:      look([]relay.Replica{replica("a1", false, "order"), replica("a2", false, "order")}, nil, waiting("order", 2, 10, late)),
+			verdict: diagnose.Stalled, cause: diagnose.CauseNoneElected,
+			contains: []string{`2 relay(s) of app "billing" run and serve the waiting types: none has taken the election for 5m00s`},
+		},
+		{
+			name: "ServedButNotMoving",
+			in: look([]relay.Replica{{ID: "p1", Types: []string{"order"}, MaxAttempts: 10, Partitions: 4, Elected: true, Held: []int{0, 1, 2, 3}}},
+				nil, waiting("order", 2, 10, late)),
+			verdict: diagnose.Stalled, cause: diagnose.CauseNotMoving,
+			contains: []string{`Rows of type "order" do not move although a live relay`},
+		},
+		{
+			name:    "CeilingDiffers",
+			in:      look([]relay.Replica{{ID: "a1", Types: []string{"order"}, MaxAttempts: 1000, Partitions: 1, PID: 9}}, nil, waiting("order", 2, 10, time.Second)),
+			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
+			contains: []string{"replica a1 (pid 9) runs with MaxAttempts 1000", "re-queues are refused"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d := diagnose.Diagnose(tc.in)
+			require.Equal(t, tc.verdict, d.Verdict, d.Summary)
+			require.Equal(t, tc.cause, d.Cause, d.Summary)
+			for _, s := range tc.contains {
+				require.Contains(t, d.Summary, s)
+			}
+		})
+	}
+	require.Contains(t, diagnose.Replica(replica("a1", true, "order")), `replica a1 [pid 4242, from 10.0.0.9`)
+	require.Contains(t, diagnose.Replica(replica("a1", true, "order")), "in a pass")
+}

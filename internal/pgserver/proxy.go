@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 )
 
 // Proxy is a TCP proxy in front of a server, for fault tests: it can freeze
@@ -23,7 +24,15 @@ type Proxy struct {
 	conns  []net.Conn
 	closed bool
 	wg     sync.WaitGroup
+
+	roundTrips atomic.Int64 // simple queries and Syncs the clients sent
 }
+
+// RoundTrips is how many round trips the clients through the proxy have asked
+// of the server so far: each simple query ('Q', a pgx Ping among them) and
+// each Sync of the extended protocol ('S': one per statement, or one per
+// pipeline or batch).
+func (p *Proxy) RoundTrips() int64 { return p.roundTrips.Load() }
 
 // NewProxy listens on 127.0.0.1 on a free port and forwards each connection to
 // target (host:port).
@@ -76,13 +85,14 @@ func (p *Proxy) accept() {
 		p.conns = append(p.conns, c, s)
 		p.wg.Add(2)
 		p.mu.Unlock()
-		go p.pipe(s, c)
-		go p.pipe(c, s)
+		go p.pipe(s, c, &frontendCounter{n: &p.roundTrips})
+		go p.pipe(c, s, nil)
 	}
 }
 
-// pipe copies from src to dst, holding each chunk while the proxy is frozen.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies from src to dst, holding each chunk while the proxy is frozen;
+// count, when set, reads the client's messages as they pass.
+func (p *Proxy) pipe(dst, src net.Conn, count *frontendCounter) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
@@ -96,6 +106,9 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			p.mu.Unlock()
 			if closed {
 				return
+			}
+			if count != nil {
+				count.feed(buf[:n])
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -149,4 +162,50 @@ func (p *Proxy) Close() error {
 	}
 	p.wg.Wait()
 	return err
+}
+
+// frontendCounter follows the client's side of the protocol through the
+// stream: the untyped start (an SSL or GSS request, then the startup
+// message), then typed messages, a byte of type and a length of four. It
+// counts the messages that ask the server for an answer: 'Q' and 'S'.
+type frontendCounter struct {
+	n       *atomic.Int64
+	started bool    // past the startup message
+	head    [5]byte // the header being read
+	have    int     // bytes of head read
+	skip    int     // bytes of the current message's body still to pass
+}
+
+func (c *frontendCounter) feed(b []byte) {
+	for len(b) > 0 {
+		if c.skip > 0 {
+			k := min(c.skip, len(b))
+			c.skip, b = c.skip-k, b[k:]
+			continue
+		}
+		want := 5
+		if !c.started {
+			want = 4 // untyped: a length only
+		}
+		k := min(want-c.have, len(b))
+		copy(c.head[c.have:], b[:k])
+		c.have, b = c.have+k, b[k:]
+		if c.have < want {
+			return
+		}
+		c.have = 0
+		if !c.started {
+			size := int(uint32(c.head[0])<<24 | uint32(c.head[1])<<16 | uint32(c.head[2])<<8 | uint32(c.head[3]))
+			c.skip = max(size-4, 0)
+			// An SSL or GSS encryption request (8 bytes) comes before the
+			// startup message; anything longer is the startup itself.
+			c.started = size != 8
+			continue
+		}
+		if t := c.head[0]; t == 'Q' || t == 'S' {
+			c.n.Add(1)
+		}
+		size := int(uint32(c.head[1])<<24 | uint32(c.head[2])<<16 | uint32(c.head[3])<<8 | uint32(c.head[4]))
+		c.skip = max(size-4, 0)
+	}
 }

@@ -1,0 +1,128 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Replica is a live relay of the Admin's app, as its presence shows it
+// (presence.go): a started relay holds its presence locks for as long as its
+// process and its session live, whether it is in a pass or not.
+type Replica struct {
+	// ID is the replica's id, 8 hex digits drawn when the relay was built;
+	// the election's statements name it (LockHolder.ReplicaID).
+	ID string
+	// Types are the message types it has senders for. UnnamedTypes counts
+	// those whose names the Admin could not read (another role's session
+	// without pg_read_all_stats, or a list longer than
+	// track_activity_query_size): the locks hash the names.
+	Types        []string
+	UnnamedTypes int
+	MaxAttempts  int // its Config.MaxAttempts
+	Partitions   int // its Config.Partitions: 1 is the single-key election
+
+	// Host and Process are the relay's host name and process id, and Since
+	// when it was built, as it says itself; empty when unnamed.
+	Host    string
+	Process int
+	Since   time.Time
+
+	// Elected says it holds the app's election right now: it is in a pass
+	// (single key), or is a member of the partitioned election. Held are the
+	// partitions it holds (Partitions > 1).
+	Elected bool
+	Held    []int
+
+	// The presence session, as pg_stat_activity shows it.
+	PID             int
+	ApplicationName string
+	ClientAddr      string // "" over a Unix socket or when Hidden
+	BackendStart    time.Time
+	Hidden          bool // the Admin's role may not read the session: grant it pg_read_all_stats
+
+	At time.Time // the database's clock when it was read
+}
+
+// Serves says whether the replica has a sender for typ.
+func (r Replica) Serves(typ string) bool { return slices.Contains(r.Types, typ) }
+
+// Replicas returns the live relays of the Admin's app, oldest session first:
+// every started relay, single key or partitioned, between passes as in one,
+// with the types it serves and whether it holds the election now. A killed
+// relay disappears with its session; a frozen or cut-off one within about
+// 10 s (presence.go). Relays of other apps, JVM relays and relays that are
+// not started (Enabled false, or only [Relay.Run]) are not listed.
+func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
+	reps, err := a.replicas(ctx, a.types)
+	if err != nil {
+		return nil, err
+	}
+	holders, err := a.Election(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range reps {
+		for _, h := range holders {
+			if h.Granted && h.ReplicaID != "" && h.ReplicaID == reps[i].ID {
+				reps[i].Elected, reps[i].Held = true, h.Partitions
+			}
+		}
+	}
+	return reps, nil
+}
+
+// replicas reads the presence of the app's relays; names are type names to
+// recognise besides those the replicas' own statements carry.
+func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error) {
+	read := func(names []string) ([]Replica, map[int][]int64, []int64, error) {
+		rows, err := replicasStatement(ctx, a.pool, a.app, names)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("relay: read the live replicas of app %q: %w", a.app, err)
+		}
+		var reps []Replica
+		hashes := make(map[int][]int64)
+		var nameHashes []int64
+		for i, x := range rows {
+			r := x.r
+			if d, ok := parsePresenceComment(x.query); ok && d.App == a.app && d.Replica == r.ID {
+				r.Types, r.Host, r.Process, r.Since = d.Types, d.Host, d.Process, d.Since
+			}
+			hashes[i], nameHashes = x.typeHashes, x.nameHashes
+			reps = append(reps, r)
+		}
+		return reps, hashes, nameHashes, nil
+	}
+	reps, _, _, err := read(names)
+	if err != nil || len(reps) == 0 {
+		return reps, err
+	}
+	// The names are trusted only as far as the locks bear them out: hash every
+	// name heard of and keep, per replica, those it holds a lock for.
+	all := slices.Clone(names)
+	for _, r := range reps {
+		all = append(all, r.Types...)
+	}
+	slices.Sort(all)
+	all = slices.Compact(all)
+	reps, hashes, nameHashes, err := read(all)
+	if err != nil {
+		return nil, err
+	}
+	for i := range reps {
+		var named []string
+		for j, h := range nameHashes {
+			if slices.Contains(hashes[i], h) && !slices.Contains(named, all[j]) {
+				named = append(named, all[j])
+			}
+		}
+		slices.Sort(named)
+		reps[i].Types = named
+		reps[i].UnnamedTypes = len(hashes[i]) - len(named)
+		if reps[i].UnnamedTypes < 0 { // two names with one hash
+			reps[i].UnnamedTypes = 0
+		}
+	}
+	return reps, nil
+}

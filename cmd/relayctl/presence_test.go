@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+)
+
+// startRelay starts a relay of w's app serving types, delivering nothing
+// anywhere (its senders succeed), until the test ends.
+func (w *world) startRelay(t *testing.T, cfg relay.Config, types ...string) *relay.Relay {
+	t.Helper()
+	var senders []relay.Sender
+	for _, typ := range types {
+		senders = append(senders, relay.SenderFunc(typ, func(context.Context, relay.Message) error { return nil }))
+	}
+	r, err := relay.New(w.pool, cfg, senders...)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	return r
+}
+
+func (w *world) waitReplicas(t *testing.T, n int) {
+	t.Helper()
+	a := w.admin(t)
+	require.Eventually(t, func() bool {
+		reps, err := a.Replicas(context.Background())
+		require.NoError(t, err)
+		return len(reps) == n
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestStatusUnservedType is issue 18's scenario: a relay serving only
+// "order" runs and delivers; one "invoice" row written by another producer
+// waits. Before presence, status said OK for a minute and then blamed the
+// election ("no relay takes the election"). Now the first look names the
+// type no live replica serves, with its count and age, and exits 3.
+func TestStatusUnservedType(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	cfg := w.cfg
+	cfg.Interval = 50 * time.Millisecond
+	w.startRelay(t, cfg, "order")
+	w.waitReplicas(t, 1)
+	w.rows(t, "order", 3, "PENDING", 0, 0)
+	w.rows(t, "invoice", 1, "PENDING", 0, 5*time.Second) // younger than --stall-after: presence alone tells
+	require.Eventually(t, func() bool { return w.count(t, "type = 'order' AND status = 'SENT'") == 3 }, 10*time.Second, 10*time.Millisecond,
+		"the relay delivers its own type")
+
+	code, stdout, stderr := w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, exitStalled, code, stdout+stderr)
+	require.Contains(t, stdout, `Rows of type "invoice" wait and no running relay of app`)
+	require.Contains(t, stdout, `"invoice": 1 row(s), the oldest`)
+	require.Contains(t, stdout, `serve "order"`)
+	require.NotContains(t, stdout, "takes the election")
+	require.Contains(t, stdout, "replicas: 1 relay(s) of app")
+
+	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0", "--json")
+	require.Equal(t, exitStalled, code)
+	var st struct {
+		Cause    string `json:"cause"`
+		Replicas []struct {
+			Types []string `json:"types"`
+		} `json:"replicas"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st))
+	require.Equal(t, "type-unserved", st.Cause)
+	require.Len(t, st.Replicas, 1)
+	require.Equal(t, []string{"order"}, st.Replicas[0].Types)
+}
+
+// TestStatusNoRelayRunning: rows wait too long and no relay of the app runs.
+func TestStatusNoRelayRunning(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	w.rows(t, "order", 2, "PENDING", 0, 5*time.Minute)
+	code, stdout, _ := w.ctl(t, context.Background(), "status", "--sample", "0", "--json")
+	require.Equal(t, exitStalled, code)
+	var st struct {
+		Cause, Summary string
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st))
+	require.Equal(t, "no-relay-running", st.Cause)
+	require.Contains(t, st.Summary, "no relay of app")
+}
+
+// TestWhoListsReplicas: who lists every live replica, partitioned ones
+// included, with its types; a stopped one is gone.
+func TestWhoListsReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	w.startRelay(t, w.cfg, "order")
+	parted := w.cfg
+	parted.Partitions = 4
+	r2 := w.startRelay(t, parted, "order", "invoice")
+	w.waitReplicas(t, 2)
+
+	code, stdout, _ := w.ctl(t, ctx, "who")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, "replicas: 2 relay(s) of app")
+	require.Contains(t, stdout, `types "order", MaxAttempts 3`)
+	require.Contains(t, stdout, `types "invoice", "order", MaxAttempts 3`)
+
+	require.NoError(t, r2.Stop(ctx))
+	code, stdout, _ = w.ctl(t, ctx, "who", "--json")
+	require.Equal(t, exitOK, code)
+	var who struct {
+		Replicas []struct {
+			Partitions int      `json:"partitions"`
+			Types      []string `json:"types"`
+		} `json:"replicas"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &who))
+	require.Len(t, who.Replicas, 1, "the stopped replica is gone")
+	require.Equal(t, 1, who.Replicas[0].Partitions)
+}
+
+// TestDeadShowsPermanent: a row that died of a permanent failure shows as
+// "permanent, 1 attempt", not as its attempts at the ceiling.
+func TestDeadShowsPermanent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	w.rows(t, "order", 1, "ERROR", ceiling, time.Minute)
+	w.exec(t, "UPDATE %s SET last_error = 'permanent after 1 attempt(s): PUT http://dest/order: 400 Bad Request'")
+	code, stdout, _ := w.ctl(t, ctx, "dead")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, "permanent, 1 attempt")
+	code, stdout, _ = w.ctl(t, ctx, "dead", "--json")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, `"permanent": true`)
+	require.Contains(t, stdout, `"attempts_made": 1`)
+	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, exitDead, code)
+	require.Contains(t, stdout, "died of a permanent failure (permanent, 1 attempt)")
+}
+
+// TestStatusMissingIndexes: status names the relay's indexes the table lacks
+// and the statements that add them.
+func TestStatusMissingIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	_, err := w.pool.Exec(ctx, "DROP INDEX "+pgx.Identifier{w.table + "_outbox_pending"}.Sanitize())
+	require.NoError(t, err)
+	code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, "indexes:  MISSING 1 of the relay's indexes; add them with:")
+	require.Contains(t, stdout, "CREATE INDEX IF NOT EXISTS \""+w.table+"_outbox_pending\"")
+	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0", "--json")
+	require.Equal(t, exitOK, code)
+	var st struct {
+		Missing []struct{ Name, Statement string } `json:"missing_indexes"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st))
+	require.Len(t, st.Missing, 1)
+	require.Equal(t, w.table+"_outbox_pending", st.Missing[0].Name)
+}

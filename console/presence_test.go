@@ -1,0 +1,82 @@
+package console_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/console"
+)
+
+// TestConsoleReplicasAndScope: the page lists the live replicas with their
+// types, names a type none of them serves as the diagnosis, and says which
+// types the actions write; an Admin with no live relay to learn from says
+// that its actions would write every type.
+func TestConsoleReplicasAndScope(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	dead := w.rows(t, "invoice", 1, "ERROR", ceiling, time.Hour)
+	admin, err := relay.NewAdmin(w.pool, w.cfg) // the default scope: the live relays' types
+	require.NoError(t, err)
+	srv := w.serve(t, console.Options{Sources: []console.Source{{Admin: admin}}, Actions: true, Authorize: users})
+	c := newClient(t, srv, "admin")
+
+	code, body := c.get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="no-replicas"`)
+	require.Contains(t, body, "every type: no live relay of the app to learn its types from", "the page says what the actions would write")
+	token := c.token("/")
+
+	r, err := relay.New(w.pool, w.cfg, &recorder{typ: "order"})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	w.rows(t, "invoice", 1, "PENDING", 0, time.Second)
+	require.Eventually(t, func() bool {
+		_, body = c.get("/")
+		return !strings.Contains(body, `id="no-replicas"`)
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Contains(t, body, `id="replicas"`)
+	require.Contains(t, body, `<td class="mono replica-types">order</td>`)
+	require.Contains(t, body, `Rows of type &#34;invoice&#34; wait and no running relay`)
+	require.Contains(t, body, `Re-queue and purge act on types &#34;order&#34; (live replicas)`)
+	resp, _ := c.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	st, _ := w.status(t, dead)
+	require.Equal(t, "ERROR", st, "another app's type is left alone")
+}
+
+// TestConsoleDeadShowsPermanent: the dead page says "permanent, 1 attempt"
+// for a row refused with a 4xx.
+func TestConsoleDeadShowsPermanent(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	w.rows(t, "order", 1, "ERROR", ceiling, time.Hour)
+	w.exec(t, "UPDATE %s SET last_error = 'permanent after 1 attempt(s): PUT http://dest/order: 400 Bad Request'")
+	srv := w.serve(t, console.Options{Authorize: users})
+	code, body := newClient(t, srv, "viewer").get("/dead?s=0")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<td class="n attempts">permanent, 1 attempt</td>`)
+}
+
+// TestConsoleMissingIndexes: the page says which of the relay's indexes the
+// table lacks, with the statement that adds it.
+func TestConsoleMissingIndexes(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	_, err := w.pool.Exec(context.Background(), "DROP INDEX "+pgx.Identifier{w.table + "_outbox_error"}.Sanitize())
+	require.NoError(t, err)
+	srv := w.serve(t, console.Options{Authorize: users})
+	code, body := newClient(t, srv, "viewer").get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "The table lacks 1 of the relay&#39;s indexes ("+w.table+"_outbox_error)")
+	require.Contains(t, body, "CREATE INDEX IF NOT EXISTS")
+}

@@ -1,0 +1,71 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// TestMissingIndexesSaidOutLoud: on a table the JVM's migration made (no
+// indexes), the relay logs once, at WARN, before its first pass, which of its
+// indexes are missing and SchemaSQL's statements that add them; Admin's
+// Overview lists them; once added (the statements run as given), none is
+// missing. An equivalent index under another name counts as present.
+func TestMissingIndexesSaidOutLoud(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t, 6)
+	table := pgserver.Name(t)
+	_, err := pool.Exec(ctx, fmt.Sprintf(jvmTable, table))
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+	_, err = pool.Exec(ctx, "CREATE INDEX jvm_retry ON "+table+" (natural_key, id) WHERE status = 'ERROR'")
+	require.NoError(t, err)
+
+	var logs logBuffer
+	cfg := relay.DefaultConfig()
+	cfg.AppName, cfg.Table, cfg.Logger = table, table, logs.Logger()
+	r, err := relay.New(pool, cfg, newRecorder("t", nil))
+	require.NoError(t, err)
+	for range 3 {
+		_, err = r.Run(ctx)
+		require.NoError(t, err)
+	}
+	warned := logs.Lines("level=WARN", "the table lacks indexes the pass relies on")
+	require.Len(t, warned, 1, "once, however many passes")
+	for _, suffix := range []string{"_outbox", "_outbox_pending", "_outbox_error"} {
+		require.Contains(t, warned[0], table+suffix)
+	}
+	require.NotContains(t, warned[0], table+"_outbox_retry ", "jvm_retry is the same index under another name")
+	require.Contains(t, warned[0], "CREATE INDEX IF NOT EXISTS")
+
+	admin, err := relay.NewAdmin(pool, cfg)
+	require.NoError(t, err)
+	o, err := admin.Overview(ctx)
+	require.NoError(t, err)
+	require.Len(t, o.MissingIndexes, 3)
+	for _, m := range o.MissingIndexes {
+		require.True(t, strings.HasPrefix(m.Statement, "CREATE INDEX IF NOT EXISTS "+pgx.Identifier{m.Name}.Sanitize()+" ON "), m.Statement)
+		_, err := pool.Exec(ctx, m.Statement)
+		require.NoError(t, err, "the statement given adds the index")
+	}
+	o, err = admin.Overview(ctx)
+	require.NoError(t, err)
+	require.Empty(t, o.MissingIndexes)
+
+	// A table of SchemaSQL lacks nothing, and its relay says nothing.
+	b := setup(t)
+	var quiet logBuffer
+	cfg2 := b.cfg
+	cfg2.Logger = quiet.Logger()
+	_, err = b.newRelay(t, cfg2, newRecorder("t", nil)).Run(ctx)
+	require.NoError(t, err)
+	require.Empty(t, quiet.Lines("lacks indexes"))
+}

@@ -1,0 +1,155 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file is presence: every started relay (single key or partitioned)
+// makes itself visible, for as long as its process lives, without a table
+// and without writing anything. On one session it holds for its whole life
+// (the wake-up listener's, wake.go, or one of its own when WakeOnCommit is
+// off) it takes SHARED advisory locks, two-int keys in namespaces of their
+// own, all derived from the app's name:
+//
+//	(hashtext('relay_presence_app'), hashtext(app))                  a replica of app
+//	(hashtext('relay_presence_replica:' || app), id)                 its replica id (random, 32 bits)
+//	(hashtext('relay_presence_max_attempts:' || app), MaxAttempts)   its ceiling
+//	(hashtext('relay_presence_partitions:' || app), Partitions)      its Partitions
+//	(hashtext('relay_presence_type:' || app), hashtext(type))        one per type it has a sender for
+//
+// pg_locks joins them to pg_stat_activity (pid, client address, application
+// name, backend start): [Admin.Replicas] reads them. Shared locks conflict
+// with nothing but an exclusive lock of the same two ints, which nobody
+// takes; and they share no key with the election (a one-bigint key), the
+// partitions (two ints led by hashtext(app || '_relay_m2m')), the key-order
+// locks (led by hashtext('relay:' || table)) or the wake-up token (led by
+// hashtext('relay:wake')). The statement that takes them, and the session's
+// keepalive, carry a comment with the same facts in words (the type names,
+// which the locks only hash): pg_stat_activity.query shows it.
+//
+// No statement runs per pass. A killed process's session ends with it; a
+// frozen or silently cut-off one is ended by the server: the session runs
+// with idle_session_timeout = presenceLease (PostgreSQL 14 and later; TCP
+// keepalives before), and a keepalive touches it every presenceBeat. Stop
+// lets go of the locks before it returns; a reconnected listener takes them
+// again.
+
+// Timings of presence: the lease of the election (lease.go).
+const (
+	presenceBeat  = guardHeartbeat
+	presenceLease = guardLease
+)
+
+// presence is what a relay says of itself, and the statements that say it.
+type presence struct {
+	id   string // the replica id: 8 hex digits of num
+	num  int32  // the replica lock's second int
+	app  string
+	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types
+	mark string
+}
+
+// presenceDescriptor is the comment the presence statements carry.
+type presenceDescriptor struct {
+	App         string    `json:"app"`
+	Replica     string    `json:"replica"`
+	Types       []string  `json:"types"`
+	MaxAttempts int       `json:"max_attempts"`
+	Partitions  int       `json:"partitions"`
+	Host        string    `json:"host,omitempty"`
+	Process     int       `json:"process,omitempty"`
+	Since       time.Time `json:"since"`
+}
+
+// presenceMarkPrefix starts the presence statements' comment.
+const presenceMarkPrefix = "/* relay presence "
+
+func newPresence(cfg Config, types []string) *presence {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	num := int32(binary.BigEndian.Uint32(b[:]))
+	p := &presence{id: replicaID(num), num: num, app: cfg.AppName}
+	p.args = []any{cfg.AppName, num, cfg.MaxAttempts, max(cfg.Partitions, 1), types}
+	host, _ := os.Hostname()
+	p.mark = presenceComment(presenceDescriptor{App: cfg.AppName, Replica: p.id, Types: types, MaxAttempts: cfg.MaxAttempts,
+		Partitions: max(cfg.Partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)})
+	return p
+}
+
+func replicaID(num int32) string { return fmt.Sprintf("%08x", uint32(num)) }
+
+// presenceComment writes d as a comment that cannot end early: JSON with
+// every "/" escaped, so neither "*/" nor a nested "/*" appears in it.
+func presenceComment(d presenceDescriptor) string {
+	b, _ := json.Marshal(d)
+	return presenceMarkPrefix + strings.ReplaceAll(string(b), "/", `\/`) + " */ "
+}
+
+// parsePresenceComment reads a presence statement's descriptor back; false
+// when query is not one, or was cut (track_activity_query_size).
+func parsePresenceComment(query string) (presenceDescriptor, bool) {
+	rest, ok := strings.CutPrefix(query, presenceMarkPrefix)
+	if !ok {
+		return presenceDescriptor{}, false
+	}
+	body, _, ok := strings.Cut(rest, " */")
+	if !ok {
+		return presenceDescriptor{}, false
+	}
+	var d presenceDescriptor
+	if err := json.Unmarshal([]byte(body), &d); err != nil {
+		return presenceDescriptor{}, false
+	}
+	return d, true
+}
+
+// take takes the presence locks on conn, a session of this relay's own, and
+// returns its backend's pid.
+func (p *presence) take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
+	pid, ok, err := presenceTakeStatement(ctx, conn, p.mark, p.args, presenceLease)
+	if err != nil {
+		return 0, fmt.Errorf("relay: take the presence locks: %w", err)
+	}
+	if !ok {
+		return pid, errors.New("relay: take the presence locks: an exclusive lock of a presence key is held elsewhere")
+	}
+	return pid, nil
+}
+
+// errPresenceMoved says the presence session answered from another backend
+// than the one that took the locks: a transaction-pooling proxy.
+var errPresenceMoved = errors.New("relay: the presence session answers from another backend than the one holding its locks " +
+	"(a transaction-pooling proxy sits between the relay and PostgreSQL; session advisory locks need session pooling)")
+
+// beat is the keepalive of the presence session: it keeps the session within
+// its idle_session_timeout and checks it still is backend pid.
+func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+	bctx, cancel := context.WithTimeout(ctx, guardHeartbeatTimeout)
+	defer cancel()
+	got, err := presenceBeatStatement(bctx, conn, p.mark)
+	if err != nil {
+		return fmt.Errorf("relay: presence keepalive: %w", err)
+	}
+	if got != pid {
+		return errPresenceMoved
+	}
+	return nil
+}
+
+// release lets go of the presence locks on conn before it is closed, so that
+// they are gone when Stop returns (closing alone frees them a moment later).
+func (p *presence) release(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), guardUnlockTimeout)
+	defer cancel()
+	_ = presenceReleaseStatement(ctx, conn)
+}

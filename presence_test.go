@@ -1,0 +1,338 @@
+package relay_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// replicasOf reads the live replicas of admin's app.
+func replicasOf(t *testing.T, a *relay.Admin) []relay.Replica {
+	t.Helper()
+	reps, err := a.Replicas(context.Background())
+	require.NoError(t, err)
+	return reps
+}
+
+func startRelay(t *testing.T, r *relay.Relay) {
+	t.Helper()
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+}
+
+// TestPresenceListsLiveReplicas: a single-key relay (with wake-ups) and a
+// partitioned one (without) of one app are listed between passes with their
+// types, ceiling and Partitions; a relay of another app is not; Stop removes
+// a replica before it returns.
+func TestPresenceListsLiveReplicas(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+
+	single := b.cfg
+	single.MaxAttempts = 7
+	r1 := b.newRelay(t, single, newRecorder("order", nil))
+	parted := b.cfg
+	parted.MaxAttempts = 7
+	parted.Partitions = 4
+	parted.WakeOnCommit = false
+	r2 := b.newRelay(t, parted, newRecorder("order", nil), newRecorder("invoice", nil))
+	other := b.cfg
+	other.AppName = b.cfg.AppName + "_other"
+	r3 := b.newRelay(t, other, newRecorder("payment", nil))
+	for _, r := range []*relay.Relay{r1, r2, r3} {
+		startRelay(t, r)
+	}
+
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	var reps []relay.Replica
+	require.Eventually(t, func() bool {
+		reps = replicasOf(t, admin)
+		return len(reps) == 2 && (len(reps[0].Held) > 0 || len(reps[1].Held) > 0)
+	}, 20*time.Second, 10*time.Millisecond, "both replicas of the app, and the partitioned one a member")
+	byParts := map[int]relay.Replica{}
+	for _, r := range reps {
+		byParts[r.Partitions] = r
+		require.Equal(t, 7, r.MaxAttempts)
+		require.NotZero(t, r.PID)
+		require.NotEmpty(t, r.ID)
+		require.NotZero(t, r.Process)
+		require.False(t, r.BackendStart.IsZero())
+		require.Zero(t, r.UnnamedTypes)
+	}
+	require.Equal(t, []string{"order"}, byParts[1].Types)
+	require.Equal(t, []string{"invoice", "order"}, byParts[4].Types)
+	require.True(t, byParts[4].Elected, "a partitioned replica is a member for as long as it runs")
+	require.NotEmpty(t, byParts[4].Held)
+
+	otherAdmin, err := relay.NewAdmin(b.pool, other)
+	require.NoError(t, err)
+	oreps := replicasOf(t, otherAdmin)
+	require.Len(t, oreps, 1)
+	require.Equal(t, []string{"payment"}, oreps[0].Types)
+
+	// Stop lets go before it returns: no waiting here.
+	require.NoError(t, r2.Stop(ctx))
+	reps = replicasOf(t, admin)
+	require.Len(t, reps, 1)
+	require.Equal(t, 1, reps[0].Partitions)
+	require.NoError(t, r1.Stop(ctx))
+	require.Empty(t, replicasOf(t, admin))
+}
+
+// TestPresenceReconnects: a presence session that is terminated (a killed
+// backend, a failover) is taken again by the reconnected listener.
+func TestPresenceReconnects(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, wake := range []bool{true, false} {
+		cfg := b.cfg
+		cfg.WakeOnCommit = wake
+		r := b.newRelay(t, cfg, newRecorder("order", nil))
+		startRelay(t, r)
+		admin, err := relay.NewAdmin(b.pool, cfg)
+		require.NoError(t, err)
+		var first relay.Replica
+		require.Eventually(t, func() bool {
+			reps := replicasOf(t, admin)
+			if len(reps) == 1 {
+				first = reps[0]
+			}
+			return len(reps) == 1
+		}, 10*time.Second, 10*time.Millisecond)
+		_, err = b.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", first.PID)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			reps := replicasOf(t, admin)
+			return len(reps) == 1 && reps[0].PID != first.PID && reps[0].ID == first.ID
+		}, 20*time.Second, 20*time.Millisecond, "wake %v: the reconnected session holds the presence again", wake)
+		require.NoError(t, r.Stop(context.Background()))
+	}
+}
+
+// TestPresenceInPass: while a replica's pass runs, Replicas says it is
+// elected, through the replica id its election's statements carry.
+func TestPresenceInPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.insert(t, "order", "k1")
+	release := make(chan struct{})
+	sending := make(chan struct{}, 1)
+	r := b.newRelay(t, b.cfg, newRecorder("order", func(ctx context.Context, m relay.Message) error {
+		select {
+		case sending <- struct{}{}:
+		default:
+		}
+		<-release
+		return nil
+	}))
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	<-sending
+	reps := replicasOf(t, admin)
+	require.Len(t, reps, 1)
+	require.True(t, reps[0].Elected, "in a pass")
+	holders, err := admin.Election(context.Background())
+	require.NoError(t, err)
+	require.Len(t, holders, 1)
+	require.Equal(t, reps[0].ID, holders[0].ReplicaID)
+	close(release)
+	require.Eventually(t, func() bool {
+		reps := replicasOf(t, admin)
+		return len(reps) == 1 && !reps[0].Elected
+	}, 10*time.Second, 10*time.Millisecond, "between passes it is live but not elected")
+}
+
+// TestPresenceSilentCut: a replica cut off without a word (its proxy stops
+// forwarding) disappears once the server ends its session, within the lease.
+func TestPresenceSilentCut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, viaProxy, err := pgserver.ProxyURL(server().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	pool := pgserver.Pool(t, viaProxy, pgserver.Name(t)+"_cut", 4)
+	cfg := b.cfg
+	cfg.Enabled = true
+	r, err := relay.New(pool, cfg, newRecorder("order", nil))
+	require.NoError(t, err)
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	proxy.Freeze()
+	cut := time.Now()
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 0 }, 30*time.Second, 50*time.Millisecond)
+	took := time.Since(cut)
+	t.Logf("a silently cut replica left the list after %s", took.Round(time.Millisecond))
+	require.Less(t, took, 15*time.Second, "the lease (idle_session_timeout 10s) bounds it")
+	proxy.Thaw()
+}
+
+// TestPresenceKeysConflictWithNothing: with presence held, the JVM's lock,
+// the election and the partitions' locks are all still free.
+func TestPresenceKeysConflictWithNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.newRelay(t, b.cfg, newRecorder("order", nil))
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.Stop(context.Background()))
+	require.NoError(t, r.Start(context.Background()))
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	conn, err := pgx.Connect(context.Background(), server().URL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	// Every exclusive key of the library's other locks, taken from another
+	// session while the presence is held: none is refused.
+	var ok bool
+	key := b.cfg.AppName + "_relay_m2m"
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT bool_and(x) FROM (
+	  SELECT pg_try_advisory_lock(hashtext($1)) x
+	  UNION ALL SELECT pg_try_advisory_lock(hashtext($1), (4 << 16) | p) FROM generate_series(0, 3) p
+	  UNION ALL SELECT pg_try_advisory_lock(hashtext($1), -1)
+	  UNION ALL SELECT pg_try_advisory_lock(hashtext('relay:' || $2), hashtext('k'))
+	  UNION ALL SELECT pg_try_advisory_lock(hashtext('relay:wake'), hashtext('relay:' || $2))) s`, key, b.table).Scan(&ok))
+	require.True(t, ok)
+	_, err = conn.Exec(context.Background(), "SELECT pg_advisory_unlock_all()")
+	require.NoError(t, err)
+}
+
+// TestAdminActsOnItsAppsTypes: two apps share a table. The Admin of app A
+// learns A's types from A's live relay and re-queues and purges only them;
+// app B's dead and SENT rows are left alone. Without a live relay it acts on
+// every type and says so; and it refuses a re-queue when the live relays'
+// MaxAttempts is not its own.
+func TestAdminActsOnItsAppsTypes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfgA := b.cfg
+	cfgA.MaxAttempts = adminCeiling
+
+	admin, err := relay.NewAdmin(b.pool, cfgA)
+	require.NoError(t, err)
+	scope, err := admin.Scope(ctx)
+	require.NoError(t, err)
+	require.True(t, scope.Unknown && scope.All, "no live relay of A: nothing tells its types, every type and it says so")
+
+	ids := b.insert(t, "order", "a-dead", "a-sent")
+	bids := b.insert(t, "invoice", "b-dead", "b-sent")
+	b.exec(t, "UPDATE %s SET status = 'ERROR', attempts = $2, last_error = 'boom' WHERE id = ANY($1)", []int64{ids[0], bids[0]}, adminCeiling)
+	b.exec(t, "UPDATE %s SET status = 'SENT', sent_at = now() - interval '2 days' WHERE id = ANY($1)", []int64{ids[1], bids[1]})
+
+	// A's relay serves "order" but delivers nothing here: Enabled stays on for
+	// its presence, the sender refuses so a re-queued row dies again slowly.
+	cfgA.Interval = time.Hour
+	ra := b.newRelay(t, cfgA, newRecorder("order", nil))
+	startRelay(t, ra)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+
+	scope, err = admin.Scope(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"order"}, scope.Types)
+	require.Contains(t, scope.String(), `"order" (live replicas)`)
+
+	n, err := admin.RequeueAll(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only A's dead row")
+	require.Equal(t, "PENDING", b.state(t, ids[0]).Status)
+	require.Equal(t, "ERROR", b.state(t, bids[0]).Status, "B's dead row is left alone")
+	_, err = admin.RequeueType(ctx, "invoice")
+	require.ErrorContains(t, err, `type "invoice" is not among the types this Admin acts on`)
+	n, err = admin.RequeueIDs(ctx, bids[0])
+	require.NoError(t, err)
+	require.Zero(t, n)
+	n, err = admin.PurgeSent(ctx, time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only A's SENT row")
+	require.True(t, b.rowExists(t, bids[1]))
+
+	// Asked explicitly, an Admin acts on every type.
+	all, err := relay.NewAdmin(b.pool, cfgA, relay.AdminAllTypes())
+	require.NoError(t, err)
+	n, err = all.RequeueIDs(ctx, bids[0])
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, err = relay.NewAdmin(b.pool, cfgA, relay.AdminAllTypes(), relay.AdminTypes("x"))
+	require.Error(t, err)
+	_, err = relay.NewAdmin(b.pool, cfgA, relay.AdminTypes(" "))
+	require.ErrorContains(t, err, "AdminTypes")
+
+	// An Admin whose ceiling is not the live relays' refuses to re-queue.
+	cfgHigh := cfgA
+	cfgHigh.MaxAttempts = 1000
+	high, err := relay.NewAdmin(b.pool, cfgHigh, relay.AdminTypes("order"))
+	require.NoError(t, err)
+	_, err = high.RequeueAll(ctx)
+	require.ErrorIs(t, err, relay.ErrCeilingDiffers)
+	require.ErrorContains(t, err, "MaxAttempts 3")
+}
+
+// TestPresenceKilledProcess: a replica whose process is killed (SIGKILL on
+// Unix) disappears from the list with its session; the other stays.
+func TestPresenceKilledProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stay := b.newRelay(t, b.cfg, newRecorder("order", nil))
+	startRelay(t, stay)
+
+	var out logBuffer
+	child := exec.Command(os.Args[0], "-test.run=^TestPresenceKilledProcessChild$", "-test.v")
+	child.Env = append(os.Environ(), "RELAY_PRESENCE_CHILD=1", "RELAY_TEST_DATABASE_URL="+server().URL, "RELAY_PRESENCE_TABLE="+b.table)
+	child.Stdout, child.Stderr = &out, &out
+	require.NoError(t, child.Start())
+	t.Cleanup(func() {
+		_ = child.Process.Kill()
+		_ = child.Wait()
+		if t.Failed() {
+			t.Logf("the child's output:\n%s", out.String())
+		}
+	})
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 2 }, 60*time.Second, 20*time.Millisecond)
+	var childID string
+	for _, r := range replicasOf(t, admin) {
+		if r.Process == child.Process.Pid {
+			childID = r.ID
+			require.Equal(t, []string{"invoice"}, r.Types)
+		}
+	}
+	require.NotEmpty(t, childID, "the child's replica says its process id")
+
+	require.NoError(t, child.Process.Kill())
+	killed := time.Now()
+	require.Eventually(t, func() bool {
+		reps := replicasOf(t, admin)
+		return len(reps) == 1 && reps[0].ID != childID
+	}, 20*time.Second, 10*time.Millisecond)
+	t.Logf("a killed replica left the list after %s", time.Since(killed).Round(time.Millisecond))
+}
+
+// TestPresenceKilledProcessChild is the replica TestPresenceKilledProcess
+// kills; it runs only as that test's child process.
+func TestPresenceKilledProcessChild(t *testing.T) {
+	if os.Getenv("RELAY_PRESENCE_CHILD") == "" {
+		t.Skip("the killed replica of TestPresenceKilledProcess; it runs only as that test's child process")
+	}
+	table := os.Getenv("RELAY_PRESENCE_TABLE")
+	cfg := relay.DefaultConfig()
+	cfg.AppName, cfg.Table = table, table
+	r, err := relay.New(pgserver.Pool(t, server().URL, table+"_child", 4), cfg, newRecorder("invoice", nil))
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	select {} // until the parent kills it
+}

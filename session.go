@@ -1,0 +1,103 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file is the relay's own session: the one connection a started relay
+// holds for its life, out of the pool (the wake-up listener's, wake.go; with
+// WakeOnCommit off, one that carries only presence). Between its waits for
+// notifications it runs the statements other goroutines hand it — the loop's
+// idle poll — so that an idle replica costs one round trip per Interval on a
+// session pgxpool never pings, and that round trip is the session's keepalive
+// too (no presence beat while polls come at least every presenceBeat).
+
+// ownSession hands statements to the goroutine that holds the relay's own
+// session.
+type ownSession struct {
+	jobs chan sessionJob // at most one waiting
+
+	mu   sync.Mutex
+	conn *pgx.Conn // nil while no session is held
+	pid  uint32
+}
+
+// sessionJob is a statement to run on the session, and where its answer goes.
+type sessionJob struct {
+	run  func(ctx context.Context, conn *pgx.Conn, pid uint32) error
+	done chan error
+}
+
+// errNoSession says the relay holds no session of its own right now (it is
+// connecting again, or has none): the caller uses the pool instead.
+var errNoSession = errors.New("relay: no session of its own")
+
+func newOwnSession() *ownSession { return &ownSession{jobs: make(chan sessionJob, 1)} }
+
+// do runs fn on the session, between the holder's waits, and returns its
+// error; errNoSession when there is no session to run it on.
+func (s *ownSession) do(ctx context.Context, fn func(ctx context.Context, conn *pgx.Conn, pid uint32) error) error {
+	if s == nil {
+		return errNoSession
+	}
+	s.mu.Lock()
+	conn := s.conn
+	s.mu.Unlock()
+	if conn == nil {
+		return errNoSession
+	}
+	job := sessionJob{run: fn, done: make(chan error, 1)}
+	select {
+	case s.jobs <- job:
+	default:
+		return errNoSession // another is waiting: never queue behind it
+	}
+	// Cut the holder's wait short: its read deadline passes now, which leaves
+	// the connection usable, and it then takes the job.
+	_ = conn.PgConn().Conn().SetReadDeadline(time.Now())
+	select {
+	case err := <-job.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// hold says the holder's goroutine now serves jobs on conn; release says it
+// no longer does, and answers a job left waiting with errNoSession.
+func (s *ownSession) hold(conn *pgx.Conn, pid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.conn, s.pid = conn, pid
+}
+
+func (s *ownSession) release() {
+	s.mu.Lock()
+	s.conn = nil
+	s.mu.Unlock()
+	for {
+		select {
+		case job := <-s.jobs:
+			job.done <- errNoSession
+		default:
+			return
+		}
+	}
+}
+
+// serve runs the job waiting, if any, and reports whether it did.
+func (s *ownSession) serve(ctx context.Context, conn *pgx.Conn, pid uint32) bool {
+	select {
+	case job := <-s.jobs:
+		_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
+		job.done <- job.run(ctx, conn, pid)
+		return true
+	default:
+		return false
+	}
+}

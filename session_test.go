@@ -1,0 +1,46 @@
+package relay_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// passCounter is an Observer that counts passes.
+type passCounter struct{ n atomic.Int64 }
+
+func (c *passCounter) PassDone(relay.PassReport)       { c.n.Add(1) }
+func (c *passCounter) MessageDone(relay.MessageReport) {}
+
+// TestIdleReplicaOneRoundTripPerInterval counts, with a proxy in front of the
+// server, the round trips of an idle started relay: one per Interval, its
+// idle poll on its own session — no ping of pgxpool's before it (the pool
+// pings a connection idle over a second before it hands it out) and no
+// presence keepalive beside it.
+func TestIdleReplicaOneRoundTripPerInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, via, err := pgserver.ProxyURL(server().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	var passes passCounter
+	cfg := b.cfg
+	cfg.Interval = 1100 * time.Millisecond // past pgxpool's 1s: a pooled poll would be pinged first
+	cfg.Observer = &passes
+	r, err := relay.New(pgserver.Pool(t, via, pgserver.Name(t), 4), cfg, newRecorder("t", nil))
+	require.NoError(t, err)
+	startRelay(t, r)
+	// Past the start (the listener's LISTEN and probe, presence, the first pass).
+	require.Eventually(t, func() bool { return passes.n.Load() >= 2 }, 30*time.Second, 10*time.Millisecond)
+	trips0, passes0 := proxy.RoundTrips(), passes.n.Load()
+	require.Eventually(t, func() bool { return passes.n.Load() >= passes0+4 }, 60*time.Second, 10*time.Millisecond)
+	trips, idle := proxy.RoundTrips()-trips0, passes.n.Load()-passes0
+	t.Logf("%d round trips over %d idle passes", trips, idle)
+	// The count may catch one poll of the next pass already on its way.
+	require.LessOrEqual(t, trips, idle+1, "one round trip per idle pass")
+}

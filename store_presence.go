@@ -1,0 +1,84 @@
+package relay
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Presence's statements, in sql/presence.sql: the locks a started relay holds
+// (presence.go), Admin's reading of them (admin_presence.go), and the
+// table's indexes (indexes.go).
+
+var (
+	presenceTakeSQL    = statements.positional("presenceTake", sqlData{})
+	presenceBeatSQL    = statements.positional("presenceBeat", sqlData{})
+	presenceReleaseSQL = statements.positional("presenceRelease", sqlData{})
+	replicasSQL        = statements.positional("replicas", sqlData{})
+	tableIndexesSQL    = statements.positional("tableIndexes", sqlData{})
+)
+
+// presenceTakeStatement takes the presence locks of args (app, replica id,
+// MaxAttempts, Partitions, types) with the lease's settings, after mark (the
+// relay's descriptor comment); it returns the backend's pid and whether
+// every lock was granted.
+func presenceTakeStatement(ctx context.Context, db querier, mark string, args []any, lease time.Duration) (pid uint32, ok bool, err error) {
+	var ignored [2]*string
+	all := append(append([]any{}, args...), strconv.Itoa(int(lease/time.Millisecond)),
+		strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
+		strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(lease/time.Millisecond)))
+	err = db.QueryRow(ctx, mark+presenceTakeSQL, all...).Scan(&pid, &ok, &ignored[0], &ignored[1])
+	return pid, ok, err
+}
+
+// presenceBeatStatement is the keepalive; it returns the answering backend.
+func presenceBeatStatement(ctx context.Context, db querier, mark string) (pid uint32, err error) {
+	err = db.QueryRow(ctx, mark+presenceBeatSQL).Scan(&pid)
+	return pid, err
+}
+
+// presenceReleaseStatement lets go of the presence locks.
+func presenceReleaseStatement(ctx context.Context, db execer) error {
+	_, err := db.Exec(ctx, presenceReleaseSQL)
+	return err
+}
+
+// replicaRow is one session of replicasSQL.
+type replicaRow struct {
+	r          Replica
+	query      string
+	typeHashes []int64
+	nameHashes []int64
+}
+
+// replicasStatement reads the presence of app's relays, with the hashes of names.
+func replicasStatement(ctx context.Context, db querier, app string, names []string) ([]replicaRow, error) {
+	rows, err := db.Query(ctx, replicasSQL, app, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []replicaRow
+	for rows.Next() {
+		var x replicaRow
+		var start *time.Time
+		var id, maxAttempts, parts int64
+		if err := rows.Scan(&x.r.PID, &x.r.ApplicationName, &x.r.ClientAddr, &start, &x.r.Hidden, &x.query, &x.r.At,
+			&id, &maxAttempts, &parts, &x.typeHashes, &x.nameHashes); err != nil {
+			return nil, err
+		}
+		if start != nil {
+			x.r.BackendStart = *start
+		}
+		x.r.ID, x.r.MaxAttempts, x.r.Partitions = replicaID(int32(uint32(id))), int(maxAttempts), int(parts)
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+// tableIndexesStatement reads the indexes of table as JSON.
+func tableIndexesStatement(ctx context.Context, db querier, table string) ([]byte, error) {
+	var doc []byte
+	err := db.QueryRow(ctx, tableIndexesSQL, table).Scan(&doc)
+	return doc, err
+}
