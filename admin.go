@@ -391,14 +391,16 @@ func (a *Admin) PurgeSent(ctx context.Context, retention time.Duration) (int64, 
 	return a.PurgeSentProgress(ctx, retention, nil)
 }
 
-// PurgeSentProgress is [Admin.PurgeSent] reporting its progress: after each
-// chunk it calls progress with the rows deleted so far and how many it expects
-// to delete in all, counted before the first chunk (exactly on a small table,
-// the planner's estimate on a large one, which deleted may overtake). A nil
-// progress is PurgeSent.
+// PurgeSentProgress is [Admin.PurgeSent] reporting its progress: once before
+// the first chunk (deleted 0) and after each chunk it calls progress with the
+// rows deleted so far and how many it expects to delete in all. expected is
+// fixed before the first chunk, by
+// [Admin.EstimatePurge] (exact on a small table, estimated from a sample of its
+// pages on a large one), and never follows deleted: a purge may overtake its
+// estimate, or end below it. A nil progress is PurgeSent.
 func (a *Admin) PurgeSentProgress(ctx context.Context, retention time.Duration, progress func(deleted, expected int64)) (int64, error) {
-	if retention < 0 {
-		return 0, fmt.Errorf("relay: PurgeSent: retention must not be negative, got %s", retention)
+	if err := checkRetention(retention); err != nil {
+		return 0, err
 	}
 	scope, err := a.scope(ctx, false)
 	if err != nil {
@@ -410,9 +412,12 @@ func (a *Admin) PurgeSentProgress(ctx context.Context, retention time.Duration, 
 	}
 	var expected int64
 	if progress != nil {
-		if expected, err = a.repo.countSentBefore(ctx, a.pool, cutoff); err != nil {
-			return 0, fmt.Errorf("relay: count the SENT rows of %s to purge: %w", a.table, err)
+		est, err := a.estimatePurge(ctx, cutoff, scope)
+		if err != nil {
+			return 0, err
 		}
+		expected = est.Rows
+		progress(0, expected)
 	}
 	var total int64
 	for {
@@ -431,4 +436,64 @@ func (a *Admin) PurgeSentProgress(ctx context.Context, retention time.Duration, 
 			return total, fmt.Errorf("relay: purge the SENT rows of %s (%d deleted so far): %w", a.table, total, err)
 		}
 	}
+}
+
+func checkRetention(retention time.Duration) error {
+	if retention < 0 {
+		return fmt.Errorf("relay: PurgeSent: retention must not be negative, got %s", retention)
+	}
+	return nil
+}
+
+// PurgeEstimate is what a purge would delete, as [Admin.EstimatePurge] reads
+// it before deleting anything.
+type PurgeEstimate struct {
+	// Cutoff is the database's now() minus the retention: the purge deletes
+	// the outbound SENT rows delivered (sent_at) before it.
+	Cutoff time.Time
+	// Rows is how many rows, in all; Types the same by type, ordered by type.
+	Rows  int64
+	Types []TypeCount
+	// Exact says Rows was counted. False on a table larger than a few tens
+	// of megabytes: Rows is then scaled from a sample of SampledPages of
+	// its Pages (TABLESAMPLE SYSTEM), which reads neither the whole history
+	// nor trusts the planner's statistics (absent on a table never analyzed).
+	Exact               bool
+	SampledPages, Pages int64
+}
+
+// TypeCount is how many rows of one type.
+type TypeCount struct {
+	Type string
+	Rows int64
+}
+
+// EstimatePurge says how many outbound SENT rows [Admin.PurgeSent] with
+// retention would delete now, by type (of the Admin's scope, [Admin.Scope]),
+// without deleting any: counted on a
+// small table, estimated from a sample of its pages on a large one. It is
+// what a confirmation asks about, and the total a purge's progress is
+// measured against.
+func (a *Admin) EstimatePurge(ctx context.Context, retention time.Duration) (PurgeEstimate, error) {
+	if err := checkRetention(retention); err != nil {
+		return PurgeEstimate{}, err
+	}
+	scope, err := a.scope(ctx, false)
+	if err != nil {
+		return PurgeEstimate{}, err
+	}
+	cutoff, err := a.repo.cutoff(ctx, a.pool, retention)
+	if err != nil {
+		return PurgeEstimate{}, fmt.Errorf("relay: estimate the purge of %s: %w", a.table, err)
+	}
+	return a.estimatePurge(ctx, cutoff, scope)
+}
+
+// estimatePurge is EstimatePurge of the types of scope (nil: every type).
+func (a *Admin) estimatePurge(ctx context.Context, cutoff time.Time, scope []string) (PurgeEstimate, error) {
+	est, err := a.repo.estimatePurge(ctx, a.pool, cutoff, scope)
+	if err != nil {
+		return est, fmt.Errorf("relay: count the SENT rows of %s to purge: %w", a.table, err)
+	}
+	return est, nil
 }

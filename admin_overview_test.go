@@ -200,8 +200,8 @@ func TestAdminPurgeSentProgress(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.EqualValues(t, old, n)
-	require.Equal(t, []step{{relay.PurgeChunk, old}, {2 * relay.PurgeChunk, old}, {old, old}}, steps,
-		"one call a chunk, with the exact count of a small table")
+	require.Equal(t, []step{{0, old}, {relay.PurgeChunk, old}, {2 * relay.PurgeChunk, old}, {old, old}}, steps,
+		"one call before the first chunk and one a chunk, with the exact count of a small table")
 }
 
 func TestAdminElection(t *testing.T) {

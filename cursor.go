@@ -16,6 +16,8 @@ import "math"
 // since a grouped outcome's key is done before its group is written.
 type cursor struct {
 	drain     bool  // take batches while they come back full, or rows were left behind
+	limit     int   // without drain, the rows the pass takes (BatchSize), in as many selects as BatchBytes cuts them into
+	taken     int   // without drain, the rows taken so far
 	more      bool  // there is a next select
 	first     bool  // no select yet: the next carries the preflight
 	fromStart bool  // the next select starts from the beginning
@@ -24,8 +26,20 @@ type cursor struct {
 	seen      int64 // the highest id selected so far
 }
 
-func newCursor(drain bool) cursor {
-	return cursor{drain: drain, more: true, first: true, fromStart: true, after: math.MinInt64, seen: math.MinInt64}
+func newCursor(drain bool, limit int) cursor {
+	return cursor{drain: drain, limit: limit, more: true, first: true, fromStart: true, after: math.MinInt64, seen: math.MinInt64}
+}
+
+// take keeps, of a select's rows, those within a direct pass's limit.
+func (c *cursor) take(rows []row) []row {
+	if c.drain {
+		return rows
+	}
+	if rest := c.limit - c.taken; len(rows) > rest {
+		rows = rows[:rest]
+	}
+	c.taken += len(rows)
+	return rows
 }
 
 // next starts the next select: where it starts, and whether it goes over ids
@@ -39,9 +53,10 @@ func (c *cursor) next() (from int64, rereads bool) {
 }
 
 // selected moves the cursor past a select's rows: on past them after a full
-// batch, back to the start when rows were left behind, or nowhere (the pass
-// takes no more batches).
-func (c *cursor) selected(rows []row, full, skipped bool) {
+// batch (or, without drain, one cut by BatchBytes before the pass's limit),
+// back to the start when rows were left behind, or nowhere (the pass takes no
+// more batches).
+func (c *cursor) selected(rows []row, full, cut, skipped bool) {
 	c.first = false
 	if n := len(rows); n > 0 {
 		c.after = rows[n-1].ID // onwards from here, whether this select was from the start or not
@@ -49,8 +64,8 @@ func (c *cursor) selected(rows []row, full, skipped bool) {
 	}
 	c.behind = c.behind || skipped
 	switch {
-	case !c.drain:
-		c.more = false
+	case !c.drain: // cut by BatchBytes, not by BatchSize: on past it
+		c.more, c.fromStart = cut && c.taken < c.limit, false
 	case full: // onwards, past this batch
 		c.more, c.fromStart = true, false
 	case c.behind: // nothing new past it: back for what was left behind

@@ -73,6 +73,12 @@ func (r *Relay) chooseElection(guard Guard) (election, error) {
 		return nil, fmt.Errorf("relay: the pool allows %d connection; the election holds one for the whole pass "+
 			"and the pass needs another: set pool_max_conns to at least 2", r.maxConns)
 	}
+	switch { // the check that the pool keeps its sessions, shared with the guard on it
+	case onPool:
+		r.sessions = own.sessions
+	case r.cfg.Partitions > 1:
+		r.sessions = &sessionCheck{}
+	}
 	switch {
 	case r.cfg.Partitions > 1:
 		return &memberElection{m: newMembership(r)}, nil

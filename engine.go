@@ -162,7 +162,7 @@ func (e *engine) halted() bool {
 
 func (e *engine) run() {
 	start := time.Now()
-	c := newCursor(e.o.drain)
+	c := newCursor(e.o.drain, e.r.cfg.BatchSize)
 	fl := flight{busy: make(map[string]bool)}
 	for {
 		select {
@@ -256,8 +256,9 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
 	if from == math.MinInt64 {
 		clear(e.blocked) // a select from the start finds every row left behind
 	}
-	queue, skipped := e.r.plan(f.rows, fl.busy, e.blocked, time.Now())
-	c.selected(f.rows, f.full, skipped)
+	rows := c.take(f.rows)
+	queue, skipped := e.r.plan(rows, fl.busy, e.blocked, time.Now())
+	c.selected(rows, f.full, f.cut, skipped)
 	if c.more && time.Since(start) > cmp.Or(e.o.drainFor, drainMax) {
 		c.stop()
 		e.res.backlog = true
@@ -497,6 +498,7 @@ func (r *Relay) deliverMany(ctx context.Context, s BatchSender, ms []*row) []del
 
 // outcomeOf classifies a send's error.
 func (r *Relay) outcomeOf(ctx context.Context, m *row, err error, took time.Duration) delivery {
+	m.Payload = nil // sent: a batch's payloads are held until their sends return, not until their outcomes are written
 	d := delivery{m: m, sendErr: err, took: took}
 	switch {
 	case err == nil:

@@ -253,29 +253,39 @@ func TestCursor(t *testing.T) {
 		}
 		return rs
 	}
-	c := newCursor(true)
+	c := newCursor(true, 0)
 	from, rereads := c.next()
 	require.Equal(t, int64(math.MinInt64), from)
 	require.False(t, rereads)
 	require.True(t, c.first)
 
-	c.selected(rows(1, 2, 3), true, false) // a full batch: onwards past it
+	c.selected(rows(1, 2, 3), true, false, false) // a full batch: onwards past it
 	require.True(t, c.more)
 	require.False(t, c.first)
 	from, rereads = c.next()
 	require.Equal(t, int64(3), from)
 	require.False(t, rereads)
 
-	c.selected(rows(4, 5), false, true) // short, but rows were left behind: back to the start
+	c.selected(rows(4, 5), false, false, true) // short, but rows were left behind: back to the start
 	require.True(t, c.more)
 	from, rereads = c.next()
 	require.Equal(t, int64(math.MinInt64), from)
 	require.True(t, rereads, "a select from the start goes over ids selected before")
 
-	c.selected(rows(4), false, false) // nothing left behind since: the pass ends
+	c.selected(rows(4), false, false, false) // nothing left behind since: the pass ends
 	require.False(t, c.more)
 
-	one := newCursor(false)
-	one.selected(rows(1, 2), true, false)
+	one := newCursor(false, 2)
+	one.selected(one.take(rows(1, 2, 3)), true, false, false)
 	require.False(t, one.more, "without drain, one batch")
+	require.Equal(t, 2, one.taken, "a direct pass keeps its limit")
+
+	cut := newCursor(false, 5)
+	cut.selected(cut.take(rows(1, 2)), false, true, false)
+	require.True(t, cut.more, "a direct pass cut by BatchBytes goes on past it")
+	from, _ = cut.next()
+	require.Equal(t, int64(2), from)
+	cut.selected(cut.take(rows(3, 4, 5, 6)), true, false, false)
+	require.False(t, cut.more, "until its limit")
+	require.Equal(t, 5, cut.taken)
 }

@@ -400,42 +400,64 @@ func TestErrorsKeepTheirChain(t *testing.T) {
 }
 
 // TestBatchBytes bounds a batch by its payloads' bytes: large rows go a few at
-// a time, and a row larger than the bound alone is marked dead unsent.
+// a time, in several selects of one pass, and a row larger than the bound
+// alone is marked dead unsent. A batch cut by the bound does not end Run: it
+// takes its BatchSize rows in as many selects as it needs.
 func TestBatchBytes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
 	const mib = 1 << 20
-	for i := range 5 { // five rows of ~3 MiB, stored compressed
-		b.exec(t, fmt.Sprintf(`INSERT INTO %%s (type, natural_key, payload) VALUES ('t', 'big%d', jsonb_build_object('data', repeat('x', %d)))`, i, 3*mib))
+	setupBig := func(t *testing.T) (*bundle, relay.Config, string) {
+		b := setup(t)
+		for i := range 5 { // five rows of ~3 MiB, stored compressed
+			b.exec(t, fmt.Sprintf(`INSERT INTO %%s (type, natural_key, payload) VALUES ('t', 'big%d', jsonb_build_object('data', repeat('x', %d)))`, i, 3*mib))
+		}
+		huge := pgserver.Name(t)
+		b.exec(t, fmt.Sprintf(`INSERT INTO %%s (type, natural_key, payload) VALUES ('t', '%s', jsonb_build_object('data', repeat('y', %d)))`, huge, 9*mib))
+		b.insert(t, "t", "small1", "small2") // behind the large ones
+		cfg := b.cfg
+		cfg.BatchBytes = 8 * mib
+		return b, cfg, huge
 	}
-	huge := pgserver.Name(t)
-	b.exec(t, fmt.Sprintf(`INSERT INTO %%s (type, natural_key, payload) VALUES ('t', '%s', jsonb_build_object('data', repeat('y', %d)))`, huge, 9*mib))
-	cfg := b.cfg
-	cfg.BatchBytes = 8 * mib
-	var perPass []int
-	var mu sync.Mutex
-	r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		perPass[len(perPass)-1]++
-		require.Less(t, len(m.Payload), 8*mib)
-		return nil
-	}))
-	for b.countStatus(t, "PENDING") > 0 {
-		perPass = append(perPass, 0)
-		_, err := r.Run(ctx)
+	sender := func(t *testing.T, sent *[]string) relay.Sender {
+		var mu sync.Mutex
+		return relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			*sent = append(*sent, m.Key)
+			require.Less(t, len(m.Payload), 8*mib)
+			return nil
+		})
+	}
+
+	t.Run("OneRunTakesItsBatchInSeveralSelects", func(t *testing.T) {
+		t.Parallel()
+		b, cfg, huge := setupBig(t)
+		var sent []string
+		r := b.newRelay(t, cfg, sender(t, &sent))
+		n, err := r.Run(ctx)
 		require.NoError(t, err)
-		require.Less(t, len(perPass), 10)
-	}
-	for _, n := range perPass {
-		require.LessOrEqual(t, n, 2, "at most 8 MiB of payload per batch: two rows of 3 MiB")
-	}
-	require.Equal(t, 5, b.countStatus(t, "SENT"))
-	var lastError string
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT last_error FROM "+pgx.Identifier{b.table}.Sanitize()+" WHERE natural_key = $1", huge).Scan(&lastError))
-	require.Contains(t, lastError, "payload is")
-	require.Contains(t, lastError, "above Config.BatchBytes")
+		require.Equal(t, 8, n, "five large rows, the one too large (dead) and the small rows behind them, in one Run")
+		require.Equal(t, []string{"big0", "big1", "big2", "big3", "big4", "small1", "small2"}, sent)
+		require.Equal(t, 7, b.countStatus(t, "SENT"))
+		var lastError string
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT last_error FROM "+pgx.Identifier{b.table}.Sanitize()+" WHERE natural_key = $1", huge).Scan(&lastError))
+		require.Contains(t, lastError, "payload is")
+		require.Contains(t, lastError, "above Config.BatchBytes")
+	})
+
+	t.Run("RunStopsAtBatchSize", func(t *testing.T) {
+		t.Parallel()
+		b, cfg, _ := setupBig(t)
+		cfg.BatchSize = 3
+		var sent []string
+		r := b.newRelay(t, cfg, sender(t, &sent))
+		n, err := r.Run(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 3, n, "BatchSize rows, in two selects (8 MiB holds two rows of 3 MiB)")
+		require.Equal(t, []string{"big0", "big1", "big2"}, sent)
+		require.Equal(t, 5, b.countStatus(t, "PENDING"))
+	})
 }
 
 // TestPassCostIgnoresDeadAndForeignRows: dead rows and another app's backlog

@@ -70,21 +70,31 @@ const (
 // The lock's connection is taken from the pool for the whole job and given back
 // only after pg_advisory_unlock returned true on it; a connection that may still
 // hold the lock (the unlock failed, returned false or could not be sent) is
-// closed instead, so the server frees the lock with the session. While the job
+// closed instead, so the server frees the lock with the session; so is the
+// connection of a job that fn abandoned ([ErrJobAbandoned]), and TryRun returns
+// once pg_locks no longer shows the lock. While the job
 // runs, the guard watches that connection: the server's goodbye when the session
 // is terminated is noticed at once, and a heartbeat every few seconds catches a
 // connection that died silently. Either cancels the job's ctx with [ErrElectionLost].
 //
 // Session locks need session pooling: behind PgBouncer in transaction mode the
 // lock is taken and released on whatever server connection the proxy picks, and
-// the guard cannot protect anything. It reports that as an error wherever it can
-// tell (the backend changed between the lock and the unlock or a heartbeat).
+// the guard cannot protect anything. Before its first election the guard checks
+// that the pool keeps its sessions (pooling.go), and refuses with an error
+// wrapping [ErrTransactionPooling] when it does not. Should that check miss,
+// every statement on the lock's session carries the session's backend pid and
+// acts only on that backend: one landing on another backend changes nothing,
+// fails the election with ErrTransactionPooling and ends the backend that holds
+// the lock, which lets it go.
 //
 // Within one process, a second TryRun for a key that is already held returns
 // false at once, so one session never takes the lock twice (session locks stack).
 type PostgresGuard struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
+
+	// sessions checks, once, that pool keeps its sessions (pooling.go).
+	sessions *sessionCheck
 
 	mu   sync.Mutex
 	held map[string]bool // keys this guard holds right now
@@ -94,7 +104,7 @@ var _ Guard = (*PostgresGuard)(nil)
 
 // NewPostgresGuard returns a guard that takes its locks on connections of pool.
 func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
-	return &PostgresGuard{pool: pool, logger: slog.Default(), held: make(map[string]bool)}
+	return &PostgresGuard{pool: pool, logger: slog.Default(), sessions: &sessionCheck{}, held: make(map[string]bool)}
 }
 
 // markReplica adds a relay's replica id (presence.go) to the election mark
@@ -156,11 +166,15 @@ func parseElectionMark(query string, queryStart time.Time) (since time.Time, rep
 type session struct {
 	pid      uint32
 	readOnly bool
-	idle     *string // its idle_session_timeout before the lease; nil before PostgreSQL 14
+	idle     *string       // its idle_session_timeout before the lease; nil before PostgreSQL 14
+	pooled   *pgxpool.Pool // behind a pooler (one that keeps sessions, the check found), the pool: see closeSession
 }
 
 // TryRun implements [Guard].
 func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx context.Context) error) (ran bool, err error) {
+	if err := g.sessions.verify(ctx, g.pool, g.logger); err != nil {
+		return false, err
+	}
 	if !g.claim(key) {
 		return false, nil // this process already runs the job for key
 	}
@@ -170,7 +184,7 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancelLock()
 	won := time.Now()
-	conn, locked, sess, err := tryElection(lctx, g.pool, key, markReplica(lockSQL, replicaOf(ctx)))
+	conn, locked, sess, err := tryElection(lctx, g.pool, key, markReplica(lockSQL, replicaOf(ctx)), g.sessions.isDirect())
 	if err != nil {
 		return false, err
 	}
@@ -205,9 +219,21 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 		cancel(nil)
 		lost := w.stop()
 		if lost != nil {
-			closeConn(conn)
+			// The watch that saw another backend answer stopped the job; the
+			// locks are let go of once it has returned, never under a send.
+			closeSession(ctx, conn, key, sess)
 			if !errors.Is(err, ErrElectionLost) { // fn usually returns the cause already
 				err = errors.Join(err, lost)
+			}
+			return
+		}
+		if errors.Is(err, ErrJobAbandoned) {
+			// fn left a job running that ignores its ctx: end the session
+			// rather than unlock on it and pool it.
+			closeConn(conn)
+			if werr := waitLockGone(ctx, g.pool, sess.pid); werr != nil {
+				g.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the abandoned job's lock session was closed, but pg_locks could not confirm the lock is gone",
+					slog.String("key", key), slog.Uint64("pid", uint64(sess.pid)), slog.String("error", werr.Error()))
 			}
 			return
 		}
@@ -218,20 +244,63 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 	return true, fn(jobCtx)
 }
 
+// guardSessionEndTimeout bounds waitLockGone.
+const guardSessionEndTimeout = 2 * time.Second
+
+// waitLockGone returns once pg_locks shows no advisory lock of backend pid, whose
+// connection was just closed: the server drops a session's locks as its
+// backend exits, a moment after the client has gone.
+func waitLockGone(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardSessionEndTimeout)
+	defer cancel()
+	for {
+		held, err := sessionLocksHeld(wctx, pool, pid)
+		switch {
+		case err != nil:
+			return err
+		case !held:
+			return nil
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("backend %d still holds advisory locks after %s", pid, guardSessionEndTimeout)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // tryElection takes a connection from pool and tries the election's lock on
-// it with stmt (lockSQL, or lockSharedSQL). After a failover or a restart the
+// it with stmt (lockSQL, or lockSharedSQL), on the backend the connection
+// answers from first (direct: the one pgx learned at connect). After a failover or a restart the
 // pool's idle connections are dead, and the first statement on each fails:
 // such a connection is closed (a dead session holds no lock) and the try goes
 // on with another, a bounded number of times.
-func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
+func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, direct bool) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
 	for attempt := 1; ; attempt++ {
 		conn, err = acquire(ctx, pool, "take the election "+strconv.Quote(key))
 		if err != nil {
 			return nil, nil, session{}, err
 		}
-		locked, sess, err = lockStatement(ctx, conn, stmt, key)
+		var pid uint32
+		pid, err = lockSessionPID(ctx, conn, direct)
+		if err == nil {
+			locked, sess, err = lockStatement(ctx, conn, stmt, key, pid)
+		}
+		if err == nil && sess.pid != pid {
+			closeConn(conn) // nothing was tried on that backend
+			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, sessionMoved("the lock statement", pid, sess.pid))
+		}
+		if !direct {
+			sess.pooled = pool
+		}
 		if err == nil {
 			return conn, locked, sess, nil
+		}
+		if pid != 0 {
+			closeSession(ctx, conn, key, session{pid: pid, pooled: sess.pooled})
+		}
+		if pooledStatementError(err) {
+			err = fmt.Errorf("%w: %w", ErrTransactionPooling, err)
 		}
 		// The statement may have reached the server and taken the lock:
 		// closing the connection is what makes sure it is not held.
@@ -254,21 +323,57 @@ func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess s
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
 	defer cancel()
 	pid := sess.pid
-	unlocked, upid, err := unlockStatement(uctx, conn, stmt, key, sess.idle)
+	unlocked, upid, letGo, err := unlockStatement(uctx, conn, stmt, key, sess.idle, pid)
 	switch {
 	case err != nil:
-		closeConn(conn)
+		closeSession(ctx, conn, key, sess)
 		return fmt.Errorf("relay: unlock %q: %w (the connection was closed, which frees the lock)", key, err)
 	case upid != pid:
 		closeConn(conn)
-		return fmt.Errorf("%w: lock %q was taken by backend %d but released on backend %d: a transaction-pooling "+
-			"proxy sits between the relay and PostgreSQL; session advisory locks need session pooling", ErrElectionLost, key, pid, upid)
-	case !unlocked:
-		closeConn(conn)
+		return fmt.Errorf("relay: unlock %q: %w (released nothing there; the lock's backend was ended, which lets it go: %v)",
+			key, sessionMoved("the unlock", pid, upid), letGo)
+	case unlocked == nil || !*unlocked:
+		closeSession(ctx, conn, key, sess)
 		return fmt.Errorf("%w: unlock %q returned false: backend %d did not hold the lock", ErrElectionLost, key, pid)
 	}
 	conn.Release()
 	return nil
+}
+
+// closeSession closes the connection of the lock's session sess, which may
+// still hold locks. On a direct connection that ends the session, and frees
+// them. Behind a pooler the server connection may outlive the client's (or,
+// if the check missed transaction pooling, be another one): letGoSQL lets go
+// of them first, on conn, or on another connection of the pool when conn is
+// closed already (the pooler passed on a FATAL of another server connection),
+// a bounded number of times.
+func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess session) {
+	if sess.pooled != nil {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
+		// The statement may land on a server connection that is being ended
+		// (another replica letting go of its own): try again, a few times.
+		for range guardLockAttempts {
+			if !conn.Conn().IsClosed() {
+				if err := letGoStatement(uctx, conn, key, sess.pid); err == nil {
+					break
+				}
+				continue
+			}
+			c, err := sess.pooled.Acquire(uctx)
+			if err != nil {
+				break
+			}
+			err = letGoStatement(uctx, c, key, sess.pid)
+			if err != nil {
+				closeConn(c)
+				continue
+			}
+			c.Release()
+			break
+		}
+		cancel()
+	}
+	closeConn(conn)
 }
 
 func (g *PostgresGuard) claim(key string) bool {

@@ -58,6 +58,9 @@ const (
 //	Relay-Message-Type: <Message.Type>
 //	Relay-Attempt: <Message.Attempts+1>   the attempt being made, from 1
 //
+// and the message's own [Message.Headers] (a W3C traceparent, say), except
+// those [HTTPSenderConfig.Header] sets, which win.
+//
 // Idempotency-Key is the same on every retry of a message and different for
 // every other message, those of the same key included, so a receiver that
 // replays its stored answer for a repeated Idempotency-Key (as Stripe does),
@@ -274,6 +277,9 @@ func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 	if !validHeaderValue(m.Type) {
 		return Permanent(fmt.Errorf("message %d: Type %q has control characters, which the %s header cannot carry", m.ID, m.Type, headerMessageType))
 	}
+	if err := validateHeaders(m.Headers); err != nil {
+		return Permanent(fmt.Errorf("message %d: Headers %w", m.ID, err))
+	}
 
 	reqCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel() // after the deferred drain below: the body is read under reqCtx
@@ -291,6 +297,13 @@ func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 	}
 
 	req.Header = s.header.Clone()
+	// The message's headers, under those the sender was configured with
+	// (Authorization, say), which a producer cannot replace.
+	for name, value := range m.Headers {
+		if canonical := http.CanonicalHeaderKey(name); req.Header[canonical] == nil {
+			req.Header[canonical] = []string{value}
+		}
+	}
 	if req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")
 	}

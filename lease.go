@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -165,8 +166,8 @@ func (w *watch) heartbeat() error {
 		return fmt.Errorf("%w: heartbeat: unexpected answer", ErrElectionLost)
 	}
 	if got := string(rr.Rows[0][0]); got != fmt.Sprint(w.pid) {
-		return fmt.Errorf("%w: the lock was taken by backend %d but the session now answers as backend %s: "+
-			"a transaction-pooling proxy sits between the relay and PostgreSQL", ErrElectionLost, w.pid, got)
+		pid, _ := strconv.ParseUint(got, 10, 32)
+		return fmt.Errorf("heartbeat: the session answers as another backend: %w", sessionMoved("the heartbeat", w.pid, uint32(pid)))
 	}
 	w.lease.renew(sent)
 	return nil

@@ -56,7 +56,9 @@ func (l *loop) wakeUp() {
 // drained, later while passes fail), never overlapping, under the election unless ClusterLock is off.
 // When Enabled is false the loop runs but never passes. Cancelling ctx stops
 // the loop and cancels the sends in flight; [Relay.Stop] stops it gracefully.
-// Start returns an error if the relay is already started.
+// Start returns an error if the relay is already started, and one wrapping
+// [ErrTransactionPooling] if its pool does not keep its sessions (no election
+// can run on it).
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -65,6 +67,14 @@ func (r *Relay) Start(ctx context.Context) error {
 		case <-r.loop.done:
 		default:
 			return errors.New("relay: already started; Stop it first")
+		}
+	}
+	// No election runs behind a pooler that does not keep sessions: refuse
+	// now, loudly, rather than fail every pass (a check that could not tell,
+	// the database away, is tried again before the first election).
+	if r.sessions != nil {
+		if err := r.sessions.verify(ctx, r.pool, r.logger); errors.Is(err, ErrTransactionPooling) {
+			return fmt.Errorf("relay: Start: %w", err)
 		}
 	}
 	passCtx, cancel := context.WithCancel(ctx)
@@ -146,7 +156,7 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	standby := false
+	standby, followUp := false, false
 	for {
 		woken := false
 		select {
@@ -165,8 +175,8 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 			timer.Stop()
 			continue // only a stop ends the wait now
 		}
-		next, coalesced := r.periodic(ctx, l, woken)
-		standby = coalesced
+		next, coalesced := r.periodic(ctx, l, woken || followUp)
+		standby, followUp = coalesced, next == wakeFollowUp
 		timer.Reset(next)
 	}
 }
@@ -174,7 +184,10 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 // periodic runs the periodic pass, recovering from a panic, and returns the
 // delay until the next one and whether it coalesced. A pass the timer
 // started begins with the idle poll; one a wake-up started goes straight to
-// the election.
+// the election. A woken pass that delivered, or a follow-up of one that
+// delivered, is followed up wakeFollowUp later: Enqueues that came densely
+// did not all notify (wake.go), and the follow-ups find their rows until one
+// finds nothing.
 func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Duration, coalesced bool) {
 	next = r.cfg.Interval
 	defer func() {

@@ -87,8 +87,10 @@ func newMembership(r *Relay) *membership {
 // replica holds no partition: an exclusive holder keeps it out, other members
 // hold every partition, or the partitions are held with another count.
 func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, parts []int) error) (ran bool, err error) {
-	if m.conn != nil && m.pause() != nil {
-		m.drop()
+	if m.conn != nil {
+		if lost := m.pause(); lost != nil {
+			m.drop(lost)
+		}
 	}
 	if m.conn == nil {
 		joined, err := m.join(ctx)
@@ -127,10 +129,13 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 // join tries the shared hold of the app's key on a connection of its own.
 func (m *membership) join(ctx context.Context) (bool, error) {
 	r := m.r
+	if err := r.sessions.verify(ctx, r.pool, r.logger); err != nil {
+		return false, err
+	}
 	lctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	now := time.Now()
-	conn, locked, sess, err := tryElection(lctx, r.pool, r.key, markReplica(lockSharedSQL, r.presence.id))
+	conn, locked, sess, err := tryElection(lctx, r.pool, r.key, markReplica(lockSharedSQL, r.presence.id), r.sessions.isDirect())
 	switch {
 	case err != nil:
 		return false, err
@@ -151,8 +156,8 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	m.conn, m.sess, m.since, m.held = conn, sess, now, nil
-	if ok, err := markStatement(withReplica(lctx, r.presence.id), conn, r.key, m.n); err != nil || !ok {
-		m.drop()
+	if ok, err := markStatement(withReplica(lctx, r.presence.id), conn, r.key, m.n, sess.pid); err != nil || !ok {
+		m.drop(err)
 		return false, fmt.Errorf("relay: mark the membership of %q with Partitions %d: %w", r.key, m.n, cmp.Or(err, errors.New("refused")))
 	}
 	m.mu.Lock()
@@ -167,15 +172,15 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 func (m *membership) rebalance(ctx context.Context) (partitionState, error) {
 	r := m.r
 	if err := m.pause(); err != nil {
-		m.drop()
+		m.drop(err)
 		return partitionState{}, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	sent := time.Now()
-	st, err := rebalanceStatement(withReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start)
+	st, err := rebalanceStatement(withReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start, m.sess.pid)
 	if err != nil {
-		m.drop()
+		m.drop(err)
 		return partitionState{}, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)
 	}
 	m.held = st.held
@@ -191,12 +196,12 @@ func (m *membership) rebalance(ctx context.Context) (partitionState, error) {
 	}
 	if len(release) > 0 {
 		r.stats.setPartitions(m.held[:len(m.held)-len(release)]) // before another can take them
-		ok, err := releasePartitionsStatement(rctx, m.conn, r.key, m.n, release, false)
+		ok, err := releasePartitionsStatement(rctx, m.conn, r.key, m.n, release, false, m.sess.pid)
 		if err == nil && !ok {
 			err = fmt.Errorf("%w: backend %d did not hold partitions %v it was given", ErrElectionLost, m.sess.pid, release)
 		}
 		if err != nil {
-			m.drop()
+			m.drop(err)
 			return partitionState{}, fmt.Errorf("relay: release partitions %v of %q: %w", release, r.key, err)
 		}
 		m.held = slices.Clone(m.held[:len(m.held)-len(release)])
@@ -232,15 +237,21 @@ func (m *membership) resume(at time.Time) {
 	})
 }
 
-// drop ends a membership whose session failed or was lost: closing the
-// connection ends the session, and the server frees whatever it held.
-func (m *membership) drop() {
+// drop ends a membership whose session failed or was lost (why): closing the
+// connection ends the session, and the server frees whatever it held. When a
+// statement of the session ran on another backend, the session's locks are on
+// a server connection of the pooler's, and are let go of there first
+// (closeSession).
+func (m *membership) drop(why error) {
 	m.r.stats.setPartitions(nil)
 	_ = m.pause()
 	if m.conn != nil {
-		closeConn(m.conn)
-		m.r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: left the partitioned election: its session was lost",
-			slog.Any("partitions", m.held))
+		closeSession(context.Background(), m.conn, m.r.key, m.sess)
+		attrs := []slog.Attr{slog.Any("partitions", m.held)}
+		if why != nil {
+			attrs = append(attrs, slog.String("error", why.Error()))
+		}
+		m.r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: left the partitioned election: its session was lost", attrs...)
 	}
 	m.conn, m.held = nil, nil
 }
@@ -252,19 +263,19 @@ func (m *membership) leave(ctx context.Context) {
 		return
 	}
 	if lost := m.pause(); lost != nil {
-		m.drop()
+		m.drop(lost)
 		return
 	}
 	r := m.r
 	r.stats.setPartitions(nil) // before another can take them
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
 	defer cancel()
-	ok, err := releasePartitionsStatement(uctx, m.conn, r.key, m.n, m.held, true)
+	ok, err := releasePartitionsStatement(uctx, m.conn, r.key, m.n, m.held, true, m.sess.pid)
 	if err == nil && !ok {
 		err = fmt.Errorf("%w: backend %d did not hold partitions %v and its member mark", ErrElectionLost, m.sess.pid, m.held)
 	}
 	if err != nil {
-		closeConn(m.conn)
+		closeSession(uctx, m.conn, r.key, m.sess)
 	} else {
 		err = releaseElection(uctx, m.conn, r.key, m.sess, unlockSharedSQL)
 	}

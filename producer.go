@@ -28,6 +28,11 @@ type Outgoing struct {
 	// Sender gets it back normalised (spacing and key order may differ).
 	// Required; json.Marshal builds it.
 	Payload []byte
+	// Headers travel with the message to its destination (the request's,
+	// record's or message's headers): see [HeadersMax] for the rules Enqueue
+	// checks. They are stored in the table's headers column, which CreateTable
+	// adds; a table without it takes no headers (docs/operations.md). Optional.
+	Headers map[string]string
 }
 
 // errEnqueue prefixes the errors of Enqueue.
@@ -60,7 +65,11 @@ const errEnqueue = "relay: enqueue: "
 //
 // By default Enqueue also wakes the relays of table when the transaction
 // commits (a NOTIFY in the same statement), so the message reaches its Sender
-// within milliseconds instead of at the next poll; see [WithoutWakeUp].
+// within milliseconds instead of at the next poll; see [WithoutWakeUp]. When
+// one process's Enqueues of a type and table come less than 2ms apart, at
+// most one per 5ms carries the wake-up; the others' rows are found by the
+// pass it wakes, or by the relay's follow-up poll a few milliseconds after it.
+// Enqueue is one statement, one round trip, either way.
 func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...EnqueueOption) (int64, error) {
 	var o enqueueOptions
 	for _, opt := range opts {
@@ -78,14 +87,19 @@ func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...E
 	if q == nil {
 		return 0, errors.New(errEnqueue + "nil Querier: pass the transaction (pgx.Tx) the message must commit with")
 	}
-	channel, due := "", false
+	var w *wakeState
+	channel, force := "", false
 	if !o.noWake {
-		channel = wakeChannel(id)
-		due = wakeDue(channel, m.Type)
+		if w, force = wakeAttempt(wakeChannel(id), m.Type); w != nil {
+			channel = w.channel
+		}
 	}
-	newID, err := enqueue(ctx, q, id, m, channel, due)
+	newID, notified, err := enqueue(ctx, q, id, m, channel, force)
 	if err != nil {
 		return 0, fmt.Errorf(errEnqueue+"insert a message of type %q, key %q into %s: %w", m.Type, m.Key, table, err)
+	}
+	if notified {
+		w.notifiedNow()
 	}
 	return newID, nil
 }
@@ -100,9 +114,9 @@ type enqueueOptions struct {
 // WithoutWakeUp makes [Enqueue] write the message without waking the relays:
 // they find it at their next poll, within Config.Interval. A wake-up is a
 // NOTIFY, and PostgreSQL commits notifying transactions one at a time; Enqueue
-// already lets only one transaction at a time carry it (wake.go), which keeps
-// producers' commits concurrent, so this option is for producers that want no
-// NOTIFY at all (bulk loads, say).
+// already lets only one transaction at a time carry it, and a busy process at
+// most one per 5ms (wake.go), which keeps producers' commits concurrent, so this
+// option is for producers that want no NOTIFY at all (bulk loads, say).
 func WithoutWakeUp() EnqueueOption { return func(o *enqueueOptions) { o.noWake = true } }
 
 // validate names the first field of m that Enqueue refuses.
@@ -119,6 +133,9 @@ func (m *Outgoing) validate() error {
 		return bad("Payload", "must not be empty: it must be a JSON document")
 	case !json.Valid(m.Payload):
 		return bad("Payload", "is not valid JSON: %.80q", m.Payload)
+	}
+	if err := validateHeaders(m.Headers); err != nil {
+		return bad("Headers", "%w", err)
 	}
 	return nil
 }

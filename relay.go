@@ -38,6 +38,7 @@ type Relay struct {
 	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
+	sessions *sessionCheck // that the pool keeps its sessions, when the election takes its locks on it (pooling.go)
 	key      string
 	observer Observer
 	stats    counters
@@ -221,6 +222,9 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 	case failed:
 		r.streak++
 		streak = r.streak
+		if r.sessions.refused(res.err) {
+			break // the refusal was logged at Error once, when the pool was checked
+		}
 		if streak&(streak-1) == 0 || time.Since(r.streakLogged) >= failureLogEvery {
 			level = slog.LevelError
 			r.streakLogged = time.Now()
@@ -262,9 +266,10 @@ func (r *Relay) Stats() Stats { return r.stats.snapshot() }
 func (r *Relay) fetch(ctx context.Context, preflight bool, after int64, parts []int) (fetched, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
+	table := r.table()
 	args := fetchArgs{
 		maxAttempts: r.cfg.MaxAttempts, types: r.types, limit: r.cfg.BatchSize, maxBytes: r.cfg.BatchBytes,
-		after: after, preflight: preflight, source: r.table().qualified,
+		after: after, preflight: preflight, source: table.qualified, headers: table.headers,
 	}
 	if parts != nil {
 		args.partitions, args.parts = r.cfg.Partitions, parts
@@ -280,6 +285,15 @@ func (r *Relay) fetch(ctx context.Context, preflight bool, after int64, parts []
 	f, err := once()
 	if err != nil && connectionFailed(err) && fctx.Err() == nil {
 		f, err = once()
+	}
+	if err == nil && f.headersAdded {
+		// The table was given the headers column since the relay learnt it:
+		// learn it again, and select again, with the headers.
+		r.forgetTable()
+		if err = r.learnTable(fctx); err == nil {
+			args.headers = r.table().headers
+			f, err = once()
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -81,9 +82,22 @@ type SchedulerConfig struct {
 // not run late; the next occurrence runs as usual. A job that runs longer than
 // its gap holds the lock across the next occurrence, which every replica then
 // skips: runs of one job never overlap, in one process or across replicas.
-// The guarantee rests on the lock: if the lock's session dies during the window
-// (a failover), another replica whose timer is late may run T again, so a job
-// should tolerate the rare second run, as retention does.
+//
+// # A runner that vanishes
+//
+// The replicas that did not get the lock at T keep trying it, every eighth of
+// the window (50ms to 1s), until T + window. Since the runner holds it that
+// long, a try that wins within the window means the runner vanished: its
+// lock's session was terminated (pg_terminate_backend, a failover,
+// idle_session_timeout), its process died, or it was stopped with a deadline
+// that cut its hold short. That replica logs "the occurrence's runner
+// vanished" (WARN, with the key and how late) and runs T again, holding the
+// lock until T + window in turn: T runs at most once more per death, and never
+// after its window; a runner that dies after the window is not replaced (the
+// next occurrence runs as usual). A job that dies mid-run may have done part of
+// its work, or all of it (a death during the hold after the job), so a job
+// should tolerate a second run, as retention does. The runner that lost its
+// lock has its job's ctx cancelled with [ErrElectionLost].
 //
 // # Keys
 //
@@ -91,7 +105,8 @@ type SchedulerConfig struct {
 // pg_try_advisory_lock(hashtext(key)), computed by the server, the same lock
 // space as the relay's election (hashtext(AppName || '_relay_m2m')). Any session
 // holding that lock — a JVM relay, relayctl pause, psql — makes every replica
-// skip the job's occurrences while it holds it. Give each job its own key
+// skip the job's occurrences while it holds it (one it lets go of within an
+// occurrence's window runs then, as after a runner's death). Give each job its own key
 // (hashtext is 32 bits: a collision makes two jobs exclude each other, never
 // run together), and not the relay's own election key unless delivery should
 // pause while the job runs and its window lasts.
@@ -101,6 +116,8 @@ type Scheduler struct {
 	location  *time.Location
 	tolerance time.Duration
 	logger    *slog.Logger
+
+	foreignGuard bool // the guard is SchedulerConfig.Guard: the scheduler cannot end its sessions
 
 	mu   sync.Mutex
 	jobs []*scheduledJob
@@ -114,9 +131,72 @@ type schedulerRun struct {
 	halt   chan struct{}      // closed on Stop: no new occurrence
 	halted sync.Once
 	done   chan struct{} // closed when every loop and run has returned
+
+	mu        sync.Mutex
+	inFlight  map[*inFlight]bool // the occurrences whose guard has not returned
+	abandoned []string           // the keys of the jobs abandoned so far
+}
+
+// inFlight is one occurrence in the guard's hands.
+type inFlight struct {
+	key string
+	at  time.Time
 }
 
 func (r *schedulerRun) stop() { r.halted.Do(func() { close(r.halt) }) }
+
+func (r *schedulerRun) enter(o *inFlight) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inFlight[o] = true
+}
+
+func (r *schedulerRun) leave(o *inFlight) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.inFlight, o)
+}
+
+func (r *schedulerRun) abandon(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.abandoned = append(r.abandoned, key)
+}
+
+// stuck lists the occurrences whose guard has not returned, and the jobs
+// abandoned.
+func (r *schedulerRun) stuck() (guards, abandoned []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for o := range r.inFlight {
+		guards = append(guards, o.key+"@"+o.at.UTC().Format(time.RFC3339))
+	}
+	slices.Sort(guards)
+	return guards, slices.Clone(r.abandoned)
+}
+
+// Timings of a hard stop.
+const (
+	// jobGrace is how long a job whose context ended may take to return
+	// before the scheduler abandons it.
+	jobGrace = 250 * time.Millisecond
+	// stopReleaseBound is how long Stop waits, once it has cancelled the jobs
+	// and their grace has passed, for the guards to release the locks of the
+	// jobs abandoned: the default guard ends the lock's session and waits for
+	// the server to drop the lock (guardSessionEndTimeout) within it.
+	stopReleaseBound = 4 * time.Second
+)
+
+// ErrJobAbandoned is what the function a [Scheduler] hands its [Guard]
+// returns when the job did not return within a short grace after its context
+// ended (a hard [Scheduler.Stop], a lost election): the scheduler leaves the
+// job's goroutine to it and goes on. The job may still be working, so a Guard
+// should not wait for it, and should free the lock by ending the lock's
+// session. [PostgresGuard] closes the lock's connection (it never goes back to
+// the pool) and waits until pg_locks no longer shows the lock. The scheduler
+// cannot force a Guard of [SchedulerConfig.Guard]: Stop returns even if it does
+// not, and says so.
+var ErrJobAbandoned = errors.New("relay: scheduler: the job did not return after its context ended; abandoned")
 
 // scheduledJob is one Add.
 type scheduledJob struct {
@@ -153,6 +233,8 @@ func NewScheduler(pool *pgxpool.Pool, cfg SchedulerConfig) (*Scheduler, error) {
 		tolerance: cfg.Tolerance,
 		logger:    cfg.Logger,
 		keys:      make(map[string]bool),
+
+		foreignGuard: cfg.Guard != nil,
 	}
 	if s.location == nil {
 		s.location = time.UTC
@@ -257,10 +339,10 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		}
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	r := &schedulerRun{cancel: cancel, halt: make(chan struct{}), done: make(chan struct{})}
+	r := &schedulerRun{cancel: cancel, halt: make(chan struct{}), done: make(chan struct{}), inFlight: make(map[*inFlight]bool)}
 	var wg sync.WaitGroup
 	for _, j := range s.jobs {
-		wg.Go(func() { s.loop(runCtx, r.halt, &wg, j) })
+		wg.Go(func() { s.loop(runCtx, r, &wg, j) })
 	}
 	go func() {
 		select {
@@ -284,10 +366,22 @@ func (s *Scheduler) Start(ctx context.Context) error {
 // Stop stops the scheduler: no new occurrence starts, and the runs in flight
 // finish, each keeping its lock until its window has passed (see "Once per
 // occurrence" on [Scheduler]). Stop waits for that, or until ctx ends: then it
-// cancels the jobs' contexts, waits for them to return and their locks to be
-// released, and returns ctx's error; a window cut short so may let a replica
-// whose timer is late run that occurrence again. Stop without Start, and a
-// second Stop, are harmless.
+// cancels the jobs' contexts and waits for them to return and their locks to
+// be released, and returns ctx's error; a window cut short so may let a
+// replica whose timer is late run that occurrence again.
+//
+// Stop is bounded by ctx: a job that has not returned a short grace (250ms)
+// after its context was cancelled is abandoned — logged at ERROR with its key,
+// its scheduled time and how long it has run — and its goroutine left to it.
+// The default guard then releases the job's lock by closing the lock's
+// session (never returning it to the pool) and waits until the server has
+// dropped the lock, so that another replica can run the job's next
+// occurrence; Stop returns within a few seconds of ctx's end whatever the job
+// does. A Guard of [SchedulerConfig.Guard] cannot be forced: it gets
+// [ErrJobAbandoned] from the job's function; if it has not returned a few
+// seconds later, Stop returns anyway, and both its log and its error say which
+// job's lock may still be held. Stop without Start, and a second Stop, are
+// harmless.
 func (s *Scheduler) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	r := s.run
@@ -300,15 +394,37 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	case <-r.done:
 		return nil
 	case <-ctx.Done():
-		r.cancel()
-		<-r.done
-		return fmt.Errorf("relay: Scheduler.Stop: %w", ctx.Err())
 	}
+	r.cancel()
+	bound := time.NewTimer(jobGrace + stopReleaseBound)
+	defer bound.Stop()
+	select {
+	case <-r.done:
+	case <-bound.C:
+	}
+	err := fmt.Errorf("relay: Scheduler.Stop: %w", ctx.Err())
+	guards, abandoned := r.stuck()
+	if len(abandoned) > 0 {
+		err = fmt.Errorf("%w; abandoned the jobs %q, which ignored their context", err, abandoned)
+		if s.foreignGuard && len(guards) == 0 {
+			err = fmt.Errorf("%w; SchedulerConfig.Guard is the adopter's own: whether it freed their locks is up to it", err)
+		}
+	}
+	if len(guards) > 0 {
+		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: Stop returns while the guard still holds occurrences: "+
+			"it did not return after their jobs were cancelled and abandoned; their locks may still be held",
+			slog.Any("occurrences", guards), slog.Bool("foreign_guard", s.foreignGuard),
+			slog.String("hint", "a Guard of SchedulerConfig.Guard cannot be forced: it should end the lock's session "+
+				"when the job's function returns ErrJobAbandoned"))
+		err = fmt.Errorf("%w; the guard did not return for %q, whose locks may still be held (a foreign Guard cannot be forced)", err, guards)
+	}
+	return err
 }
 
 // loop waits for each occurrence of j and starts its run, unless the previous
 // run is still going: then it logs the occurrence as skipped.
-func (s *Scheduler) loop(ctx context.Context, halt <-chan struct{}, wg *sync.WaitGroup, j *scheduledJob) {
+func (s *Scheduler) loop(ctx context.Context, r *schedulerRun, wg *sync.WaitGroup, j *scheduledJob) {
+	halt := r.halt
 	next := s.next(j, time.Now())
 	timer := time.NewTimer(time.Until(next))
 	defer timer.Stop()
@@ -338,8 +454,9 @@ func (s *Scheduler) loop(ctx context.Context, halt <-chan struct{}, wg *sync.Wai
 		at := next
 		if j.running.CompareAndSwap(false, true) {
 			wg.Go(func() {
-				defer j.running.Store(false)
-				s.occurrence(ctx, j, at)
+				if !s.occurrence(ctx, r, j, at) {
+					j.running.Store(false)
+				} // else the abandoned job's goroutine does, when it returns
 			})
 		} else {
 			s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: occurrence skipped: the previous run is still going",
@@ -356,8 +473,12 @@ func (s *Scheduler) next(j *scheduledJob, t time.Time) time.Time {
 	return j.schedule.Next(t.In(s.location))
 }
 
-// occurrence runs the occurrence at of j under the guard, and logs how it went.
-func (s *Scheduler) occurrence(ctx context.Context, j *scheduledJob, at time.Time) {
+// occurrence runs the occurrence at of j under the guard, and logs how it
+// went. It reports whether the job was abandoned, still running.
+func (s *Scheduler) occurrence(ctx context.Context, r *schedulerRun, j *scheduledJob, at time.Time) (abandoned bool) {
+	o := &inFlight{key: j.key, at: at}
+	r.enter(o)
+	defer r.leave(o)
 	attrs := []slog.Attr{slog.String("key", j.key), slog.Time("scheduled_at", at)}
 	// The guard may be the adopter's own: a panic in it is logged, and the
 	// scheduler goes on.
@@ -368,14 +489,25 @@ func (s *Scheduler) occurrence(ctx context.Context, j *scheduledJob, at time.Tim
 		}
 	}()
 	start := time.Now()
-	var ran, late bool
-	elected, err := s.guard.TryRun(ctx, j.key, func(ctx context.Context) error {
+	var ran, late, watching bool
+	fn := func(ctx context.Context) error {
 		var err error
-		ran, late, err = s.elected(ctx, j, at)
+		ran, late, err = s.elected(ctx, j, at, watching)
+		if errors.Is(err, ErrJobAbandoned) {
+			abandoned = true
+			r.abandon(j.key)
+		}
 		return err
-	})
+	}
+	elected, err := s.guard.TryRun(ctx, j.key, fn)
+	if !elected && err == nil {
+		watching = true
+		elected, err = s.watch(ctx, r.halt, j, at, fn)
+	}
 	attrs = append(attrs, slog.Duration("duration", time.Since(start)))
 	switch {
+	case abandoned:
+		// logged by runJob
 	case err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled):
 		s.logger.LogAttrs(ctx, slog.LevelInfo, "relay: scheduler: job cancelled by a hard stop", attrs...)
 	case errors.As(err, new(*jobPanic)):
@@ -383,6 +515,9 @@ func (s *Scheduler) occurrence(ctx context.Context, j *scheduledJob, at time.Tim
 		errors.As(err, &p)
 		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: job panicked",
 			append(attrs, slog.Any("panic", p.value), slog.String("stack", p.stack))...)
+	case err != nil && !ran && errors.Is(err, ErrTransactionPooling):
+		// the guard logged it at Error once, when it checked the pool
+		s.logger.LogAttrs(ctx, slog.LevelDebug, "relay: scheduler: occurrence not run", append(attrs, slog.Any("error", err))...)
 	case err != nil && !ran:
 		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: occurrence not run", append(attrs, slog.Any("error", err))...)
 	case err != nil:
@@ -394,27 +529,126 @@ func (s *Scheduler) occurrence(ctx context.Context, j *scheduledJob, at time.Tim
 	default:
 		s.logger.LogAttrs(ctx, slog.LevelDebug, "relay: scheduler: job done", attrs...)
 	}
+	return abandoned
+}
+
+// watch is a replica that did not get the job's lock at the occurrence's
+// time: it tries the lock again, every eighth of the window (50ms to 1s),
+// until the window has passed, or Stop. The runner holds the lock until the
+// window has passed; if it comes free before, the runner vanished (its lock's
+// session was terminated, its process died), and the replica whose try wins
+// runs the occurrence again, itself holding the lock until the window has
+// passed: once more per death, never after the window. A try that wins after
+// the window finds the occurrence over, as in elected. fn is the occurrence
+// under the lock; watch reports what the winning TryRun did.
+func (s *Scheduler) watch(ctx context.Context, halt <-chan struct{}, j *scheduledJob, at time.Time, fn func(context.Context) error) (bool, error) {
+	window := s.window(j, at)
+	deadline := at.Add(window)
+	every := min(max(window/8, 50*time.Millisecond), time.Second)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-halt:
+			return false, nil
+		case <-ctx.Done():
+			return false, nil
+		case <-t.C:
+		}
+		if !time.Now().Before(deadline) { // the local clock: the watch never reaches the next occurrence
+			return false, nil
+		}
+		if elected, err := s.guard.TryRun(ctx, j.key, fn); elected || err != nil {
+			return elected, err
+		}
+		t.Reset(every)
+	}
 }
 
 // elected is the occurrence under the job's lock: the window's check on the
 // database's clock, the job, and the hold until the window has passed. It
 // reports whether the job ran, and whether the occurrence was already over.
-func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time) (ran, late bool, err error) {
+// watching says the lock was won by watch, after a first try found it held:
+// within the window, the runner vanished.
+func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time, watching bool) (ran, late bool, err error) {
 	deadline := at.Add(s.window(j, at))
 	now, err := databaseNow(ctx, s.pool)
 	if err != nil {
 		return false, false, fmt.Errorf("relay: scheduler: read the database's clock: %w", err)
 	}
-	if !now.Before(deadline) {
+	switch {
+	case !now.Before(deadline) && watching:
+		return false, true, nil // the runner held the lock to the window's end: the usual case
+	case watching:
+		s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: the occurrence's runner vanished: the job's lock came free "+
+			"within the occurrence's window; running it again here",
+			slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("late", now.Sub(at)),
+			slog.Duration("window", deadline.Sub(at)),
+			slog.String("hint", "the replica that ran it lost the lock's session (pg_terminate_backend, a failover, "+
+				"its process killed) or stopped before the window's end, or another session held the key at the scheduled time "+
+				"and let it go; the job may have run in part, or whole"))
+	case !now.Before(deadline):
 		s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: occurrence skipped: started too late, past its window",
 			slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("late", now.Sub(at)),
 			slog.Duration("window", deadline.Sub(at)),
 			slog.String("hint", "another replica may have run it; raise SchedulerConfig.Tolerance if every replica is this late"))
 		return false, true, nil
 	}
-	err = s.call(ctx, j, at)
+	if err = s.runJob(ctx, j, at); errors.Is(err, ErrJobAbandoned) {
+		return true, false, err
+	}
 	s.hold(ctx, j, at, s.holdUntil(ctx, j, at, deadline))
 	return true, false, err
+}
+
+// runJob calls the job on a goroutine of its own, so that a job that ignores its
+// ctx cannot hold the occurrence, its lock and Stop forever: once ctx has
+// ended, the job has jobGrace to return; then run logs it, leaves the
+// goroutine to it and returns ErrJobAbandoned, on which the guard releases the
+// lock without waiting for the job. Until the abandoned job returns, this
+// process starts none of its occurrences (it still runs).
+func (s *Scheduler) runJob(ctx context.Context, j *scheduledJob, at time.Time) error {
+	const (
+		running = iota
+		returned
+		abandoned
+	)
+	var state atomic.Int32
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		err := s.call(ctx, j, at)
+		if !state.CompareAndSwap(running, returned) {
+			j.running.Store(false)
+			s.logger.LogAttrs(context.WithoutCancel(ctx), slog.LevelWarn, "relay: scheduler: an abandoned job returned at last",
+				slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("running_for", time.Since(start)),
+				slog.Any("error", err))
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	grace := time.NewTimer(jobGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-grace.C:
+	}
+	if !state.CompareAndSwap(running, abandoned) {
+		return <-done // it returned just now
+	}
+	hint := "the job's lock is released by closing its session; another replica may run its next occurrence while it still runs here"
+	if s.foreignGuard {
+		hint = "SchedulerConfig.Guard is the adopter's own: it got ErrJobAbandoned and should end the lock's session; the scheduler cannot force it"
+	}
+	s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: the job did not return after its context ended; abandoned",
+		slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("running_for", time.Since(start)),
+		slog.String("cause", context.Cause(ctx).Error()), slog.String("hint", hint))
+	return fmt.Errorf("%w: key %q, scheduled at %s", ErrJobAbandoned, j.key, at.Format(time.RFC3339))
 }
 
 // holdUntil is how long the lock is held after a run of occurrence at:
@@ -476,7 +710,7 @@ func (s *Scheduler) hold(ctx context.Context, j *scheduledJob, at, deadline time
 			t.Stop()
 			if cause := context.Cause(ctx); errors.Is(cause, ErrElectionLost) {
 				s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: the election was lost within the occurrence's window; "+
-					"a late replica may run it again", slog.String("key", j.key), slog.Time("scheduled_at", at))
+					"another replica runs it again if it notices within the window", slog.String("key", j.key), slog.Time("scheduled_at", at))
 			}
 			return
 		}

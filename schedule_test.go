@@ -137,6 +137,33 @@ func (g *lateGuard) TryRun(ctx context.Context, key string, fn func(ctx context.
 	return g.Guard.TryRun(ctx, key, fn)
 }
 
+// stubbornGuard is an adopter's guard that, whatever fn returns, keeps the
+// lock until release is closed.
+type stubbornGuard struct {
+	relay.Guard
+	release <-chan struct{}
+
+	mu  sync.Mutex
+	err error
+}
+
+func (g *stubbornGuard) TryRun(ctx context.Context, key string, fn func(ctx context.Context) error) (bool, error) {
+	return g.Guard.TryRun(ctx, key, func(ctx context.Context) error {
+		err := fn(ctx)
+		g.mu.Lock()
+		g.err = err
+		g.mu.Unlock()
+		<-g.release
+		return nil
+	})
+}
+
+func (g *stubbornGuard) fnErr() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
 // countingGuard counts the tries that found the lock held elsewhere.
 type countingGuard struct {
 	relay.Guard
@@ -394,6 +421,92 @@ func TestSchedulerStop(t *testing.T) {
 		require.True(t, lockFree(t, app))
 	})
 
+	// Issue 22: a job that ignores its context held Stop, the process and
+	// the job's lock forever.
+	t.Run("AbandonsAJobThatIgnoresItsContext", func(t *testing.T) {
+		t.Parallel()
+		app := pgserver.Name(t)
+		key := app + relay.LockKeySuffix
+		var logs logBuffer
+		pool := newPool(t, 3)
+		entered, release := make(chan struct{}), make(chan struct{})
+		t.Cleanup(func() { close(release) }) // before the pool's Close, which waits for the job's connections
+		var calls atomic.Int32
+		s := newScheduler(t, pool, relay.SchedulerConfig{Logger: logs.Logger()})
+		require.NoError(t, s.Add(key, "@every 1s", func(context.Context) error {
+			if calls.Add(1) == 1 {
+				close(entered)
+			}
+			<-release // ignores its ctx
+			return nil
+		}))
+		require.NoError(t, s.Start(ctx))
+		<-entered
+		require.False(t, lockFree(t, app), "the runner holds the job's lock")
+
+		const deadline = 300 * time.Millisecond
+		stopCtx, cancel := context.WithTimeout(ctx, deadline)
+		defer cancel()
+		start := time.Now()
+		stopped := make(chan error, 1)
+		go func() { stopped <- s.Stop(stopCtx) }()
+		var err error
+		select {
+		case err = <-stopped:
+		case <-time.After(deadline + 30*time.Second):
+			t.Fatal("Stop did not return: the job that ignores its context holds it")
+		}
+		elapsed := time.Since(start)
+		t.Logf("Stop with a %s deadline returned after %s", deadline, elapsed)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorContains(t, err, "abandoned the jobs")
+		require.ErrorContains(t, err, key)
+		require.Less(t, elapsed, deadline+5*time.Second, "Stop is bounded by its ctx, plus the grace and the lock's release")
+		require.True(t, lockFree(t, app), "another replica can take the job's lock at once")
+		require.Len(t, logs.Lines("level=ERROR", "abandoned", "key="+key, "scheduled_at=", "running_for="), 1, logs.String())
+		require.EqualValues(t, 1, calls.Load())
+	})
+
+	t.Run("AForeignGuardIsNotForced", func(t *testing.T) {
+		t.Parallel()
+		app := pgserver.Name(t)
+		key := app + relay.LockKeySuffix
+		pool := newPool(t, 3)
+		var logs logBuffer
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		t.Cleanup(func() { once.Do(func() { close(release) }) })
+		g := &stubbornGuard{Guard: relay.NewPostgresGuard(pool), release: release}
+		s := newScheduler(t, pool, relay.SchedulerConfig{Logger: logs.Logger(), Guard: g})
+		var calls atomic.Int32
+		require.NoError(t, s.Add(key, "@every 1s", func(context.Context) error {
+			if calls.Add(1) == 1 {
+				close(entered)
+			}
+			<-release
+			return nil
+		}))
+		require.NoError(t, s.Start(ctx))
+		<-entered
+		stopCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		stopped := make(chan error, 1)
+		go func() { stopped <- s.Stop(stopCtx) }()
+		var err error
+		select {
+		case err = <-stopped:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Stop did not return: the foreign guard holds it")
+		}
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorContains(t, err, "a foreign Guard cannot be forced")
+		require.ErrorIs(t, g.fnErr(), relay.ErrJobAbandoned, "the guard is told")
+		require.NotEmpty(t, logs.Lines("level=ERROR", "their locks may still be held", key), logs.String())
+		require.False(t, lockFree(t, app), "what Stop says is true: the guard that ignored ErrJobAbandoned still holds the lock")
+		once.Do(func() { close(release) })
+		require.Eventually(t, func() bool { return lockFree(t, app) }, time.Minute, 10*time.Millisecond)
+	})
+
 	t.Run("CancellingStartsContextStopsIt", func(t *testing.T) {
 		t.Parallel()
 		var calls atomic.Int32
@@ -566,4 +679,89 @@ func latencies(d []time.Duration) string {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))].Round(time.Microsecond) }
 	return fmt.Sprintf("p50 %s, p99 %s, max %s", q(0.50), q(0.99), s[len(s)-1].Round(time.Microsecond))
+}
+
+// TestSchedulerRunnerVanishes kills the lock's session of the replica running
+// an occurrence, mid-run, with pg_terminate_backend (issue 22): of the two
+// other replicas watching the lock, one notices within the occurrence's
+// window, says so, and runs it again, exactly once more.
+func TestSchedulerRunnerVanishes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	key := pgserver.Name(t) + relay.LockKeySuffix
+	var logs logBuffer
+	type run struct {
+		replica int
+		at      time.Time
+	}
+	var mu sync.Mutex
+	var runs []run
+	runsOf := func(at time.Time) (n int, later bool, replicas []int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range runs {
+			if r.at.Equal(at) {
+				n++
+				replicas = append(replicas, r.replica)
+			}
+			later = later || r.at.After(at)
+		}
+		return n, later, replicas
+	}
+	type first struct {
+		replica int
+		at      time.Time
+	}
+	firsts := make(chan first, 1)
+	var calls atomic.Int32
+	guards := make([]*countingGuard, 3)
+	for i := range 3 {
+		pool := newPool(t, 3)
+		guards[i] = &countingGuard{Guard: relay.NewPostgresGuard(pool)}
+		s := newScheduler(t, pool, relay.SchedulerConfig{Tolerance: 5 * time.Second, Logger: logs.Logger(), Guard: guards[i]})
+		require.NoError(t, s.Add(key, "@every 10s", func(ctx context.Context) error {
+			at, _ := relay.ScheduledAt(ctx)
+			mu.Lock()
+			runs = append(runs, run{i, at})
+			mu.Unlock()
+			if calls.Add(1) == 1 {
+				firsts <- first{i, at}
+				<-ctx.Done() // until its lock's session is killed
+				return context.Cause(ctx)
+			}
+			return nil
+		}))
+		require.NoError(t, s.Start(ctx))
+		t.Cleanup(func() { require.NoError(t, s.Stop(ctx)) })
+	}
+	f := <-firsts
+	at := f.at
+	// The others have tried and found the lock held: they watch it now (a
+	// replica whose timer fired after the kill would simply win, unaware).
+	require.Eventually(t, func() bool {
+		for i, g := range guards {
+			if i != f.replica && g.coalesced.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 5*time.Millisecond)
+
+	admin, err := pgx.Connect(ctx, server().URL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var terminated bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid AND objid = (hashtext($1)::bigint & 4294967295)::oid`, key).Scan(&terminated))
+	require.True(t, terminated, "the runner's lock session is terminated")
+
+	require.Eventually(t, func() bool { n, _, _ := runsOf(at); return n >= 2 }, 30*time.Second, 10*time.Millisecond,
+		"another replica runs the occurrence again")
+	require.Eventually(t, func() bool { _, later, _ := runsOf(at); return later }, time.Minute, 10*time.Millisecond,
+		"the next occurrence runs: the watches of the first are over")
+	n, _, replicas := runsOf(at)
+	require.Equal(t, 2, n, "exactly once more")
+	require.NotEqual(t, replicas[0], replicas[1], "on another replica")
+	require.Len(t, logs.Lines("level=WARN", "the occurrence's runner vanished", "key="+key), 1, logs.String())
 }

@@ -39,6 +39,11 @@ type Message struct {
 	Attempts  int       // failed attempts before this one
 	CreatedAt time.Time // when the row was written
 
+	// Headers are the message's headers (see [HeadersMax]), as its producer
+	// wrote them; nil when it has none, or the table has no headers column.
+	// A Sender must not modify the map: copy it to add to it.
+	Headers map[string]string
+
 	// source names the table the row came from, schema-qualified
 	// ("public.mensagem_m2m"); set by the relay, empty in a Message built by hand.
 	source string

@@ -154,7 +154,7 @@ func TestSQLFiles(t *testing.T) {
 func sqlVariants() []sqlData {
 	var ds []sqlData
 	for i := range 16 {
-		ds = append(ds, sqlData{Table: `"s"."t"`, Backoff: i&1 != 0, Async: i&2 != 0, Partitioned: i&4 != 0, Wake: i&8 != 0,
+		ds = append(ds, sqlData{Table: `"s"."t"`, Backoff: i&1 != 0, Async: i&2 != 0, Partitioned: i&4 != 0, Wake: i&8 != 0, Headers: i&8 != 0,
 			Alias: "m", Attempts: "true", Lock: "f", Unlock: "f", Function: `"f"`, Channel: `'c'`, Since: "s", InlinePayloadMax: 1})
 	}
 	return ds
@@ -175,7 +175,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 			}
 		}
 	}
-	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL,
+	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL, sessionLocksHeldSQL,
 		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
 		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, replicasSQL, tableIndexesSQL)
 	pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
@@ -186,7 +186,9 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		require.NoError(t, CreateTable(ctx, q, table))
 		require.NoError(t, CreateWakeTrigger(ctx, q, table))
 		for _, channel := range []string{"", wakeChannel(id)} {
-			_, _ = enqueue(ctx, q, id, Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`)}, channel, false)
+			for _, headers := range []map[string]string{nil, {"traceparent": "t"}} {
+				_, _, _ = enqueue(ctx, q, id, Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`), Headers: headers}, channel, false)
+			}
 		}
 		for _, backoff := range []time.Duration{0, time.Second} {
 			for _, async := range []bool{false, true} {
@@ -194,7 +196,9 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 				require.NoError(t, err)
 				texts(r)
 				for _, parts := range [][]int{nil, {1}} {
-					_, _ = r.fetch(ctx, q, fetchArgs{maxAttempts: 3, types: []string{"t"}, limit: 10, maxBytes: 100, partitions: 2, parts: parts, preflight: true})
+					for _, headers := range []bool{false, true} {
+						_, _ = r.fetch(ctx, q, fetchArgs{maxAttempts: 3, types: []string{"t"}, limit: 10, maxBytes: 100, partitions: 2, parts: parts, preflight: true, headers: headers})
+					}
 				}
 				_ = r.loadLarge(ctx, q, &fetched{rows: []row{{Message: Message{ID: 1}, large: true}}}, 100)
 				sent := delivery{m: &row{Message: Message{ID: 1}, status: pending, attempts: zero}, out: outcomeSent}
@@ -220,26 +224,31 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		_, _ = a.cutoff(ctx, q, time.Hour)
 		_, _ = a.purgeChunk(ctx, q, cut, 10, nil)
 		_, _ = tableIndexesStatement(ctx, q, table)
-		_, _ = a.countSentBefore(ctx, q, cut)
-		_, _ = a.countSentRows(ctx, q, cut)
+		_, _ = a.estimatePurge(ctx, q, cut, nil)
+		_, _ = a.purgeCounts(ctx, q, cut, 0, nil)
+		_, _ = a.purgeCounts(ctx, q, cut, 50_000, []string{"t"})
+		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute)
+		_, _ = a.historyBack(ctx, q, 1, 100, cut, 3)
+		_ = q.SendBatch(ctx, a.historyBatch(1, 0, time.Minute, 60, 3, cut))
 		_, _ = a.liveGroups(ctx, q, 3)
 		_, _ = a.sentByType(ctx, q)
 		_, _ = a.server(ctx, q)
 		_, _ = a.sampleSent(ctx, q, 10)
 		_, _ = a.estimate(ctx, q, a.estimateSentSQL)
-		_, _ = a.estimate(ctx, q, a.estimatePurgeSQL, cut)
 		_, _ = a.lockHolders(ctx, q, []string{"app"})
 	}
 	for _, stmt := range []string{lockSQL, lockSharedSQL} {
-		_, _, _ = lockStatement(ctx, q, stmt, "app")
+		_, _, _ = lockStatement(ctx, q, stmt, "app", 7)
 	}
 	for _, stmt := range []string{unlockSQL, unlockSharedSQL} {
-		_, _, _ = unlockStatement(ctx, q, stmt, "app", nil)
+		_, _, _, _ = unlockStatement(ctx, q, stmt, "app", nil, 7)
 	}
-	_, _ = rebalanceStatement(ctx, q, "app", 4, 1)
-	_, _ = releasePartitionsStatement(ctx, q, "app", 4, []int{1}, true)
-	_, _ = markStatement(ctx, q, "app", 4)
+	_ = letGoStatement(ctx, q, "app", 7)
+	_, _ = rebalanceStatement(ctx, q, "app", 4, 1, 7)
+	_, _ = releasePartitionsStatement(ctx, q, "app", 4, []int{1}, true, 7)
+	_, _ = markStatement(ctx, q, "app", 4, 7)
 	_, _ = databaseNow(ctx, q)
+	_, _ = sessionLocksHeld(ctx, q, 1)
 	_ = wakeProbe(ctx, q, "c", "p")
 	p := newPresence(DefaultConfig(), []string{"t"})
 	_, _, _ = presenceTakeStatement(ctx, q, "", p.args, presenceLease)

@@ -20,6 +20,7 @@ var (
 	lockSharedSQL   = statements.positional("lock", sqlData{Lock: "pg_try_advisory_lock_shared"})
 	unlockSQL       = statements.positional("unlock", sqlData{Unlock: "pg_advisory_unlock"})
 	unlockSharedSQL = statements.positional("unlock", sqlData{Unlock: "pg_advisory_unlock_shared"})
+	letGoSQL        = statements.positional("letGo", sqlData{})
 )
 
 // heartbeatSQL is the heartbeat of an election won at since, built once per
@@ -29,24 +30,43 @@ func heartbeatSQL(since time.Time) string {
 }
 
 // lockStatement tries the lock of key with stmt (lockSQL, or lockSharedSQL)
-// on db, the session that is to hold it, with the lease's settings.
-func lockStatement(ctx context.Context, db querier, stmt, key string) (locked *bool, sess session, err error) {
+// on db, the session that is to hold it, backend pid, with the lease's
+// settings. sess.pid is the backend that answered: on any other than pid it
+// tried nothing.
+func lockStatement(ctx context.Context, db querier, stmt, key string, pid uint32) (locked *bool, sess session, err error) {
 	var ignored [2]*string
 	err = db.QueryRow(ctx, stmt, key,
 		strconv.Itoa(int(guardLease/time.Millisecond)),
 		strconv.Itoa(int(guardKeepaliveIdle/time.Second)), strconv.Itoa(int(guardKeepaliveInterval/time.Second)),
-		strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)),
+		strconv.Itoa(guardKeepaliveCount), strconv.Itoa(int(guardLease/time.Millisecond)), pid,
 	).Scan(&locked, &sess.pid, &sess.readOnly, &sess.idle, &ignored[0], &ignored[1])
 	return locked, sess, err
 }
 
 // unlockStatement releases the lock of key with stmt (unlockSQL, or
-// unlockSharedSQL) and restores the session's idle_session_timeout idle; pid
-// is the backend that answered.
-func unlockStatement(ctx context.Context, db querier, stmt, key string, idle *string) (unlocked bool, pid uint32, err error) {
+// unlockSharedSQL) on backend pid and restores the session's
+// idle_session_timeout idle; answered is the backend that answered (on
+// another than pid it released nothing, and ended pid if it held a lock of
+// the election: letGo). unlocked is nil when it released nothing.
+func unlockStatement(ctx context.Context, db querier, stmt, key string, idle *string, pid uint32) (unlocked *bool, answered uint32, letGo bool, err error) {
 	var ignored *string
-	err = db.QueryRow(ctx, stmt, key, idle).Scan(&unlocked, &pid, &ignored)
-	return unlocked, pid, err
+	var ended *bool
+	err = db.QueryRow(ctx, stmt, key, idle, pid).Scan(&unlocked, &answered, &ignored, &ended)
+	return unlocked, answered, ended != nil && *ended, err
+}
+
+// letGoStatement runs letGoSQL on db for the election key's session, backend pid.
+func letGoStatement(ctx context.Context, db execer, key string, pid uint32) error {
+	_, err := db.Exec(ctx, letGoSQL, key, pid)
+	return err
+}
+
+var sessionLocksHeldSQL = statements.positional("sessionLocksHeld", sqlData{})
+
+// sessionLocksHeld reports whether backend pid still holds advisory locks.
+func sessionLocksHeld(ctx context.Context, db querier, pid uint32) (held bool, err error) {
+	err = db.QueryRow(ctx, sessionLocksHeldSQL, int64(pid)).Scan(&held)
+	return held, err
 }
 
 // The partitioned election's statements.
@@ -69,18 +89,22 @@ type partitionState struct {
 
 // rebalanceStatement takes the configuration lock and runs rebalanceSQL, in
 // one round trip and one transaction.
-func rebalanceStatement(ctx context.Context, db querier, key string, n, start int) (partitionState, error) {
+func rebalanceStatement(ctx context.Context, db querier, key string, n, start int, pid uint32) (partitionState, error) {
 	var st partitionState
 	var foreign *int32
 	var held []int32
+	var ran uint32
 	b := &pgx.Batch{}
 	b.Queue(markReplica(partitionConfigSQL, replicaOf(ctx)), key)
-	b.Queue(markReplica(rebalanceSQL.sql, replicaOf(ctx)), rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start})...).
+	b.Queue(markReplica(rebalanceSQL.sql, replicaOf(ctx)), rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start, "pid": pid})...).
 		QueryRow(func(row pgx.Row) error {
-			return row.Scan(&st.members, &foreign, &st.waiter, &st.fewest, &held)
+			return row.Scan(&ran, &st.members, &foreign, &st.waiter, &st.fewest, &held)
 		})
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
 		return partitionState{}, err
+	}
+	if ran != pid {
+		return partitionState{}, sessionMoved("the rebalance", pid, ran)
 	}
 	if foreign != nil {
 		st.foreignN = int(*foreign)
@@ -93,17 +117,31 @@ func rebalanceStatement(ctx context.Context, db querier, key string, n, start in
 }
 
 // releasePartitionsStatement releases the partitions release of n, and the
-// member mark when leave.
-func releasePartitionsStatement(ctx context.Context, db querier, key string, n int, release []int, leave bool) (bool, error) {
-	var ok bool
+// member mark when leave, on backend pid.
+func releasePartitionsStatement(ctx context.Context, db querier, key string, n int, release []int, leave bool, pid uint32) (bool, error) {
+	var ok *bool
+	var ran uint32
 	err := db.QueryRow(ctx, releasePartitionsSQL.sql,
-		releasePartitionsSQL.args(map[string]any{"key": key, "n": n, "release": release, "leave": leave})...).Scan(&ok)
-	return ok, err
+		releasePartitionsSQL.args(map[string]any{"key": key, "n": n, "release": release, "leave": leave, "pid": pid})...).Scan(&ok, &ran)
+	switch {
+	case err != nil:
+		return false, err
+	case ran != pid:
+		return false, sessionMoved("the release of partitions", pid, ran)
+	}
+	return ok != nil && *ok, nil
 }
 
-// markStatement takes the member mark of n.
-func markStatement(ctx context.Context, db querier, key string, n int) (bool, error) {
-	var ok bool
-	err := db.QueryRow(ctx, markReplica(markSQL, replicaOf(ctx)), key, n).Scan(&ok)
-	return ok, err
+// markStatement takes the member mark of n on backend pid.
+func markStatement(ctx context.Context, db querier, key string, n int, pid uint32) (bool, error) {
+	var ok *bool
+	var ran uint32
+	err := db.QueryRow(ctx, markReplica(markSQL, replicaOf(ctx)), key, n, pid).Scan(&ok, &ran)
+	switch {
+	case err != nil:
+		return false, err
+	case ran != pid:
+		return false, sessionMoved("the member mark", pid, ran)
+	}
+	return ok != nil && *ok, nil
 }

@@ -71,6 +71,10 @@ type repository struct {
 	probeSQL     string
 	backoff      float64 // seconds; 0 = no backoff
 	backoffMax   float64
+
+	// fetchSQL and fetchPartSQL, with the optional headers column
+	fetchHeadersSQL, fetchPartHeadersSQL namedSQL
+	headersAddedSQL                      string
 }
 
 // preflightSQL is sent with the first select of a pass (sql/pass.sql).
@@ -90,6 +94,10 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 	part := d
 	part.Partitioned = true
 	r.fetchSQL, r.fetchPartSQL = statements.named("fetch", d), statements.named("fetch", part)
+	d.Headers, part.Headers = true, true
+	r.fetchHeadersSQL, r.fetchPartHeadersSQL = statements.named("fetch", d), statements.named("fetch", part)
+	d.Headers = false
+	r.headersAddedSQL = statements.positional("headersAdded", d)
 	r.pollSQL = statements.named("poll", d)
 	r.payloadSQL = statements.positional("payload", d)
 	r.probeSQL = statements.positional("probe", d)
@@ -111,6 +119,7 @@ type fetchArgs struct {
 	partitions  int    // Config.Partitions, when parts is set
 	parts       []int  // only rows of these partitions; nil: every row
 	preflight   bool   // the pass's first select: ask whether the server is writable
+	headers     bool   // the table has the headers column: read it
 	source      string // the schema-qualified table, for Message.IdempotencyKey
 }
 
@@ -118,8 +127,11 @@ type fetchArgs struct {
 type fetched struct {
 	rows     []row
 	full     bool      // the select filled its limit, or was cut short by the byte bound: more may wait
+	cut      bool      // the select was cut short by the byte bound (BatchBytes), before its limit
 	readOnly bool      // the server cannot record an outcome: send nothing (preflight only)
 	now      time.Time // the database's clock at the select (preflight only)
+
+	headersAdded bool // the table has the headers column, which the select did not read (preflight only)
 }
 
 // fetch selects one batch, outside any transaction, and loads its large
@@ -129,14 +141,22 @@ type fetched struct {
 func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetched, error) {
 	var f fetched
 	sql := r.fetchSQL
-	if a.parts != nil {
+	switch {
+	case a.parts != nil && a.headers:
+		sql = r.fetchPartHeadersSQL
+	case a.parts != nil:
 		sql = r.fetchPartSQL
+	case a.headers:
+		sql = r.fetchHeadersSQL
 	}
 	args := sql.args(map[string]any{"max": a.maxAttempts, "types": a.types, "limit": a.limit, "after": a.after,
 		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts})
 	b := &pgx.Batch{}
 	if a.preflight {
 		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.readOnly, &f.now) })
+		if !a.headers {
+			b.Queue(r.headersAddedSQL, r.name).QueryRow(func(row pgx.Row) error { return row.Scan(&f.headersAdded) })
+		}
 	}
 	b.Queue(sql.sql, args...).Query(func(rows pgx.Rows) error {
 		f.rows = make([]row, 0, min(a.limit, 1024))
@@ -149,8 +169,13 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 				created pgtype.Timestamptz
 				stored  pgtype.Int4
 				payload []byte
+				headers []byte
 			)
-			if err := rows.Scan(&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload); err != nil {
+			dest := []any{&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload}
+			if a.headers {
+				dest = append(dest, &headers)
+			}
+			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
 			m.Type, m.source, m.Key = typ, a.source, key.String
@@ -158,9 +183,13 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
 				m.CreatedAt = created.Time
 			}
+			var headersErr error
+			m.Headers, headersErr = decodeHeaders(headers)
 			switch {
 			case !key.Valid:
 				m.bad = "natural_key is NULL: a message needs its natural key"
+			case headersErr != nil:
+				m.bad = headersErr.Error()
 			case !stored.Valid:
 				m.bad = "payload is NULL"
 			case payload == nil:
@@ -174,7 +203,7 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			if m.bad == "" && !m.large {
 				if budget -= m.size; budget < 0 && len(f.rows) > 0 {
 					// Read no further: this row and the rest wait for the next batch.
-					f.full = true
+					f.full, f.cut = true, true
 					break
 				}
 			}
@@ -191,28 +220,32 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 
 // loadLarge loads the payloads the select left out, in id order, while the
 // batch's payloads stay within maxBytes; it cuts the batch before the first
-// row that would exceed it.
+// row that would exceed it, without reading that row's payload.
 func (r *repository) loadLarge(ctx context.Context, db querier, f *fetched, maxBytes int) error {
 	held := 0
 	kept := f.rows[:0]
 	for i := range f.rows {
 		m := f.rows[i]
 		if m.large {
-			var n *int32
-			var payload []byte
-			err := db.QueryRow(ctx, r.payloadSQL, m.ID, maxBytes).Scan(&n, &payload)
+			room := maxBytes // the first row may take the whole budget
+			if len(kept) > 0 {
+				room = maxBytes - held
+			}
+			n, payload, found, err := r.loadPayload(ctx, db, m.ID, room)
 			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				continue // deleted since the select: nothing to deliver
 			case err != nil:
 				return err
+			case !found:
+				continue // deleted since the select: nothing to deliver
 			case n == nil:
 				m.bad = "payload is NULL"
-			case payload == nil:
+			case int(*n) > maxBytes:
 				m.bad = tooLarge(int(*n), maxBytes)
-			case held+len(payload) > maxBytes && len(kept) > 0:
-				f.rows, f.full = kept, true // this row and the rest wait for the next batch
+			case payload == nil && int(*n) > room:
+				f.rows, f.full, f.cut = kept, true, true // this row and the rest wait for the next batch
 				return nil
+			case payload == nil:
+				m.Payload, m.size = []byte{}, 0
 			default:
 				m.Payload, m.size = payload, len(payload)
 			}
@@ -222,6 +255,64 @@ func (r *repository) loadLarge(ctx context.Context, db querier, f *fetched, maxB
 		kept = append(kept, m)
 	}
 	f.rows = kept
+	return nil
+}
+
+// payloadChunkBytes is how much of a large payload one row of payloadSQL
+// carries: what pgx buffers beside the payload it assembles.
+const payloadChunkBytes = 1 << 20
+
+// loadPayload reads the payload of row id, in chunks, if it is at most room
+// bytes: n is its size (nil: NULL), payload is nil when it is larger than room
+// (or NULL), found is false when the row is gone.
+func (r *repository) loadPayload(ctx context.Context, db querier, id int64, room int) (n *int32, payload []byte, found bool, err error) {
+	rows, err := db.Query(ctx, r.payloadSQL, id, room, payloadChunkBytes)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	defer rows.Close()
+	var at int64
+	dst := payloadChunk{n: &n, at: &at, buf: &payload}
+	for rows.Next() {
+		found = true
+		if err := rows.Scan(&n, &at, &dst); err != nil {
+			return nil, nil, false, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, false, err
+	}
+	if payload != nil && dst.filled != len(payload) {
+		return nil, nil, false, fmt.Errorf("payload of row %d: %d of %d bytes came back", id, dst.filled, len(payload))
+	}
+	return n, payload, found, nil
+}
+
+// payloadChunk assembles a payload from payloadSQL's chunks, straight from
+// pgx's buffer into one allocation of the payload's size (pgtype.BytesScanner).
+// n and at are the row's columns scanned before it.
+type payloadChunk struct {
+	n      **int32
+	at     *int64
+	buf    *[]byte
+	filled int
+}
+
+func (c *payloadChunk) ScanBytes(v []byte) error {
+	if v == nil {
+		return nil // too large for the room, or NULL: only the size came
+	}
+	if *c.buf == nil {
+		if *c.n == nil {
+			return errors.New("a payload chunk without its size")
+		}
+		*c.buf = make([]byte, **c.n)
+	}
+	off := *c.at - 1
+	if off < 0 || off+int64(len(v)) > int64(len(*c.buf)) {
+		return fmt.Errorf("a payload chunk of %d bytes at %d does not fit its %d bytes", len(v), off, len(*c.buf))
+	}
+	c.filled += copy((*c.buf)[off:], v)
 	return nil
 }
 
@@ -244,6 +335,7 @@ func (r *repository) poll(ctx context.Context, db querier, mark string, maxAttem
 type tableInfo struct {
 	qualified string // "schema.table", as Message.IdempotencyKey names it
 	errWidth  int    // characters last_error holds; 0: as many as lastErrorMax
+	headers   bool   // it has the optional headers column (a JVM-made table has not)
 }
 
 // requiredColumns are the columns the pass reads and writes.
@@ -273,5 +365,5 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 		return tableInfo{}, fmt.Errorf("table %s.%s lacks the column(s) %s that the relay reads and writes (see relay.SchemaSQL)",
 			schema, name, strings.Join(missing, ", "))
 	}
-	return tableInfo{qualified: schema + "." + name, errWidth: int(width)}, nil
+	return tableInfo{qualified: schema + "." + name, errWidth: int(width), headers: slices.Contains(columns, headersColumn)}, nil
 }

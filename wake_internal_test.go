@@ -7,16 +7,42 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestWakeWindow: without the token, a producer process notifies a type and
-// table at most once per wakeUpWindow.
+// TestWakeWindow: a producer process whose Enqueues of a type and table come
+// densely tries to wake the relays at most once per wakeUpWindow, a sparse one
+// on every Enqueue, and an attempt notifies without the token when the process
+// has not notified for wakeForceAfter.
 func TestWakeWindow(t *testing.T) {
 	t.Parallel()
 	ch := "relay:" + t.Name()
 	ms := int64(time.Millisecond)
-	w := int64(wakeUpWindow)
-	require.True(t, wakeDueAt(ch, "t", 1*ms), "the first is due")
-	require.False(t, wakeDueAt(ch, "t", 1*ms+w-1), "within the window")
-	require.True(t, wakeDueAt(ch, "u", 1*ms+1), "another type has its own window")
-	require.True(t, wakeDueAt(ch, "t", 1*ms+w), "the window has passed")
-	require.False(t, wakeDueAt(ch, "t", 1*ms+w+1))
+	w, gap, force := wakeUpWindow.Load(), wakeDenseGap.Load(), wakeForceAfter.Load()
+	require.Less(t, gap, w)
+	attempt := func(typ string, now int64) (bool, bool) {
+		st, f := wakeAttemptAt(ch, typ, now)
+		return st != nil, f
+	}
+	a, f := attempt("t", 1*ms)
+	require.True(t, a, "the first tries")
+	require.True(t, f, "and notifies, token or not: nothing was notified yet")
+	a, _ = attempt("t", 1*ms+gap-1)
+	require.False(t, a, "dense, within the window")
+	a, _ = attempt("u", 1*ms+1)
+	require.True(t, a, "another type has its own window")
+	a, _ = attempt("t", 1*ms+2*gap)
+	require.True(t, a, "sparse: tries, window or not")
+
+	st, _ := wakeAttemptAt(ch, "v", 1*ms)
+	st.notified.Store(1 * ms)
+	now := 1 * ms
+	for now+gap/2 < 1*ms+w { // dense Enqueues through the window
+		now += gap / 2
+		a, _ = attempt("v", now)
+		require.False(t, a, "dense, within the window")
+	}
+	a, f = attempt("v", now+gap/2)
+	require.True(t, a, "dense, the window has passed")
+	require.False(t, f, "notified within wakeForceAfter: only with the token")
+	a, f = attempt("v", 1*ms+force+gap)
+	require.True(t, a)
+	require.True(t, f, "no NOTIFY for wakeForceAfter: notifies without the token")
 }

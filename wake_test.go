@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -92,10 +93,10 @@ func TestEnqueueNotifies(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "loud", n.Payload, "notifications arrive in commit order: the quiet one sent none")
 
-	// Concurrent transactions: only the one holding the wake-up token
-	// notifies (the producer's own window, which would let another through
-	// after 10ms, is stretched to an hour here).
-	t.Cleanup(relay.SetWakeUpWindowForTest(time.Hour))
+	// Concurrent transactions, each trying to wake the relays (the window
+	// is 0, every Enqueue dense): only the one holding the wake-up token notifies (the producer
+	// notifying without it after wakeForceAfter is stretched to an hour here).
+	t.Cleanup(relay.SetWakeUpForTest(0, time.Hour, time.Hour))
 	enqueueIn := func(tx pgx.Tx, key string) {
 		t.Helper()
 		_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: key, Payload: []byte(`{}`)}) // a key each: no order lock between them
@@ -122,6 +123,27 @@ func TestEnqueueNotifies(t *testing.T) {
 		got++
 	}
 	require.Equal(t, 1, got, "the token holder's; the other sent none")
+
+	// One process's dense Enqueues within its window: the first carries
+	// the wake-up, the others neither try the token nor notify.
+	restore := relay.SetWakeUpForTest(time.Hour, time.Hour, time.Hour)
+	defer restore()
+	for i := range 20 {
+		_, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "burst", Key: fmt.Sprint("k", i), Payload: []byte(`{}`)})
+		require.NoError(t, err)
+	}
+	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", "relay:"+b.table)
+	require.NoError(t, err)
+	var burst []string
+	for {
+		n, err := listener.WaitForNotification(ctx)
+		require.NoError(t, err)
+		if n.Payload == "sentinel" {
+			break
+		}
+		burst = append(burst, n.Payload)
+	}
+	require.Equal(t, []string{"burst"}, burst, "one wake-up per window")
 }
 
 // TestWakeTriggerOneNotifierAtATime: of two transactions inserting at once,

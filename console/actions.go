@@ -4,13 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/diagnose"
 )
 
 // action checks that r may act and returns its source; otherwise it answers
@@ -42,36 +46,121 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request, name string) (i
 	return i, s
 }
 
-// requeue re-queues one dead row (id), a type's (type) or all (all=1).
+// badRequest answers a request whose input makes no sense: 400, a page that
+// says which value and why, and no ERROR log (nothing failed on our side).
+func (c *Console) badRequest(w http.ResponseWriter, r *http.Request, msg string) {
+	c.errorPage(w, r, http.StatusBadRequest, msg, viewerOf(r.Context()).who)
+}
+
+// checkText says what is wrong with v as a value PostgreSQL stores (a type),
+// or "": a NUL byte or invalid UTF-8 would fail the statement, blank names
+// nothing.
+func checkText(v string) string {
+	switch {
+	case !utf8.ValidString(v):
+		return "is not valid UTF-8"
+	case strings.ContainsRune(v, 0):
+		return "contains a NUL byte"
+	case strings.TrimSpace(v) == "":
+		return "is blank"
+	}
+	return ""
+}
+
+// confirmed says the form is the second POST of a confirmation: the first
+// shows what would change, the second (confirm=1) acts.
+func confirmed(r *http.Request) bool { return r.PostFormValue("confirm") == "1" }
+
+// confirmView is the page between the first POST of an action and its second.
+type confirmView struct {
+	Index  int
+	App    string
+	Table  string
+	Action string // "requeue" or "purge": the form's action
+	Title  string
+	Lead   string
+	Types  []relay.TypeCount
+	Rows   int64
+	Exact  bool
+	Note   string
+	Button string
+	Fields [][2]string // the hidden fields the second POST repeats, with confirm=1
+	start  time.Time   // when the count began, for the page's footer
+}
+
+func (c *Console) confirm(w http.ResponseWriter, r *http.Request, i int, s *source, v confirmView) {
+	v.Index, v.App, v.Table = i, s.Admin.AppName(), s.Admin.Table()
+	p := c.newPage(r, v.Title+" · "+s.Admin.AppName(), i)
+	p.Took, p.Content = time.Since(v.start), v
+	c.render(w, r, http.StatusOK, "confirm", p)
+}
+
+// requeue re-queues one dead row (id), a type's (type) or all (all=1, after
+// a confirmation).
 func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 	i, s := c.action(w, r, "requeue")
 	if s == nil {
 		return
 	}
 	v := viewerOf(r.Context())
-	id, typ, all := strings.TrimSpace(r.PostFormValue("id")), r.PostFormValue("type"), r.PostFormValue("all") == "1"
+	id, typ, all := strings.TrimSpace(r.PostFormValue("id")), r.PostFormValue("type"), r.PostFormValue("all")
+	_, hasType := r.PostForm["type"]
+	if all != "" && all != "1" {
+		c.badRequest(w, r, fmt.Sprintf("all=%q: re-queue all takes all=1.", cut(all)))
+		return
+	}
 	var (
 		n     int64
 		err   error
 		scope []slog.Attr
 	)
 	switch {
-	case id != "" && typ == "" && !all:
+	case id != "" && !hasType && all == "":
 		rowID, perr := strconv.ParseInt(id, 10, 64)
 		if perr != nil || rowID < 1 {
-			c.errorPage(w, r, http.StatusBadRequest, fmt.Sprintf("id=%q is not a row id.", id), v.who)
+			c.badRequest(w, r, fmt.Sprintf("id=%q is not a row id (a positive integer).", cut(id)))
 			return
 		}
 		n, err = s.Admin.RequeueIDs(r.Context(), rowID)
 		scope = []slog.Attr{slog.Int64("id", rowID)}
-	case typ != "" && id == "" && !all:
+	case hasType && id == "" && all == "":
+		if msg := checkText(typ); msg != "" {
+			c.badRequest(w, r, fmt.Sprintf("type=%q %s: give a message type.", cut(typ), msg))
+			return
+		}
 		n, err = s.Admin.RequeueType(r.Context(), typ)
 		scope = []slog.Attr{slog.String("type", typ)}
-	case all && id == "" && typ == "":
+	case all == "1" && id == "" && !hasType:
+		if !confirmed(r) {
+			start := time.Now()
+			sc, err := s.Admin.Scope(r.Context())
+			if err != nil {
+				c.dbError(w, r, err)
+				return
+			}
+			o, err := s.Admin.Overview(r.Context())
+			if err != nil {
+				c.dbError(w, r, err)
+				return
+			}
+			cv := confirmView{Action: "requeue", Title: "Re-queue all dead rows", Exact: true,
+				Button: "Re-queue them", Fields: [][2]string{{"all", "1"}}, start: start}
+			for _, t := range o.Types {
+				if t.Dead > 0 && (sc.All || slices.Contains(sc.Types, t.Type)) {
+					cv.Types = append(cv.Types, relay.TypeCount{Type: t.Type, Rows: t.Dead})
+					cv.Rows += t.Dead
+				}
+			}
+			cv.Lead = fmt.Sprintf("Re-queue %s dead row(s) of %s, of %s: status PENDING, attempts 0; the next pass delivers them.",
+				diagnose.Count(cv.Rows), s.Admin.Table(), sc)
+			cv.Note = "Counted now; rows that die before you confirm are re-queued too. A re-queued row arrives after any later message of its key that was delivered while it was dead."
+			c.confirm(w, r, i, s, cv)
+			return
+		}
 		n, err = s.Admin.RequeueAll(r.Context())
 		scope = []slog.Attr{slog.Bool("all", true)}
 	default:
-		c.errorPage(w, r, http.StatusBadRequest, "Re-queue takes one of id, type or all.", v.who)
+		c.badRequest(w, r, "Re-queue takes one of id, type or all.")
 		return
 	}
 	if err != nil {
@@ -86,27 +175,80 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 	if r.PostFormValue("back") == "dead" {
 		back = "dead"
 	}
-	c.redirect(w, back, i, "requeued", n, r.PostFormValue("type_filter"))
+	filter := r.PostFormValue("type_filter")
+	if checkText(filter) != "" {
+		filter = ""
+	}
+	c.redirect(w, back, i, "requeued", n, filter)
 }
 
 // purgeUnits are the units of the purge form's age.
 var purgeUnits = map[string]time.Duration{"days": 24 * time.Hour, "hours": time.Hour, "minutes": time.Minute}
 
-// purge deletes the SENT rows delivered longer ago than age (in unit).
+// purgeAge reads the purge form's age and unit as a retention, or says what
+// is wrong with them: an age must be a finite number, 0 or more, and short
+// enough for a time.Duration (about 292 years).
+func purgeAge(r *http.Request) (time.Duration, string) {
+	raw, rawUnit := r.PostFormValue("age"), r.PostFormValue("unit")
+	unit, ok := purgeUnits[rawUnit]
+	if !ok {
+		return 0, fmt.Sprintf("unit=%q: the unit is days, hours or minutes.", cut(rawUnit))
+	}
+	age, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange), math.IsNaN(age):
+		return 0, fmt.Sprintf("age=%q is not a number: give an age of 0 or more %s.", cut(raw), rawUnit)
+	case age < 0:
+		return 0, fmt.Sprintf("age=%q is negative: give an age of 0 or more %s.", cut(raw), rawUnit)
+	case age*float64(unit) >= math.MaxInt64:
+		return 0, fmt.Sprintf("age=%q %s is too long: at most %d %s.", cut(raw), rawUnit, int64(math.MaxInt64/unit), rawUnit)
+	}
+	return time.Duration(age * float64(unit)), ""
+}
+
+// purge deletes the SENT rows delivered longer ago than age (in unit), after
+// a confirmation that says how many of which types.
 func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	i, s := c.action(w, r, "purge")
 	if s == nil {
 		return
 	}
 	v := viewerOf(r.Context())
-	age, err := strconv.ParseFloat(strings.TrimSpace(r.PostFormValue("age")), 64)
-	unit, okUnit := purgeUnits[r.PostFormValue("unit")]
-	if err != nil || age < 0 || !okUnit {
-		c.errorPage(w, r, http.StatusBadRequest,
-			fmt.Sprintf("Purge needs an age of 0 or more and a unit (days, hours or minutes), got %q %q.", r.PostFormValue("age"), r.PostFormValue("unit")), v.who)
+	retention, msg := purgeAge(r)
+	if msg != "" {
+		c.badRequest(w, r, "Purge needs an age and a unit: "+msg)
 		return
 	}
-	retention := time.Duration(age * float64(unit))
+	if !confirmed(r) {
+		start := time.Now()
+		sc, err := s.Admin.Scope(r.Context())
+		if err != nil {
+			c.dbError(w, r, err)
+			return
+		}
+		est, err := s.Admin.EstimatePurge(r.Context(), retention)
+		if err != nil {
+			c.dbError(w, r, err)
+			return
+		}
+		about := ""
+		if !est.Exact {
+			about = "about "
+		}
+		cv := confirmView{Action: "purge", Title: "Purge delivered rows", Rows: est.Rows, Exact: est.Exact, Types: est.Types,
+			Button: "Purge them", Fields: [][2]string{{"age", r.PostFormValue("age")}, {"unit", r.PostFormValue("unit")}}, start: start}
+		cv.Lead = fmt.Sprintf("Delete %s%s SENT row(s) of %s, of %s, delivered before %s (more than %s %s ago), in chunks of %s.",
+			about, diagnose.Count(est.Rows), s.Admin.Table(), sc, est.Cutoff.UTC().Format("2006-01-02 15:04:05Z"),
+			strings.TrimSpace(r.PostFormValue("age")), r.PostFormValue("unit"), diagnose.Count(relay.PurgeChunk))
+		if est.Exact {
+			cv.Note = "Counted now. Live and dead rows are never purged."
+		} else {
+			cv.Note = fmt.Sprintf("Estimated from a sample of %s of the table's %s pages: the table is too large to count. Live and dead rows are never purged.",
+				diagnose.Count(est.SampledPages), diagnose.Count(est.Pages))
+		}
+		c.confirm(w, r, i, s, cv)
+		return
+	}
 	start := time.Now()
 	n, err := s.Admin.PurgeSent(r.Context(), retention)
 	if refused(err) {
@@ -127,6 +269,9 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 		slog.Duration("took", time.Since(start)), slog.String("remote", r.RemoteAddr))
 	c.redirect(w, "app", i, "purged", n, "")
 }
+
+// cut shortens a value quoted back in an error page.
+func cut(v string) string { return diagnose.Cut(v, 80) }
 
 func (c *Console) actionFailed(w http.ResponseWriter, r *http.Request, name string, s *source, err error) {
 	v := viewerOf(r.Context())

@@ -242,7 +242,7 @@ func TestBrowserCrossSitePost(t *testing.T) {
 	evil := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "text/html")
 		fmt.Fprintf(rw, `<!doctype html><title>free coupons</title>
-<form method="post" action="%s/requeue"><input type="hidden" name="s" value="0"><input type="hidden" name="all" value="1">
+<form method="post" action="%s/requeue"><input type="hidden" name="s" value="0"><input type="hidden" name="all" value="1"><input type="hidden" name="confirm" value="1">
 <input type="hidden" name="token" value="%s"><button id="go" type="submit">Claim</button></form>`, srv.URL, token)
 	}))
 	t.Cleanup(evil.Close)
@@ -255,8 +255,62 @@ func TestBrowserCrossSitePost(t *testing.T) {
 	require.Equal(t, "ERROR", st, "nothing was re-queued")
 	require.Len(t, w.logs.Lines("refused: cross-origin request", "who=admin", "sec_fetch_site=cross-site"), 1)
 
-	// The same form on the console's own page goes through.
+	// The same form on the console's own page asks first, then goes through.
 	step(t, ctx, chromedp.Navigate(srv.URL+"/"))
 	require.EqualValues(t, http.StatusOK, submit(t, ctx, "#requeue-all"))
+	require.Contains(t, text(t, ctx, "#confirm-lead"), "Re-queue 2 dead row(s)")
+	require.Equal(t, "2", text(t, ctx, `#confirm-types tr[data-type="invoices"] td.n`))
+	st, _ = w.status(t, dead)
+	require.Equal(t, "ERROR", st, "not before the confirmation")
+	require.EqualValues(t, http.StatusOK, submit(t, ctx, "#confirm-button"))
 	require.Equal(t, "Re-queued 2 dead row(s): the next pass delivers them.", text(t, ctx, "#flash"))
+}
+
+// TestBrowserCharts: the charts render in Chromium as the page's own SVG:
+// bars where rows were delivered, a line for the lag, no script, nothing
+// fetched besides the page.
+func TestBrowserCharts(t *testing.T) {
+	w := setup(t)
+	// orders: 20 rows a minute, written and delivered 5 s apart, for the
+	// last 30 minutes but for minutes 10 to 14 ago, when nothing was.
+	w.exec(t, `INSERT INTO %s (type, natural_key, payload, status, created_at, updated_at, sent_at)
+		SELECT 'orders', 'k' || g, '{}', 'SENT', now() - make_interval(secs => g * 3 + 5), now(), now() - make_interval(secs => g * 3)
+		FROM generate_series(1, 600) g WHERE g * 3 NOT BETWEEN 600 AND 899`)
+	w.rows(t, "invoices", 1, "PENDING", 0, 25*time.Minute)
+	srv := w.serve(t, console.Options{})
+
+	ctx := browser(t)
+	step(t, ctx, chromedp.Navigate(srv.URL+"/"))
+	status := submit(t, ctx, "#charts-link") // a link: a GET the click follows
+	require.EqualValues(t, http.StatusOK, status)
+	sctx, cancel := context.WithTimeout(ctx, browserTimeout)
+	defer cancel()
+	type drawn struct {
+		Charts, Scripts, Fetched int
+		Width, Height            float64
+		OrdersBars, AllBars      int
+		LagPoints                int
+	}
+	got, err := chromedp.Run(sctx, chromedp.Evaluate[drawn](`(() => {
+		const box = document.querySelector("#delivered-all").getBoundingClientRect();
+		return {
+			Charts: document.querySelectorAll("svg.chart").length,
+			Scripts: document.scripts.length,
+			Fetched: performance.getEntriesByType("resource").length,
+			Width: box.width, Height: box.height,
+			OrdersBars: document.querySelectorAll('#delivered-type-orders rect[fill="#2f6fd0"]').length,
+			AllBars: document.querySelectorAll('#delivered-all rect[fill="#2f6fd0"]').length,
+			LagPoints: document.querySelector("#lag-type-invoices polyline").points.length,
+		};
+	})()`))
+	require.NoError(t, err)
+	require.Equal(t, 6, got.Charts, "all types, orders and invoices: two each")
+	require.Zero(t, got.Scripts)
+	require.Zero(t, got.Fetched, "nothing but the page")
+	require.InDelta(t, 560, got.Width, 1)
+	require.InDelta(t, 150, got.Height, 1)
+	require.InDelta(t, 25.5, got.OrdersBars, 2, "30 minutes of deliveries less the 5 without, give or take the minutes the window cuts")
+	require.Equal(t, got.OrdersBars, got.AllBars)
+	require.Equal(t, 60, got.LagPoints, "one point a minute")
+	require.Contains(t, text(t, ctx, `#chart-all`), "Lag now 25m")
 }

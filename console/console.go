@@ -30,6 +30,7 @@
 package console
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
@@ -111,8 +112,59 @@ type Console struct {
 // source is a Source with the console's memory of its last look.
 type source struct {
 	Source
-	mu   sync.Mutex
-	last *diagnose.Look
+	mu      sync.Mutex
+	last    *diagnose.Look
+	samples []statSample // this process's relay's Stats at the views of the last hour, oldest first
+
+	history   relay.History // the charts' last read, reused for historyFresh
+	historyAt time.Time
+}
+
+// historyFresh is how long the charts page reuses its last read of the
+// table: the pictures are by the minute, and a busy table's hour is tens of
+// thousands of rows to read again.
+const historyFresh = 10 * time.Second
+
+// cachedHistory returns the source's history of the last hour, read again
+// when the last read is older than historyFresh.
+func (s *source) cachedHistory(ctx context.Context, now time.Time) (relay.History, bool, error) {
+	s.mu.Lock()
+	h, at := s.history, s.historyAt
+	s.mu.Unlock()
+	if !at.IsZero() && now.Sub(at) < historyFresh {
+		return h, true, nil
+	}
+	h, err := s.Admin.History(ctx, chartWindow, chartStep)
+	if err != nil {
+		return h, false, err
+	}
+	s.mu.Lock()
+	s.history, s.historyAt = h, now
+	s.mu.Unlock()
+	return h, false, nil
+}
+
+// statSample is this process's relay's Stats.Sent at a view of the console.
+type statSample struct {
+	at   time.Time
+	sent int64
+}
+
+// sampleEvery is how often, at most, the console keeps a sample of Stats.
+const sampleEvery = 10 * time.Second
+
+// sample keeps st.Sent at now (at most one sample every sampleEvery, for an
+// hour) and returns the samples.
+func (s *source) sample(st relay.Stats, now time.Time) []statSample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.samples); n == 0 || now.Sub(s.samples[n-1].at) >= sampleEvery || st.Sent < s.samples[n-1].sent {
+		s.samples = append(s.samples, statSample{at: now, sent: st.Sent})
+	}
+	for len(s.samples) > 0 && now.Sub(s.samples[0].at) > chartWindow {
+		s.samples = s.samples[1:]
+	}
+	return append([]statSample(nil), s.samples...)
 }
 
 // lookMemory is how long a look stays the "earlier look" that tells whether
@@ -172,6 +224,7 @@ func New(opts Options) (*Console, error) {
 	c.mux.HandleFunc("GET /{$}", c.index)
 	c.mux.HandleFunc("GET /app", c.app)
 	c.mux.HandleFunc("GET /dead", c.dead)
+	c.mux.HandleFunc("GET /charts", c.charts)
 	c.mux.HandleFunc("POST /requeue", c.requeue)
 	c.mux.HandleFunc("POST /purge", c.purge)
 	return c, nil

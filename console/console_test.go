@@ -202,18 +202,39 @@ func TestActionsAndAuthorization(t *testing.T) {
 	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "type": {"invoices"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Len(t, w.logs.Lines("re-queued dead rows", "requeued=2", "type=invoices"), 1)
-	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "token": {token}}, "same-origin")
+	// Re-queue all asks first, with how many of which types, and acts on
+	// the second POST.
+	w.rows(t, "refunds", 1, "ERROR", ceiling, time.Hour)
+	resp, body = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "Re-queue 3 dead row(s) of "+w.table)
+	require.Contains(t, body, `<tr data-type="orders"><td class="mono">orders</td><td class="n">2</td></tr>`)
+	require.Contains(t, body, `<tr data-type="refunds"><td class="mono">refunds</td><td class="n">1</td></tr>`)
+	require.Contains(t, body, `<input type="hidden" name="all" value="1"><input type="hidden" name="confirm" value="1">`)
+	require.Equal(t, 3, w.countDead(t), "the first POST changes nothing")
+	require.Empty(t, w.logs.Lines("re-queued dead rows", "all=true"))
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "confirm": {"1"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	require.Len(t, w.logs.Lines("re-queued dead rows", "requeued=2", "all=true"), 1)
+	require.Len(t, w.logs.Lines("re-queued dead rows", "requeued=3", "all=true"), 1)
+	require.Zero(t, w.countDead(t))
 	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "all": {"1"}, "type": {"x"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 
 	w.rows(t, "orders", 5, "SENT", 0, 10*24*time.Hour)
 	w.rows(t, "orders", 2, "SENT", 0, time.Hour)
+	w.rows(t, "invoices", 4, "SENT", 0, 10*24*time.Hour)
 	resp, body = admin.post("/purge", url.Values{"s": {"0"}, "age": {"2"}, "unit": {"days"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "Delete 9 SENT row(s) of "+w.table+", of every type")
+	require.Contains(t, body, "(more than 2 days ago)")
+	require.Contains(t, body, `<tr data-type="invoices"><td class="mono">invoices</td><td class="n">4</td></tr>`)
+	require.Contains(t, body, `<tr data-type="orders"><td class="mono">orders</td><td class="n">5</td></tr>`)
+	require.Contains(t, body, "Counted now.")
+	require.Empty(t, w.logs.Lines("purged SENT rows"), "the first POST deletes nothing")
+	resp, body = admin.post("/purge", url.Values{"s": {"0"}, "age": {"2"}, "unit": {"days"}, "confirm": {"1"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
-	require.Equal(t, "./app?done=purged&n=5&s=0", resp.Header.Get("Location"))
-	require.Len(t, w.logs.Lines("purged SENT rows", "who=admin", "purged=5", "older_than=48h0m0s"), 1)
+	require.Equal(t, "./app?done=purged&n=9&s=0", resp.Header.Get("Location"))
+	require.Len(t, w.logs.Lines("purged SENT rows", "who=admin", "purged=9", "older_than=48h0m0s"), 1)
 	resp, _ = admin.post("/purge", url.Values{"s": {"0"}, "age": {"-1"}, "unit": {"days"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	resp, _ = admin.post("/purge", url.Values{"s": {"0"}, "age": {"1"}, "unit": {"weeks"}, "token": {token}}, "same-origin")
@@ -242,7 +263,7 @@ func TestPrefix(t *testing.T) {
 	code, _ = admin.get("/ops/relay/dead")
 	require.Equal(t, http.StatusOK, code)
 	token := admin.token("/ops/relay/")
-	resp, _ := admin.post("/ops/relay/requeue", url.Values{"s": {"0"}, "all": {"1"}, "token": {token}}, "same-origin")
+	resp, _ := admin.post("/ops/relay/requeue", url.Values{"s": {"0"}, "all": {"1"}, "confirm": {"1"}, "token": {token}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	loc, err := url.Parse(srv.URL + "/ops/relay/requeue")
 	require.NoError(t, err)
@@ -284,3 +305,163 @@ func TestSeveralSources(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestInputValidation: every value of every form and query that makes no
+// sense is a 400 that names it, never a 500, an ERROR log or a change; the
+// confirmation step changes nothing either.
+func TestInputValidation(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	dead := w.rows(t, "invoices", 2, "ERROR", ceiling, time.Hour)
+	w.rows(t, "orders", 3, "SENT", 0, 10*24*time.Hour)
+	srv := w.serve(t, console.Options{Actions: true, Authorize: users})
+	admin := newClient(t, srv, "admin")
+	token := admin.token("/")
+	purge := func(age, unit string) url.Values {
+		return url.Values{"s": {"0"}, "age": {age}, "unit": {unit}, "confirm": {"1"}, "token": {token}}
+	}
+	requeue := func(kv ...string) url.Values {
+		v := url.Values{"s": {"0"}, "token": {token}, "confirm": {"1"}}
+		for i := 0; i < len(kv); i += 2 {
+			v.Add(kv[i], kv[i+1])
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name string
+		path string
+		form url.Values // nil: a GET
+		want string
+	}{
+		{"AgeNaN", "/purge", purge("NaN", "days"), `age=&#34;NaN&#34; is not a number`},
+		{"AgeInf", "/purge", purge("Inf", "days"), `age=&#34;Inf&#34; days is too long: at most 106751 days`},
+		{"AgeMinusInf", "/purge", purge("-Inf", "hours"), "is negative"},
+		{"Age1e308", "/purge", purge("1e308", "minutes"), "is too long: at most 153722867 minutes"},
+		{"Age1e400", "/purge", purge("1e400", "days"), "is too long"},
+		{"AgeNegative", "/purge", purge("-1", "days"), `age=&#34;-1&#34; is negative`},
+		{"AgeNegativeZero", "/purge", purge("-0.5", "minutes"), "is negative"},
+		{"AgeHuge", "/purge", purge("200000", "days"), "is too long"},
+		{"AgeText", "/purge", purge("soon", "days"), "is not a number"},
+		{"AgeEmpty", "/purge", purge("", "days"), "is not a number"},
+		{"AgeHex", "/purge", purge("0x1p-2", "days"), ""}, // Go reads it (0.25): not an error
+		{"UnitUnknown", "/purge", purge("1", "weeks"), `unit=&#34;weeks&#34;: the unit is days, hours or minutes`},
+		{"UnitMissing", "/purge", url.Values{"s": {"0"}, "age": {"1"}, "token": {token}}, "the unit is days, hours or minutes"},
+		{"TypeBlank", "/requeue", requeue("type", "  "), `type=&#34;  &#34; is blank`},
+		{"TypeEmpty", "/requeue", requeue("type", ""), "is blank"},
+		{"TypeNUL", "/requeue", requeue("type", "inv\x00oices"), "contains a NUL byte"},
+		{"TypeUTF8", "/requeue", requeue("type", "inv\xffoices"), "is not valid UTF-8"},
+		{"IDText", "/requeue", requeue("id", "abc"), `id=&#34;abc&#34; is not a row id`},
+		{"IDZero", "/requeue", requeue("id", "0"), "is not a row id"},
+		{"IDNegative", "/requeue", requeue("id", "-3"), "is not a row id"},
+		{"IDHuge", "/requeue", requeue("id", "99999999999999999999"), "is not a row id"},
+		{"IDFloat", "/requeue", requeue("id", "1.5"), "is not a row id"},
+		{"AllNotOne", "/requeue", requeue("all", "yes"), `all=&#34;yes&#34;: re-queue all takes all=1`},
+		{"TwoScopes", "/requeue", requeue("id", itoa(dead), "type", "invoices"), "Re-queue takes one of id, type or all"},
+		{"NoScope", "/requeue", requeue(), "Re-queue takes one of id, type or all"},
+		{"SourceText", "/requeue", url.Values{"s": {"x"}, "all": {"1"}, "token": {token}}, `s=&#34;x&#34; is not an app number`},
+		{"DeadAfterText", "/dead?after=x", nil, `after=&#34;x&#34; is not a row id`},
+		{"DeadAfterNegative", "/dead?after=-1", nil, "is not a row id"},
+		{"DeadAfterHuge", "/dead?after=99999999999999999999", nil, "is not a row id"},
+		{"DeadLimitText", "/dead?limit=ten", nil, `limit=&#34;ten&#34; is not a page size: from 1 to 10000 rows`},
+		{"DeadLimitZero", "/dead?limit=0", nil, "is not a page size"},
+		{"DeadLimitHuge", "/dead?limit=10001", nil, "is not a page size"},
+		{"DeadTypeNUL", "/dead?type=a%00b", nil, "contains a NUL byte"},
+		{"DeadTypeUTF8", "/dead?type=%ff", nil, "is not valid UTF-8"},
+		{"DeadTypeBlank", "/dead?type=%20", nil, "is blank"},
+		{"SourceTextGet", "/app?s=one", nil, `s=&#34;one&#34; is not an app number`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var code int
+			var body string
+			if tc.form == nil {
+				code, body = admin.get(tc.path)
+			} else {
+				var resp *http.Response
+				resp, body = admin.post(tc.path, tc.form, "same-origin")
+				code = resp.StatusCode
+			}
+			if tc.want == "" {
+				require.Less(t, code, 400, body)
+				return
+			}
+			require.Equal(t, http.StatusBadRequest, code, body)
+			require.Contains(t, body, tc.want)
+		})
+	}
+	require.Empty(t, w.logs.Lines("level=ERROR"), "a bad input is not an error of ours")
+	require.Equal(t, 2, w.countDead(t), "nothing was re-queued")
+
+	// Good values around the edges pass.
+	code, _ := admin.get("/dead?limit=10000&after=0&type=invoices")
+	require.Equal(t, http.StatusOK, code)
+	resp, body := admin.post("/purge", url.Values{"s": {"0"}, "age": {"106751"}, "unit": {"days"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "No row matches now")
+}
+
+// TestCharts: the charts page draws, per type and for all, the deliveries per
+// minute and the lag as inline SVG, with nothing to fetch and no script; and
+// this process's relay's deliveries from its Stats.
+func TestCharts(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	// orders: 30 written 12m30s ago and delivered a minute later; 1 waits
+	// since 20m ago. refunds: 5 delivered 2m ago, written 3m ago.
+	w.exec(t, `INSERT INTO %s (type, natural_key, payload, status, created_at, updated_at, sent_at)
+		SELECT 'orders', 'k' || g, '{}', 'SENT', now() - interval '12 minutes 30 seconds', now(), now() - interval '11 minutes 30 seconds'
+		FROM generate_series(1, 30) g`)
+	w.rows(t, "orders", 1, "PENDING", 0, 20*time.Minute)
+	w.exec(t, `INSERT INTO %s (type, natural_key, payload, status, created_at, updated_at, sent_at)
+		SELECT 'refunds', 'k' || g, '{}', 'SENT', now() - interval '3 minutes', now(), now() - interval '2 minutes 10 seconds'
+		FROM generate_series(1, 5) g`)
+	w.rows(t, "shipments", 4, "PENDING", 0, 10*time.Second)
+	rl, err := relay.New(w.pool, w.cfg, &recorder{typ: "shipments"})
+	require.NoError(t, err)
+	_, err = rl.Run(context.Background())
+	require.NoError(t, err)
+	srv := w.serve(t, console.Options{Sources: []console.Source{{Admin: w.admin, Relay: rl}}})
+	c := newClient(t, srv, "")
+
+	code, body := c.get("/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `href="./charts?s=0"`)
+
+	resp, err := c.hc.Get(c.base + "/charts?s=0")
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	body = string(b)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'none'", "no script, nothing fetched")
+	require.NotContains(t, body, "<script")
+	require.NotContains(t, body, "http://www.w3.org/2000/svg\" href", "nothing linked")
+	for _, id := range []string{"delivered-all", "lag-all", "delivered-type-orders", "lag-type-orders", "delivered-type-refunds", "lag-type-refunds", "delivered-type-shipments"} {
+		require.Contains(t, body, `<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="`+id+`"`)
+	}
+	// One bar per minute with deliveries: orders' minute, refunds', shipments' (now).
+	bars := regexp.MustCompile(`<rect x="[0-9.]+" y="[0-9.]+" width="[0-9.]+" height="[0-9.]+" fill="#2f6fd0"><title>([^<]*)</title>`)
+	svgOf := func(id string) string {
+		i := strings.Index(body, `id="`+id+`"`)
+		require.Positive(t, i, id)
+		j := strings.Index(body[i:], "</svg>")
+		return body[i : i+j]
+	}
+	orders := bars.FindAllStringSubmatch(svgOf("delivered-type-orders"), -1)
+	require.Len(t, orders, 1)
+	require.Equal(t, "−12m to −11m: 30", orders[0][1])
+	refunds := bars.FindAllStringSubmatch(svgOf("delivered-type-refunds"), -1)
+	require.Len(t, refunds, 1)
+	require.Equal(t, "−3m to −2m: 5", refunds[0][1])
+	require.Contains(t, body, "39 delivered in the hour, at most 30 in a minute", "orders', refunds' and shipments' (just now)")
+	require.Contains(t, svgOf("lag-type-orders"), "<polyline", "orders waited all hour")
+	require.Contains(t, body, "Lag now 20m", "the pending row's age")
+	require.Contains(t, body, "<h2>This process's relay</h2>")
+	require.Contains(t, body, "4 delivered since it started")
+
+	code, _ = c.get("/charts?s=x")
+	require.Equal(t, http.StatusBadRequest, code)
+	code, _ = c.get("/charts?s=3")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Empty(t, w.logs.Lines("level=ERROR"))
+}

@@ -85,6 +85,15 @@ func (w *world) status(t testing.TB, id int64) (status string, attempts int) {
 	return status, attempts
 }
 
+// countDead counts w's dead rows.
+func (w *world) countDead(t testing.TB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, w.pool.QueryRow(context.Background(), fmt.Sprintf("SELECT count(*) FROM %s WHERE status = 'ERROR' AND attempts >= $1",
+		pgx.Identifier{w.table}.Sanitize()), ceiling).Scan(&n))
+	return n
+}
+
 // holdLikeJVM takes w's election from a session of its own, as a JVM relay
 // does, until the test ends, and returns its pid.
 func (w *world) holdLikeJVM(t testing.TB) uint32 {

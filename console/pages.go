@@ -89,8 +89,12 @@ func (c *Console) sourceOf(w http.ResponseWriter, r *http.Request) (int, *source
 	i := 0
 	if v := r.FormValue("s"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n >= len(c.sources) {
-			c.errorPage(w, r, http.StatusNotFound, fmt.Sprintf("No app number %q here.", v), viewerOf(r.Context()).who)
+		if err != nil {
+			c.errorPage(w, r, http.StatusBadRequest, fmt.Sprintf("s=%q is not an app number.", cut(v)), viewerOf(r.Context()).who)
+			return 0, nil, false
+		}
+		if n < 0 || n >= len(c.sources) {
+			c.errorPage(w, r, http.StatusNotFound, fmt.Sprintf("No app number %d here.", n), viewerOf(r.Context()).who)
 			return 0, nil, false
 		}
 		i = n
@@ -117,6 +121,7 @@ func (c *Console) look(ctx context.Context, s *source) (diagnose.Look, diagnose.
 	if s.Relay != nil {
 		st := s.Relay.Stats()
 		in.Stats = &st
+		s.sample(st, time.Now())
 	}
 	s.mu.Lock()
 	if s.last != nil {
@@ -241,13 +246,27 @@ func (c *Console) dead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := relay.DeadQuery{Type: r.FormValue("type"), Limit: c.opts.PageSize}
+	if _, set := r.Form["type"]; set {
+		if msg := checkText(q.Type); msg != "" {
+			c.badRequest(w, r, fmt.Sprintf("type=%q %s: give a message type, or none for every type.", cut(q.Type), msg))
+			return
+		}
+	}
 	if v := r.FormValue("after"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			c.errorPage(w, r, http.StatusBadRequest, fmt.Sprintf("after=%q is not a row id.", v), viewerOf(r.Context()).who)
+			c.badRequest(w, r, fmt.Sprintf("after=%q is not a row id (an integer, 0 or more).", cut(v)))
 			return
 		}
 		q.AfterID = n
+	}
+	if v := r.FormValue("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > relay.ListDeadMax {
+			c.badRequest(w, r, fmt.Sprintf("limit=%q is not a page size: from 1 to %d rows.", cut(v), relay.ListDeadMax))
+			return
+		}
+		q.Limit = n
 	}
 	start := time.Now()
 	rows, err := s.Admin.DeadPage(r.Context(), q)
@@ -281,6 +300,31 @@ func (c *Console) dead(w http.ResponseWriter, r *http.Request) {
 	p.Took, p.Content = time.Since(start), v
 	p.Flash = flash(r)
 	c.render(w, r, http.StatusOK, "dead", p)
+}
+
+// charts draws one source's last hour: per type, the rows delivered per
+// minute and the lag, from Admin.History; and this process's relay's
+// deliveries, from its Stats sampled at each view.
+func (c *Console) charts(w http.ResponseWriter, r *http.Request) {
+	i, s, ok := c.sourceOf(w, r)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	h, cached, err := s.cachedHistory(r.Context(), start)
+	if err != nil {
+		c.dbError(w, r, err)
+		return
+	}
+	v := newChartsView(i, s, h)
+	v.Cached = cached
+	if s.Relay != nil {
+		st := s.Relay.Stats()
+		v.Process = newProcessView(st, s.sample(st, time.Now()), time.Now())
+	}
+	p := c.newPage(r, "charts · "+s.Admin.AppName(), i)
+	p.Took, p.Content = time.Since(start), v
+	c.render(w, r, http.StatusOK, "charts", p)
 }
 
 // dbError answers a failed read.
@@ -336,7 +380,7 @@ func parseTemplates() (map[string]*template.Template, error) {
 		return nil, err
 	}
 	pages := make(map[string]*template.Template)
-	for _, name := range []string{"index", "app", "dead", "error"} {
+	for _, name := range []string{"index", "app", "dead", "error", "confirm", "charts"} {
 		body, err := fs.ReadFile(templateFS, "templates/"+name+".html")
 		if err != nil {
 			return nil, err

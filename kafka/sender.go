@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,7 +41,8 @@ const abandonGrace = 50 * time.Millisecond
 // partitioner puts all of a key's messages on one partition, in the order the
 // relay hands them over (one at a time per key, in id order). Its value is the
 // payload, verbatim. Its headers are [HeaderMessageID], [HeaderMessageType],
-// [HeaderAttempt] and [HeaderIdempotencyKey].
+// [HeaderAttempt] and [HeaderIdempotencyKey], then the message's own
+// ([relay.Message.Headers]: a W3C traceparent, say), named as written.
 //
 // The producer is idempotent and waits for all in-sync replicas, so a record
 // the client retries after a lost answer is written once, and a record
@@ -239,19 +242,19 @@ const (
 	HeaderIdempotencyKey = "Idempotency-Key"
 )
 
-// record returns m as the record Send produces.
+// record returns m as the record Send produces: the sender's headers first,
+// then the message's own ([relay.Message.Headers]), by name, as they are
+// (the relay refused any that would take one of the sender's names).
 func (s *Sender) record(m *relay.Message) *kgo.Record {
-	return &kgo.Record{
-		Topic: s.topic,
-		Key:   []byte(m.Key),
-		Value: m.Payload,
-		Headers: []kgo.RecordHeader{
-			{Key: HeaderMessageID, Value: strconv.AppendInt(nil, m.ID, 10)},
-			{Key: HeaderMessageType, Value: []byte(m.Type)},
-			{Key: HeaderAttempt, Value: strconv.AppendInt(nil, int64(m.Attempts)+1, 10)},
-			{Key: HeaderIdempotencyKey, Value: []byte(m.IdempotencyKey())},
-		},
+	headers := make([]kgo.RecordHeader, 4, 4+len(m.Headers))
+	headers[0] = kgo.RecordHeader{Key: HeaderMessageID, Value: strconv.AppendInt(nil, m.ID, 10)}
+	headers[1] = kgo.RecordHeader{Key: HeaderMessageType, Value: []byte(m.Type)}
+	headers[2] = kgo.RecordHeader{Key: HeaderAttempt, Value: strconv.AppendInt(nil, int64(m.Attempts)+1, 10)}
+	headers[3] = kgo.RecordHeader{Key: HeaderIdempotencyKey, Value: []byte(m.IdempotencyKey())}
+	for _, name := range slices.Sorted(maps.Keys(m.Headers)) {
+		headers = append(headers, kgo.RecordHeader{Key: name, Value: []byte(m.Headers[name])})
 	}
+	return &kgo.Record{Topic: s.topic, Key: []byte(m.Key), Value: m.Payload, Headers: headers}
 }
 
 // connWatch remembers the last failed connection to a broker of a client the

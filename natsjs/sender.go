@@ -15,6 +15,11 @@ import (
 	"github.com/xadm/relay"
 )
 
+// A message's own headers ([relay.Message.Headers]: a W3C traceparent, say)
+// travel too, named as the producer wrote them: NATS header names are
+// case-sensitive, so a consumer reads "traceparent" as it is (nats.Header.Get),
+// not through propagation.HeaderCarrier, which asks for "Traceparent".
+//
 // The headers every message carries besides Nats-Msg-Id (jetstream.MsgIDHeader,
 // the message's [relay.Message.IdempotencyKey]).
 const (
@@ -374,7 +379,13 @@ func (b *batch) unanswered(ctx context.Context, i int, f jetstream.PubAckFuture)
 
 // msg builds the NATS message of m.
 func (s *Sender) msg(m relay.Message, subj string) *nats.Msg {
-	h := make(nats.Header, 7)
+	h := make(nats.Header, 7+len(m.Headers))
+	// The message's own headers, named as written (a W3C traceparent, say);
+	// the relay refused any that would take one of the sender's names, which
+	// are set after them and so win in a Message built by hand.
+	for name, value := range m.Headers {
+		h[name] = []string{value}
+	}
 	h[jetstream.MsgIDHeader] = []string{m.IdempotencyKey()}
 	h[HeaderMessageID] = []string{strconv.FormatInt(m.ID, 10)}
 	h[HeaderMessageType] = []string{m.Type}

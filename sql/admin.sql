@@ -85,11 +85,91 @@ EXPLAIN (FORMAT JSON) SELECT 1 FROM {{.Table}} WHERE {{template "sent"}}
 -- A table never analyzed: count a sample of its pages.
 SELECT count(*) FROM {{.Table}} TABLESAMPLE SYSTEM (@percent) WHERE {{template "sent"}}
 
--- name: countPurge @cutoff
-SELECT count(*) FROM {{.Table}} WHERE {{template "sent"}} AND sent_at < @cutoff
+-- name: countPurge @cutoff @scope
+-- What a purge would delete, by type: on a small table, counted.
+SELECT type, count(*) FROM {{.Table}} WHERE {{template "sent"}} AND sent_at < @cutoff AND {{template "scope"}}
+GROUP BY type ORDER BY type
 
--- name: estimatePurge @cutoff
-EXPLAIN (FORMAT JSON) SELECT 1 FROM {{.Table}} WHERE {{template "sent"}} AND sent_at < @cutoff
+-- name: samplePurge @cutoff @percent @scope
+-- countPurge on a table too large to count: a sample of its pages, with
+-- the number of pages the sample read (each row once: ctid's page), so that
+-- the count scales by the pages read rather than by @percent, whose page
+-- count varies from one sample to the next. Not the planner: on a table
+-- never analyzed it guesses from default selectivities.
+WITH s AS (
+  SELECT type, {{template "sent"}} AND sent_at < @cutoff AND {{template "scope"}} AS hit, (ctid::text::point)[0] AS page
+  FROM {{.Table}} TABLESAMPLE SYSTEM (@percent)
+)
+SELECT type, count(*) FILTER (WHERE hit), (SELECT count(DISTINCT page) FROM s) FROM s
+GROUP BY type HAVING count(*) FILTER (WHERE hit) > 0 ORDER BY type
+
+-- name: historyStart @window
+-- The clock, and by a binary search on the primary key the first id whose
+-- row was written at or after now() - @window seconds: each step one index
+-- lookup of one row, all in one statement. created_at follows the ids but
+-- for transactions that overlap: near enough for a boundary, which
+-- historyBack then moves back over the rows still waiting.
+WITH RECURSIVE b AS (
+  SELECT now() AS now, now() - make_interval(secs => @window::float8) AS at,
+    coalesce((SELECT min(id) FROM {{.Table}}), 0) AS lo, coalesce((SELECT max(id) FROM {{.Table}}), 0) AS hi
+), s(lo, hi) AS (
+  SELECT lo, hi + 1 FROM b
+  UNION ALL
+  SELECT CASE WHEN p.created_at < b.at THEN least(p.id + 1, s.hi) ELSE s.lo END,
+    CASE WHEN p.created_at < b.at THEN s.hi ELSE s.lo + (s.hi - s.lo) / 2 END
+  FROM s CROSS JOIN b
+  LEFT JOIN LATERAL (SELECT id, created_at FROM {{.Table}} WHERE id >= s.lo + (s.hi - s.lo) / 2 ORDER BY id LIMIT 1) p ON true
+  WHERE s.lo < s.hi
+)
+SELECT b.now, b.lo, (SELECT min(lo) FROM s WHERE lo >= hi) FROM b
+
+-- name: historyBack @lo @hi @from @ceiling
+-- The lowest id of the rows of [@lo, @hi) that were waiting at @from
+-- (seconds since the epoch): live, or delivered or dead after it; and the
+-- range's oldest created_at. One primary-key range per step of the search back.
+SELECT min(id) FILTER (WHERE status IS NULL OR status = 'PENDING' OR status = 'ERROR' AND attempts < @ceiling
+    OR date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at WHEN status = 'ERROR' THEN updated_at END) > @from::float8),
+  min(created_at)
+FROM {{.Table}} WHERE id >= @lo AND id < @hi AND direction = 'OUT'
+
+-- name: historyRead @first @from_epoch @step @steps @ceiling @from
+-- The rows from id @first delivered or dead since @from, grouped in one read
+-- of the primary key's range. @from_epoch is @from in seconds since the
+-- epoch: date_part is float8 arithmetic, where extract() would be numeric,
+-- several times slower. A row waits over [created_at, ended): ended is
+-- sent_at for a SENT row, updated_at (when it died) for a dead one. Instant
+-- k is @from + k·@step (k = 1..@steps, the end of step k-1); a row covers
+-- the instants k1..k2 with created_at <= instant < ended. Grouping by (type,
+-- k1, k2) keeps each group's oldest created_at; grouping by (type, b) counts
+-- the deliveries of step b: hash aggregates, no sort. The live rows of the
+-- range are filtered out before any arithmetic: historyLive reads the one of
+-- them that matters per type.
+SELECT type, k1, k2, b, min(c), count(*) FROM (
+  SELECT type, c, greatest(ceil((c - @from_epoch::float8) / @step::float8), 1)::int AS k1,
+    least(ceil((e - @from_epoch::float8) / @step::float8) - 1, @steps::int)::int AS k2,
+    CASE WHEN sent AND e >= @from_epoch::float8
+      THEN least(floor((e - @from_epoch::float8) / @step::float8), @steps::int - 1)::int END AS b
+  FROM (
+    SELECT type, date_part('epoch', created_at) AS c, status = 'SENT' AS sent,
+      date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at ELSE updated_at END) AS e
+    FROM {{.Table}}
+    WHERE id >= @first AND direction = 'OUT'
+      AND (status = 'SENT' AND sent_at >= @from OR status = 'ERROR' AND attempts >= @ceiling AND updated_at > @from)
+  ) r
+) k
+WHERE k1 <= k2 OR b IS NOT NULL
+GROUP BY GROUPING SETS ((type, k1, k2), (type, b))
+
+-- name: historyLive @ceiling
+-- Per type, the first live row (the lowest id, the one the relays deliver
+-- first) of the pending and of the failed rows, through their partial
+-- indexes (their predicates repeated word for word): the oldest row
+-- waiting, which alone sets a type's lag while its rows wait.
+SELECT g.type, date_part('epoch', h.created_at) FROM (
+  SELECT type, min(id) AS head FROM {{.Table}} WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) GROUP BY type
+  UNION ALL
+  SELECT type, min(id) FROM {{.Table}} WHERE direction = 'OUT' AND status = 'ERROR' AND attempts < @ceiling GROUP BY type
+) g JOIN {{.Table}} h ON h.id = g.head
 
 -- name: serverState @table
 -- What Overview reads of the server and of the table's size.

@@ -22,9 +22,10 @@ SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, cl
 -- The columns are cast and read as nullable, and a NULL status or attempts is
 -- read as PENDING or 0: a table made by another migration (nullable columns,
 -- varchar instead of text) never makes the select fail, and a row that cannot
--- be delivered is marked dead by the pass, not skipped.
+-- be delivered is marked dead by the pass, not skipped. The headers column
+-- is optional (a JVM-made table has none): .Headers when the probe found it.
 SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
-  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= {{.InlinePayloadMax}} THEN m.payload::text END
+  pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= {{.InlinePayloadMax}} THEN m.payload::text END{{if .Headers}}, m.headers::text{{end}}
 FROM {{.Table}} m
 WHERE m.id = ANY(ARRAY(SELECT c.id FROM ({{template "candidates" .}}
   ) c ORDER BY c.id LIMIT @limit))
@@ -97,11 +98,24 @@ FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext
   FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
   OFFSET 0) l
 
--- name: payload @id @max_bytes
--- A large payload, measured before it is sent: above @max_bytes only its
--- size comes back, and the row is marked dead instead.
-SELECT s.n, CASE WHEN s.n <= @max_bytes THEN s.p END
-FROM (SELECT payload::text AS p, octet_length(payload::text) AS n FROM {{.Table}} WHERE id = @id) s
+-- name: payload @id @room @chunk
+-- A large payload, measured before it is sent, and read in chunks of @chunk
+-- bytes: pgx reads each row into a buffer of its size, so a payload that came
+-- as one value would be held twice (pgx's buffer and the copy kept). Above
+-- @room bytes (what is left of the batch's budget) only its size comes back,
+-- in one row, and nothing of it is read. Each chunk says where it starts
+-- (1-based), so their order does not matter.
+SELECT s.n, g.i, CASE WHEN s.n <= @room THEN substring(s.b FROM g.i FOR @chunk) END
+FROM (SELECT p.b, octet_length(p.b) AS n
+  FROM (SELECT convert_to(payload::text, 'UTF8') AS b FROM {{.Table}} WHERE id = @id OFFSET 0) p OFFSET 0) s
+CROSS JOIN LATERAL generate_series(1, CASE WHEN s.n <= @room THEN greatest(s.n, 1) ELSE 1 END, @chunk) AS g(i)
+
+-- name: headersAdded @table
+-- Sent with the preflight when the table had no headers column at the
+-- probe: has it one now? Then the select must read it, or messages written
+-- with headers since would lose them.
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+  WHERE attrelid = to_regclass(@table) AND attname = 'headers' AND attnum > 0 AND NOT attisdropped)
 
 -- name: probe @table
 -- What the relay learns of the table before its first pass: its

@@ -5,12 +5,19 @@
 -- to jsonb, which works in every pgx query mode. The key's order lock
 -- (keyOrderLock) is taken in the same statement, before the id is drawn: two
 -- transactions writing messages of one key get their ids in the order they
--- commit. With .Wake, the NOTIFY rides in the same statement (wakeToken): it
--- is sent when the producer's transaction commits, and never if it rolls back.
-INSERT INTO {{.Table}} (direction, type, natural_key, payload, status, attempts)
-SELECT 'OUT', @type, @key, @payload::jsonb, 'PENDING', 0
-FROM (SELECT {{template "keyOrderLock"}}{{if .Wake}}, {{template "wakeToken"}}{{end}}) AS key_order
-RETURNING id
+-- commit. With .Wake, the statement also tries the wake-up (wakeToken), whose
+-- NOTIFY is sent when the producer's transaction commits, and never if it
+-- rolls back; the CTE is evaluated once, before the row (the insert reads
+-- it), and the second column says whether it notified. With .Headers, the
+-- message's headers go into the optional column (a table without it takes
+-- every message without headers as before); @headers is the last parameter.
+{{if .Wake}}WITH key_order AS MATERIALIZED (SELECT {{template "keyOrderLock"}}, {{template "wakeToken"}} AS notified)
+INSERT INTO {{.Table}} (direction, type, natural_key, payload, status, attempts{{if .Headers}}, headers{{end}})
+SELECT 'OUT', @type, @key, @payload::jsonb, 'PENDING', 0{{if .Headers}}, @headers::jsonb{{end}} FROM key_order
+RETURNING id, (SELECT notified FROM key_order){{else}}INSERT INTO {{.Table}} (direction, type, natural_key, payload, status, attempts{{if .Headers}}, headers{{end}})
+SELECT 'OUT', @type, @key, @payload::jsonb, 'PENDING', 0{{if .Headers}}, @headers::jsonb{{end}}
+FROM (SELECT {{template "keyOrderLock"}}) AS key_order
+RETURNING id{{end}}
 
 -- name: keyOrderLock
 -- The lock a producer takes, in its transaction, before it writes a message
@@ -26,11 +33,12 @@ pg_advisory_xact_lock(hashtext('relay:' || @table), hashtext(@key))
 -- Notifies channel @channel of type @type when this transaction takes the
 -- wake-up token (a transaction-scoped try-lock: one notifying transaction in
 -- flight at a time, so notifying commits never queue behind each other), or
--- when @due, the producer's own window, says a NOTIFY is due anyway (a token
--- held by a long transaction must not silence everyone else for its length).
+-- when @force says a NOTIFY is due anyway (the producer process has not
+-- notified for wakeForceAfter: a token held by a long transaction must not
+-- silence everyone else for its length); true when it notified.
 -- WakeTriggerSQL's trigger takes the same token (sql/wake.sql).
 --
--- The token is tried first, in a CASE of its own: "try OR @due" would let the
--- planner fold a true @due and never take the token.
-CASE WHEN pg_try_advisory_xact_lock(hashtext('relay:wake'), hashtext(@channel)) THEN pg_notify(@channel, @type)
-  WHEN @due::bool THEN pg_notify(@channel, @type) END
+-- The token is tried first, in a CASE of its own: "try OR @force" would let
+-- the planner fold a true @force and never take the token.
+CASE WHEN pg_try_advisory_xact_lock(hashtext('relay:wake'), hashtext(@channel)) THEN (SELECT true FROM pg_notify(@channel, @type))
+  WHEN @force::bool THEN (SELECT true FROM pg_notify(@channel, @type)) ELSE false END

@@ -14,8 +14,18 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     last_error  text,
     created_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
-    sent_at     timestamptz
+    sent_at     timestamptz,
+    headers     jsonb
 );
+-- a message's headers (one JSON object of strings), optional: a table made before them gets the column here.
+-- The catalog is asked first: ALTER TABLE takes an ACCESS EXCLUSIVE lock even when the column exists, and
+-- would queue every producer and relay behind the longest transaction on the table for nothing.
+DO $relay$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{{.Table}}'::regclass
+                   AND attname = 'headers' AND NOT attisdropped) THEN
+        ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS headers jsonb;
+    END IF;
+END $relay$;
 -- the pass reads only the small live part of the table, however large the SENT history grows
 CREATE INDEX IF NOT EXISTS {{.OutboxIndex}} ON {{.Table}} (id)
     WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');

@@ -277,6 +277,11 @@ func producersRate(ctx context.Context, url string, n int, d time.Duration, writ
 		return 0, err
 	}
 	defer pool.Close()
+	return producersRateOn(ctx, pool, n, d, write)
+}
+
+// producersRateOn is producersRate on connections of pool.
+func producersRateOn(ctx context.Context, pool *pgxpool.Pool, n int, d time.Duration, write func(ctx context.Context, tx pgx.Tx, i int) error) (float64, error) {
 	var commits atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup

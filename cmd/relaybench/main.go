@@ -43,6 +43,8 @@
 //	guard          round trips and time of an empty pass: direct, elected, coalesced
 //	history        an empty pass with 10,000 vs -history-rows SENT rows (target ≤ 1.5×)
 //	notify-cost    commits/s of 8 producers with and without the wake-up's NOTIFY (target ≥ 0.9×)
+//	enqueue        commits/s of 8 producers: Enqueue beside a plain INSERT, and the pieces of
+//	               Enqueue's statement alone (target ≥ 0.95×)
 //	latency        commit → Send at -latency-rate, wake-ups vs polling only (target p50 ≤ 5 ms, p99 ≤ 50 ms)
 //	partitions     4 replicas with Partitions 16 vs 1 replica, Concurrency 4 each, a destination
 //	               answering in 20 ms, -partition-rows rows           target ≥ 3.5×
@@ -164,7 +166,7 @@ func want(name string) bool {
 func run(ctx context.Context) error {
 	for s := range strings.SplitSeq(*scenarioFlag, ",") {
 		s = strings.TrimSpace(s)
-		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" || s == "partitions" ||
+		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" || s == "enqueue" || s == "partitions" ||
 			slices.ContainsFunc(drainScenarios, func(d scenario) bool { return d.name == s })
 		if !known {
 			return fmt.Errorf("unknown scenario %q", s)
@@ -224,6 +226,11 @@ func run(ctx context.Context) error {
 	if want("notify-cost") {
 		if err := runNotifyCost(ctx, srv); err != nil {
 			return fmt.Errorf("scenario notify-cost: %w", err)
+		}
+	}
+	if want("enqueue") {
+		if err := runEnqueue(ctx, srv.URL, admin); err != nil {
+			return fmt.Errorf("scenario enqueue: %w", err)
 		}
 	}
 	if want("partitions") {

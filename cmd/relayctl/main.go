@@ -27,6 +27,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -59,7 +60,8 @@ Commands:
            diagnosis: "nothing is delivered because ..."
   dead     the dead rows, a page at a time (--type, --after, --limit)
   requeue  re-queue dead rows: --id N[,N...], --type T or --all
-  purge    delete SENT rows older than --older-than (e.g. 30d, 12h), in chunks
+  purge    delete SENT rows older than --older-than (e.g. 30d, 12h), in chunks,
+           with a bar, the rate and the time left; --dry-run only counts
   who      who holds the app's election right now
   pause    hold the app's election, as a JVM relay would, so that no relay
            delivers, until Ctrl-C or --for elapses
@@ -126,18 +128,21 @@ type opts struct {
 	// status
 	sample, stallAfter time.Duration
 	// dead
-	deadType string
-	after    int64
-	limit    int
+	deadType    string
+	deadTypeSet bool
+	after       int64
+	limit       int
 	// requeue
-	ids idList
-	typ string
-	all bool
+	ids    idList
+	typ    string
+	typSet bool
+	all    bool
 	// requeue and purge: the Admin's scope
 	types    string
 	allTypes bool
 	// purge
 	olderThan ageFlag
+	dryRun    bool
 	// pause
 	holdFor, wait time.Duration
 }
@@ -197,8 +202,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitUsage
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "type" {
+			e.o.deadTypeSet, e.o.typSet = true, true
+		}
+	})
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "relayctl %s: unexpected argument %q (flags only)\n", cmd.name, fs.Arg(0))
+		return exitUsage
+	}
+
+	if msg := e.o.check(cmd.name); msg != "" {
+		fmt.Fprintf(stderr, "relayctl %s: %s\n", cmd.name, msg)
 		return exitUsage
 	}
 
@@ -250,6 +265,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if e.admin, err = relay.NewAdmin(pool, cfg, aopts...); err != nil {
 		fmt.Fprintf(stderr, "relayctl: %v\n", err)
+		var fe *relay.FieldError
+		if errors.As(err, &fe) && e.o.fromFlag(fe.Field) {
+			return exitUsage // the flag's value, not the environment's
+		}
 		return exitError
 	}
 	return cmd.exec(ctx, e)
@@ -278,6 +297,79 @@ func splitCommand(args []string) (leading []string, name string, rest []string, 
 		}
 	}
 	return nil, "", nil, errors.New("no command after the flags")
+}
+
+// check returns what is wrong with the flags every command shares and with
+// cmd's text flags, or "": text that PostgreSQL cannot take (a NUL byte,
+// invalid UTF-8) or that names nothing (blank) is a usage error, before any
+// statement. Numbers and durations are checked by the flag package (not a
+// number) and by each command (out of range).
+func (o *opts) check(cmd string) string {
+	texts := []struct {
+		flag, v string
+		set     bool
+	}{
+		{"--app", o.app, o.app != ""},
+		{"--table", o.table, o.table != ""},
+		{"--database-url", o.databaseURL, o.databaseURL != ""},
+	}
+	switch cmd {
+	case "dead":
+		texts = append(texts, struct {
+			flag, v string
+			set     bool
+		}{"--type", o.deadType, o.deadTypeSet})
+	case "requeue":
+		texts = append(texts, struct {
+			flag, v string
+			set     bool
+		}{"--type", o.typ, o.typSet})
+	}
+	for _, t := range texts {
+		if !t.set {
+			continue
+		}
+		if msg := checkText(t.v); msg != "" {
+			return fmt.Sprintf("%s %q %s", t.flag, t.v, msg)
+		}
+	}
+	if o.types != "" {
+		for _, t := range strings.Split(o.types, ",") {
+			if msg := checkText(t); msg != "" {
+				return fmt.Sprintf("--types %q: the type %q %s", o.types, t, msg)
+			}
+		}
+	}
+	if o.maxAttempts < 0 {
+		return fmt.Sprintf("--max-attempts must be at least 1, got %d", o.maxAttempts)
+	}
+	return ""
+}
+
+// checkText says what is wrong with v as a name PostgreSQL stores, or "".
+func checkText(v string) string {
+	switch {
+	case !utf8.ValidString(v):
+		return "is not valid UTF-8"
+	case strings.ContainsRune(v, 0):
+		return "contains a NUL byte, which PostgreSQL text cannot hold"
+	case strings.TrimSpace(v) == "":
+		return "is blank"
+	}
+	return ""
+}
+
+// fromFlag says the Config field was given by a flag rather than the environment.
+func (o *opts) fromFlag(field string) bool {
+	switch field {
+	case "AppName":
+		return o.app != ""
+	case "Table":
+		return o.table != ""
+	case "MaxAttempts":
+		return o.maxAttempts != 0
+	}
+	return false
 }
 
 // connectTimeout bounds a connection attempt that the URL does not bound.

@@ -148,7 +148,7 @@ func TestUsage(t *testing.T) {
 	}
 
 	code, _, stderr := w.ctl(t, ctx, "status", "--table", "no.such.table")
-	require.Equal(t, exitError, code)
+	require.Equal(t, exitUsage, code, "a bad --table is the flag's fault")
 	require.Contains(t, stderr, "Config.Table")
 	code, _, stderr = w.ctl(t, ctx, "status", "--table", "missing_table")
 	require.Equal(t, exitError, code)
@@ -401,10 +401,21 @@ func TestPurge(t *testing.T) {
 	w.rows(t, "orders", 3, "SENT", 0, time.Hour)
 	w.rows(t, "orders", 1, "PENDING", 0, 40*24*time.Hour)
 
-	code, stdout, stderr := w.ctl(t, ctx, "purge", "--older-than", "30d", "--all-types")
+	code, stdout, stderr := w.ctl(t, ctx, "purge", "--older-than", "30d", "--dry-run", "--all-types")
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, "would delete 2,005 SENT row(s)")
+	require.Contains(t, stdout, "(counted)")
+	require.Contains(t, stdout, "  2,005  orders\n")
+	code, stdout, _ = w.ctl(t, ctx, "purge", "--older-than", "30d", "--dry-run", "--json", "--all-types")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, `"types": {`)
+	require.Contains(t, stdout, `"orders": 2005`)
+	require.Equal(t, 2008, w.count(t, "status = 'SENT'"), "a dry run deletes nothing")
+
+	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "30d", "--all-types")
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "purged 2,005 SENT row(s)")
-	require.Contains(t, stderr, "purge: 1,000 of ~2,005 rows deleted", "plain progress lines when not on a terminal")
+	require.Contains(t, stderr, "purge: about 2,005 SENT row(s) to delete, in chunks of 1,000\n", "the total before the first chunk")
 	require.NotContains(t, stderr, "\r")
 	require.Equal(t, 3, w.count(t, "status = 'SENT'"))
 	require.Equal(t, 1, w.count(t, "status = 'PENDING'"))
@@ -615,25 +626,77 @@ func TestPauseResume(t *testing.T) {
 	})
 }
 
-// TestProgressBar: on a terminal the purge redraws one bar in place.
+// TestProgressBar replays, on a fake clock, the bar of a purge of 1,000,000
+// rows that deletes a chunk of 1,000 every 10 ms: the total is the estimate
+// known before the first chunk, the bar moves from empty to full, and the rate
+// and the time left are the clock's.
 func TestProgressBar(t *testing.T) {
 	t.Parallel()
 	var b bytes.Buffer
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	p := newProgress(&b, false)
 	p.terminal = true
-	p.update(1000, 4000)
-	p.update(4000, 4000)
-	p.update(4100, 4000) // an estimate the purge overtook
+	p.now = func() time.Time { return now }
+	const total, chunk = 1_000_000, relay.PurgeChunk
+	p.update(0, total)
+	for deleted := int64(chunk); deleted <= total; deleted += chunk {
+		now = now.Add(10 * time.Millisecond)
+		p.update(deleted, total)
+	}
 	p.done()
-	out := b.String()
-	require.Contains(t, out, "\r[#######.......................]  25%  1,000 of ~4,000 rows")
-	require.Contains(t, out, "\r[##############################] 100%  4,000 of ~4,000 rows")
-	require.Contains(t, out, "100%  4,100 of ~4,100 rows")
-	require.True(t, strings.HasSuffix(out, "\n"))
-	require.Equal(t, 1, strings.Count(out, "\n"), "one line, redrawn")
+	head, bar, ok := strings.Cut(b.String(), "\r")
+	require.True(t, ok)
+	require.Equal(t, "purge: about 1,000,000 SENT row(s) to delete, in chunks of 1,000\n", head)
+	frames := strings.Split(strings.TrimSuffix(bar, "\n"), "\r")
+	require.Len(t, frames, total/chunk)
+	require.Equal(t, "[..............................]   0%  1,000 of ~1,000,000 rows  0s ", frames[0], "no rate from 10 ms")
+	require.True(t, strings.HasPrefix(frames[9], "[..............................]   1%  10,000 of ~1,000,000 rows  100,000 rows/s  10s left"), frames[9])
+	require.True(t, strings.HasPrefix(frames[99], "[###...........................]  10%  100,000 of ~1,000,000 rows  100,000 rows/s  9s left"), frames[99])
+	require.True(t, strings.HasPrefix(frames[499], "[###############...............]  50%  500,000 of ~1,000,000 rows  100,000 rows/s  5s left"), frames[499])
+	require.True(t, strings.HasPrefix(frames[999], "[##############################] 100%  1,000,000 of ~1,000,000 rows  100,000 rows/s  10s"), frames[999])
+	// The bar moves: each of its 30 cells fills in turn, never back.
+	bars, last := 0, -1
+	for _, f := range frames {
+		filled := strings.Count(f[:32], "#")
+		require.GreaterOrEqual(t, filled, last)
+		if filled > last {
+			bars++
+		}
+		last = filled
+	}
+	require.Equal(t, 31, bars)
+	require.True(t, strings.HasSuffix(b.String(), "\n"))
+	require.Equal(t, 2, strings.Count(b.String(), "\n"), "the estimate's line and one bar, redrawn")
+
+	// An estimate the purge overtakes says so rather than follow the count.
+	b.Reset()
+	p = newProgress(&b, false)
+	p.terminal = true
+	p.now = func() time.Time { return now }
+	p.update(0, 4000)
+	now = now.Add(time.Second)
+	p.update(4100, 4000)
+	require.Contains(t, b.String(), "\r[##############################] 100%  4,100 rows, more than the ~4,000 estimated  4,100 rows/s  1s")
+
+	// Off a terminal: a line every 2s, with the rate and the time left.
+	b.Reset()
+	p = newProgress(&b, false)
+	p.now = func() time.Time { return now }
+	p.update(0, 10_000)
+	for deleted := int64(1000); deleted <= 10_000; deleted += 1000 {
+		now = now.Add(time.Second)
+		p.update(deleted, 10_000)
+	}
+	require.Equal(t, "purge: about 10,000 SENT row(s) to delete, in chunks of 1,000\n"+
+		"purge: 2,000 of ~10,000 rows  1,000 rows/s  8s left\n"+
+		"purge: 4,000 of ~10,000 rows  1,000 rows/s  6s left\n"+
+		"purge: 6,000 of ~10,000 rows  1,000 rows/s  4s left\n"+
+		"purge: 8,000 of ~10,000 rows  1,000 rows/s  2s left\n"+
+		"purge: 10,000 of ~10,000 rows  1,000 rows/s  10s\n", b.String())
 
 	b.Reset()
 	quiet := newProgress(&b, true)
+	quiet.update(0, 2)
 	quiet.update(1, 2)
 	quiet.done()
 	require.Empty(t, b.String())
@@ -669,4 +732,78 @@ func TestFlagsBeforeOrAfterTheCommand(t *testing.T) {
 	errOut.Reset()
 	require.Equal(t, exitUsage, run(ctx, []string{"--database-url", "x"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "no command after the flags")
+}
+
+func TestClock(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{0: "0s", 9400 * time.Millisecond: "9s", 245 * time.Second: "4m05s", 3723 * time.Second: "1h02m03s"} {
+		require.Equal(t, want, clock(d))
+	}
+}
+
+// TestInputValidation: every value a flag can carry that makes no sense is a
+// usage error (exit 2) naming the flag, before any statement runs: ages that
+// are not finite, negative or beyond a Duration; text PostgreSQL cannot hold
+// or that names nothing; ids and limits that are not numbers or out of range.
+func TestInputValidation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	w.rows(t, "orders", 2, "ERROR", ceiling, time.Hour)
+	w.rows(t, "orders", 2, "SENT", 0, 40*24*time.Hour)
+	for _, tc := range []struct {
+		name  string
+		cmd   string
+		flags []string
+		want  string
+	}{
+		{"AgeNaN", "purge", []string{"--older-than", "NaNd"}, `"NaNd" is not a number of days`},
+		{"AgeInf", "purge", []string{"--older-than", "Infd"}, `"Infd" is too long an age`},
+		{"AgeMinusInf", "purge", []string{"--older-than", "-Infd"}, "must not be negative"},
+		{"Age1e308", "purge", []string{"--older-than", "1e308d"}, "too long an age: at most 106751 days"},
+		{"Age1e400", "purge", []string{"--older-than", "1e400d"}, "too long an age"},
+		{"AgeNegativeDays", "purge", []string{"--older-than", "-1d"}, "must not be negative"},
+		{"AgeNegative", "purge", []string{"--older-than", "-5m"}, "must not be negative"},
+		{"AgeHuge", "purge", []string{"--older-than", "9999999999h"}, "is not an age"},
+		{"AgeBlank", "purge", []string{"--older-than", " "}, "is not an age"},
+		{"AgeNoUnit", "purge", []string{"--older-than", "30"}, "is not an age"},
+		{"DeadTypeBlank", "dead", []string{"--type", "  "}, `--type "  " is blank`},
+		{"DeadTypeEmpty", "dead", []string{"--type", ""}, `--type "" is blank`},
+		{"DeadTypeNUL", "dead", []string{"--type", "ord\x00ers"}, "contains a NUL byte"},
+		{"DeadTypeUTF8", "dead", []string{"--type", "ord\xffers"}, "is not valid UTF-8"},
+		{"RequeueTypeBlank", "requeue", []string{"--type", "\t"}, "is blank"},
+		{"RequeueTypeNUL", "requeue", []string{"--type", "\x00"}, "contains a NUL byte"},
+		{"RequeueTypeUTF8", "requeue", []string{"--type", "\xc3\x28"}, "is not valid UTF-8"},
+		{"TypesBlank", "purge", []string{"--older-than", "1d", "--types", "orders,,invoices"}, `the type "" is blank`},
+		{"TypesNUL", "requeue", []string{"--all", "--types", "a\x00"}, "contains a NUL byte"},
+		{"TypesUTF8", "purge", []string{"--older-than", "1d", "--types", "\xff"}, "is not valid UTF-8"},
+		{"AppNUL", "status", []string{"--app", "a\x00"}, `--app "a\x00" contains a NUL byte`},
+		{"TableUTF8", "who", []string{"--table", "\xff"}, "is not valid UTF-8"},
+		{"MaxAttemptsNegative", "dead", []string{"--max-attempts", "-1"}, "--max-attempts must be at least 1"},
+		{"MaxAttemptsText", "dead", []string{"--max-attempts", "ten"}, `invalid value "ten" for flag -max-attempts`},
+		{"LimitText", "dead", []string{"--limit", "abc"}, `invalid value "abc" for flag -limit`},
+		{"LimitFloat", "dead", []string{"--limit", "1e3"}, `invalid value "1e3" for flag -limit`},
+		{"LimitZero", "dead", []string{"--limit", "0"}, "--limit must be between 1 and"},
+		{"LimitHuge", "dead", []string{"--limit", "99999999999999999999"}, "invalid value"},
+		{"AfterText", "dead", []string{"--after", "x"}, `invalid value "x" for flag -after`},
+		{"AfterNegative", "dead", []string{"--after", "-1"}, "--after must not be negative"},
+		{"IDText", "requeue", []string{"--id", "abc"}, `"abc" is not a row id`},
+		{"IDZero", "requeue", []string{"--id", "0"}, `"0" is not a row id`},
+		{"IDEmptyInList", "requeue", []string{"--id", "1,,2"}, `"" is not a row id`},
+		{"IDHuge", "requeue", []string{"--id", "99999999999999999999"}, "is not a row id"},
+		{"IDNaN", "requeue", []string{"--id", "NaN"}, `"NaN" is not a row id`},
+		{"SampleNegative", "status", []string{"--sample", "-1s"}, "--sample must be between 0 and 1m"},
+		{"SampleText", "status", []string{"--sample", "NaN"}, `invalid value "NaN" for flag -sample`},
+		{"StallAfterZero", "status", []string{"--stall-after", "0"}, "--stall-after must be positive"},
+		{"ForHuge", "pause", []string{"--for", "9999999999h"}, "invalid value"},
+		{"TableBad", "status", []string{"--table", "no.such.table"}, "Config.Table"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := w.ctl(t, ctx, tc.cmd, tc.flags...)
+			require.Equal(t, exitUsage, code, "stdout %q stderr %q", stdout, stderr)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+	require.Equal(t, 2, w.count(t, "status = 'ERROR'"), "nothing was re-queued")
+	require.Equal(t, 2, w.count(t, "status = 'SENT'"), "nothing was purged")
 }

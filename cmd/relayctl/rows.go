@@ -128,7 +128,7 @@ func requeueFlags(fs *flag.FlagSet, o *opts) {
 
 func runRequeue(ctx context.Context, e *env) int {
 	modes := 0
-	for _, set := range []bool{len(e.o.ids) > 0, e.o.typ != "", e.o.all} {
+	for _, set := range []bool{len(e.o.ids) > 0, e.o.typSet, e.o.all} {
 		if set {
 			modes++
 		}
@@ -146,7 +146,7 @@ func runRequeue(ctx context.Context, e *env) int {
 	case e.o.all:
 		n, err = e.admin.RequeueAll(ctx)
 		what = "dead row(s)"
-	case e.o.typ != "":
+	case e.o.typSet:
 		n, err = e.admin.RequeueType(ctx, e.o.typ)
 		what = fmt.Sprintf("dead row(s) of type %q", e.o.typ)
 	default:

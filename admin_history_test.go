@@ -1,0 +1,153 @@
+package relay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+)
+
+// TestAdminHistory: deliveries are counted in the minute of their sent_at,
+// and the lag at the end of each minute is the age then of the oldest row
+// waiting at that instant: a pending row, a row until it was delivered, a
+// dead row until it died.
+func TestAdminHistory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	// row writes n rows of typ written created ago, in status, delivered or
+	// dead ended ago (0: not yet).
+	row := func(typ string, n int, status string, attempts int, created, ended time.Duration) {
+		b.exec(t, `INSERT INTO %s (type, natural_key, payload, status, attempts, created_at, updated_at, sent_at)
+			SELECT $1, 'k' || g, '{}', $2, $3, now() - make_interval(secs => $4),
+				CASE WHEN $5 > 0 THEN now() - make_interval(secs => $5) ELSE now() END,
+				CASE WHEN $2 = 'SENT' THEN now() - make_interval(secs => $5) END
+			FROM generate_series(1, $6) g`, typ, status, attempts, created.Seconds(), ended.Seconds(), n)
+	}
+	m := time.Minute
+	row("old", 5, "SENT", 0, 5*time.Hour, 4*time.Hour)                               // long before the window and its lookback
+	row("orders", 3, "SENT", 0, 5*m+30*time.Second, 4*m+30*time.Second)              // waited 1m, delivered in step 5
+	row("orders", 2, "SENT", 0, 90*time.Second, 30*time.Second)                      // delivered in step 9
+	row("orders", 1, "PENDING", 0, 20*m, 0)                                          // waits since before the window
+	row("refunds", 1, "ERROR", adminCeiling, 8*m+30*time.Second, 5*m+30*time.Second) // waited 3m, then died
+	row("refunds", 1, "ERROR", 1, 30*time.Second, 0)                                 // retrying: waits
+	a := b.newAdmin(t)
+
+	h, err := a.History(ctx, 10*m, m)
+	require.NoError(t, err)
+	require.Equal(t, 10*m, h.To.Sub(h.From))
+	require.Equal(t, m, h.Step)
+	require.Len(t, h.Types, 2, "the old type is outside the window: %+v", h.Types)
+	orders, refunds := h.Types[0], h.Types[1]
+	require.Equal(t, "orders", orders.Type)
+	require.Equal(t, []int64{0, 0, 0, 0, 0, 3, 0, 0, 0, 2}, orders.Delivered)
+	require.Equal(t, "refunds", refunds.Type)
+	require.Equal(t, make([]int64, 10), refunds.Delivered)
+
+	near := func(want, got time.Duration, msg string) {
+		t.Helper()
+		require.InDelta(t, want.Seconds(), got.Seconds(), 2, "%s: want %s, got %s", msg, want, got)
+	}
+	// orders: the pending row written 20m ago is the oldest at every instant.
+	for i, lag := range orders.Lag {
+		near(10*m+time.Duration(i+1)*m, lag, "orders")
+	}
+	// refunds: the dead row waited from 8m30s ago to 5m30s ago (the ends of
+	// steps 1, 2 and 3, at 8m, 7m and 6m ago), the retrying one since 30s ago.
+	want := []time.Duration{0, 30 * time.Second, 90 * time.Second, 150 * time.Second, 0, 0, 0, 0, 0, 30 * time.Second}
+	for i := range want {
+		near(want[i], refunds.Lag[i], "refunds step "+string(rune('0'+i)))
+	}
+
+	for _, bad := range []struct {
+		window, step time.Duration
+		msg          string
+	}{
+		{0, m, "window must be in"},
+		{-m, m, "window must be in"},
+		{25 * time.Hour, m, "window must be in"},
+		{time.Hour, 0, "step must be at least 1s"},
+		{24 * time.Hour, time.Second, "at most 1440 steps"},
+	} {
+		_, err := a.History(ctx, bad.window, bad.step)
+		require.ErrorContains(t, err, bad.msg)
+	}
+
+	empty := setup(t)
+	h, err = empty.newAdmin(t).History(ctx, time.Hour, m)
+	require.NoError(t, err)
+	require.Empty(t, h.Types)
+}
+
+// TestHistoryMillion: on a table of 1,000,000 rows, History reads the last
+// hour through the primary key and the partial indexes, never by a
+// sequential scan, and costs about as much as the Overview.
+//
+//	go test -run TestHistoryMillion -v .
+func TestHistoryMillion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a table of 1,000,000 rows; -short skips it")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	// One row every 0.1 s for 27.8 hours, delivered 2 s after it was written,
+	// but for the last 6,000 (10 minutes): pending, then dead and retrying.
+	b.exec(t, `INSERT INTO %s (type, natural_key, payload, status, attempts, created_at, updated_at, sent_at)
+		SELECT (ARRAY['orders','invoices','customers','shipments'])[1 + g %% 4], 'key-' || (g %% 50000),
+			jsonb_build_object('id', g, 'note', repeat('x', 120)),
+			CASE WHEN g <= 994000 THEN 'SENT' WHEN g <= 998000 THEN 'PENDING' ELSE 'ERROR' END,
+			CASE WHEN g <= 998000 THEN 0 WHEN g <= 999000 THEN 1 ELSE $1 END,
+			now() - make_interval(secs => (1000000 - g) / 10.0), now() - make_interval(secs => (1000000 - g) / 10.0 - 2),
+			CASE WHEN g <= 994000 THEN now() - make_interval(secs => (1000000 - g) / 10.0 - 2) END
+		FROM generate_series(1, 1000000) g`, adminCeiling)
+	b.exec(t, "VACUUM ANALYZE %s")
+	a := b.newAdmin(t)
+
+	search, back, read, err := relay.HistoryPlansForTest(ctx, a, time.Hour, time.Minute)
+	require.NoError(t, err)
+	t.Logf("search:\n%s\nback:\n%s\nread:\n%s", search, back, read)
+	require.NotContains(t, search, "Seq Scan")
+	require.NotContains(t, back, "Seq Scan")
+	require.NotContains(t, read, "Seq Scan", "the window is read by index ranges")
+	require.NotContains(t, read, "Sort", "hash aggregates, no sort")
+
+	median := func(f func()) time.Duration {
+		var ds []time.Duration
+		for range 5 {
+			s := time.Now()
+			f()
+			ds = append(ds, time.Since(s))
+		}
+		for i := range ds {
+			for j := i + 1; j < len(ds); j++ {
+				if ds[j] < ds[i] {
+					ds[i], ds[j] = ds[j], ds[i]
+				}
+			}
+		}
+		return ds[2]
+	}
+	var h relay.History
+	hist := median(func() { h, err = a.History(ctx, time.Hour, time.Minute); require.NoError(t, err) })
+	over := median(func() { _, err := a.Overview(ctx); require.NoError(t, err) })
+	t.Logf("History (last hour, by minute): median %s; Overview: median %s; rows read from id %d", hist, over, h.FromID)
+	require.Len(t, h.Types, 4)
+	var delivered int64
+	for _, th := range h.Types {
+		for _, n := range th.Delivered {
+			delivered += n
+		}
+		require.Len(t, th.Lag, 60)
+		require.InDelta(t, 10*time.Minute.Seconds(), th.Lag[59].Seconds(), 120, "%s: the oldest pending row waits since 10 minutes ago (when the table was built)", th.Type)
+		require.Less(t, th.Lag[30], 3*time.Second, "%s: delivered 2 s after writing, half an hour ago", th.Type)
+	}
+	// Rows 964000..994000 were delivered in the last hour, 600 a minute.
+	require.InDelta(t, 30_000, delivered, 600, "less the rows the window left behind while the test ran")
+	require.Greater(t, h.FromID, int64(960_000), "the range starts near the hour's first row, not at the table's start")
+	require.True(t, strings.Contains(read, "Index"), "read by index")
+}

@@ -1,0 +1,180 @@
+package relay
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// Headers travel with a message from its producer to its destination: a
+// Sender gets them in [Message.Headers], and the HTTPSender, the Kafka sender
+// and the NATS sender put them in the request's headers, the record's and the
+// message's. They carry metadata beside the payload, typically the W3C trace
+// context (traceparent, tracestate) that the otel module stores.
+//
+// They are stored in the optional headers column (jsonb, one object of
+// strings), which CreateTable and SchemaSQL add; a table without it (a JVM
+// service's) keeps working, and its messages have no headers. The rules,
+// checked by Enqueue and again by the relay on every row it reads (a row that
+// breaks them, written by another producer, is marked dead with the reason):
+//
+//   - a name is an HTTP token (letters, digits and !#$%&'*+-.^_`|~), unique
+//     whatever its case, and not one the senders set themselves:
+//     Idempotency-Key, Content-Type, Relay-*, Nats-*, nor one Go's HTTP
+//     client would drop (Host, Content-Length, Transfer-Encoding, Trailer);
+//   - a value has no control characters other than tab;
+//   - at most [HeadersMax] headers, names and values of at most
+//     [HeadersBytesMax] bytes in all.
+const (
+	HeadersMax      = 64      // headers of one message, at most
+	HeadersBytesMax = 8 << 10 // bytes of one message's header names and values, at most
+)
+
+// headersColumn is the optional column that stores a message's headers.
+const headersColumn = "headers"
+
+// reservedHeaders are the names a message's headers may not take, whatever
+// their case: the senders set them from the message, or Go's HTTP client
+// drops or rewrites them.
+var reservedHeaders = []struct{ name, why string }{
+	{"Idempotency-Key", "the senders set it from the message (Message.IdempotencyKey)"},
+	{"Content-Type", "the senders set it (application/json, or the HTTPSender's configured one)"},
+	{"Host", "Go's HTTP client takes it from the URL, never from the headers"},
+	{"Content-Length", "Go's HTTP client computes it from the body"},
+	{"Transfer-Encoding", "Go's HTTP client chooses it"},
+	{"Trailer", "Go's HTTP client drops it from a request's headers"},
+}
+
+// reservedHeaderPrefixes are the name prefixes kept for the senders, whatever
+// their case: the HTTPSender's Relay-* headers and the NATS server's Nats-*.
+var reservedHeaderPrefixes = []struct{ prefix, why string }{
+	{"Relay-", "the HTTPSender sets the Relay-* headers from the message"},
+	{"Nats-", "the NATS server reads the Nats-* headers (Nats-Msg-Id is the NATS sender's deduplication id)"},
+}
+
+// ValidateHeaders returns an error naming the first header of h that breaks
+// the rules of [HeadersMax], nil when every one keeps them: what Enqueue and
+// the relay check, for a producer that writes by plain SQL, or a Sender (or a
+// wrapper of one) that adds headers.
+func ValidateHeaders(h map[string]string) error { return validateHeaders(h) }
+
+// validateHeaders is ValidateHeaders. The relay checks every row it reads, so
+// the common case, headers that keep the rules, allocates nothing; only a
+// failure walks them in order, to name the first by name.
+func validateHeaders(h map[string]string) error {
+	if len(h) == 0 {
+		return nil
+	}
+	if len(h) > HeadersMax {
+		return fmt.Errorf("has %d headers, more than HeadersMax (%d)", len(h), HeadersMax)
+	}
+	size, valid := 0, true
+	for name, value := range h {
+		size += len(name) + len(value)
+		if headerProblem(name, value) != "" {
+			valid = false
+			break
+		}
+	}
+	if valid && len(h) > 1 {
+	twins:
+		for a := range h {
+			for b := range h {
+				if a != b && strings.EqualFold(a, b) {
+					valid = false
+					break twins
+				}
+			}
+		}
+	}
+	if valid {
+		if size > HeadersBytesMax {
+			return fmt.Errorf("headers take %d bytes, more than HeadersBytesMax (%d)", size, HeadersBytesMax)
+		}
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(h))
+	for _, name := range names {
+		if problem := headerProblem(name, h[name]); problem != "" {
+			return errors.New(problem)
+		}
+	}
+	return errors.New(caseTwin(names))
+}
+
+// headerProblem says what is wrong with one header; "" when nothing is.
+func headerProblem(name, value string) string {
+	if !validToken(name) {
+		return fmt.Sprintf("header name %.80q is not an HTTP token (letters, digits and !#$%%&'*+-.^_`|~)", name)
+	}
+	for _, r := range reservedHeaders {
+		if strings.EqualFold(name, r.name) {
+			return "must not set header " + r.name + ": " + r.why
+		}
+	}
+	for _, r := range reservedHeaderPrefixes {
+		if len(name) >= len(r.prefix) && strings.EqualFold(name[:len(r.prefix)], r.prefix) {
+			return "must not set header " + name + ": " + r.why
+		}
+	}
+	if !validHeaderValue(value) {
+		return fmt.Sprintf("header %s has a value with control characters: %.80q", name, value)
+	}
+	return ""
+}
+
+// caseTwin names two of names (sorted) that differ only in case (one
+// header to HTTP), the first such pair; "" when none do.
+func caseTwin(names []string) string {
+	for i, a := range names {
+		for _, b := range names[i+1:] {
+			if strings.EqualFold(a, b) {
+				first, second := min(a, b), max(a, b)
+				return fmt.Sprintf("has headers %q and %q, one header to HTTP, whose names ignore case", first, second)
+			}
+		}
+	}
+	return ""
+}
+
+// encodeHeaders is h as the headers column stores it; nil (SQL NULL) when h is empty.
+func encodeHeaders(h map[string]string) (*string, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	s := string(b)
+	return &s, nil
+}
+
+// decodeHeaders reads the headers column as the pass selected it (jsonb as
+// text; nil when NULL) and checks it: a row whose headers break the rules is
+// undeliverable, and the error says why.
+func decodeHeaders(text []byte) (map[string]string, error) {
+	if text == nil {
+		return nil, nil
+	}
+	var h map[string]string
+	if err := json.Unmarshal(text, &h); err != nil {
+		return nil, fmt.Errorf("headers is not a JSON object of strings: %.120s", text)
+	}
+	if err := validateHeaders(h); err != nil {
+		return nil, fmt.Errorf("headers %w", err)
+	}
+	if len(h) == 0 {
+		return nil, nil
+	}
+	return h, nil
+}
+
+// headersMigration is the statement that adds the headers column to table
+// (quoted), for an existing table; docs/operations.md gives it too.
+func headersMigration(table string) string {
+	return "ALTER TABLE " + table + " ADD COLUMN IF NOT EXISTS " + headersColumn + " jsonb"
+}

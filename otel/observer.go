@@ -1,0 +1,148 @@
+package otelrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
+
+	"github.com/xadm/relay"
+)
+
+// The attributes of the Observer's measurements beside the conventions' own.
+const (
+	// OutcomeKey is a message's recorded outcome: "sent", "error" (to be
+	// retried) or "dead".
+	OutcomeKey = attribute.Key("relay.message.outcome")
+	// PassKey is a pass's kind: "ran" (elected or direct) or "coalesced"
+	// (another session held the election).
+	PassKey = attribute.Key("relay.pass")
+)
+
+// The metrics of the Observer that the conventions do not name.
+const (
+	// PassDurationName is the histogram of pass durations, in seconds,
+	// election included, by [PassKey], with error.type for a failed pass.
+	PassDurationName = "relay.pass.duration"
+	// LagName is the gauge of the age, in seconds, of the oldest deliverable
+	// row the last pass found: how far behind the relay is (relay.Stats.Lag).
+	LagName = "relay.lag"
+)
+
+// NewObserver returns a [relay.Observer] (for [relay.Config].Observer) that
+// records, through the MeterProvider of [WithMeterProvider] or the global one:
+//
+//   - messaging.client.sent.messages, a counter of messages whose outcome was
+//     recorded, by messaging.destination.name (the type) and [OutcomeKey],
+//     with error.type when it failed;
+//   - messaging.client.operation.duration, a histogram of the sends' durations
+//     in seconds, with the same attributes;
+//   - relay.pass.duration ([PassDurationName]) and relay.lag ([LagName]).
+//
+// Every measurement carries messaging.system ([WithSystem]). A panic inside
+// the meter costs that measurement only.
+func NewObserver(opts ...Option) (relay.Observer, error) {
+	c := newConfig(opts)
+	mp := c.meterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(ScopeName)
+	o := &observer{system: semconv.MessagingSystemKey.String(c.system), sets: map[messageSet]metric.MeasurementOption{}}
+	var errs []error
+	var err error
+	o.sent, err = meter.Int64Counter(messagingconv.ClientSentMessages{}.Name(),
+		metric.WithUnit(messagingconv.ClientSentMessages{}.Unit()),
+		metric.WithDescription("Messages the relay tried to send, by outcome."))
+	errs = append(errs, err)
+	o.sendDuration, err = meter.Float64Histogram(messagingconv.ClientOperationDuration{}.Name(),
+		metric.WithUnit("s"), metric.WithDescription("Duration of one send, by outcome."))
+	errs = append(errs, err)
+	o.passDuration, err = meter.Float64Histogram(PassDurationName,
+		metric.WithUnit("s"), metric.WithDescription("Duration of a relay pass, election included."))
+	errs = append(errs, err)
+	o.lag, err = meter.Float64Gauge(LagName,
+		metric.WithUnit("s"), metric.WithDescription("Age of the oldest deliverable row the last pass found."))
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("otelrelay: the Observer's instruments: %w", err)
+	}
+	return o, nil
+}
+
+type observer struct {
+	system       attribute.KeyValue
+	sent         metric.Int64Counter
+	sendDuration metric.Float64Histogram
+	passDuration metric.Float64Histogram
+	lag          metric.Float64Gauge
+
+	mu   sync.RWMutex
+	sets map[messageSet]metric.MeasurementOption // built once per type, outcome and error.type
+}
+
+type messageSet struct{ typ, outcome, errType string }
+
+// PassDone records p's duration and lag.
+func (o *observer) PassDone(p relay.PassReport) {
+	defer func() { _ = recover() }()
+	ctx := context.Background()
+	kind := "ran"
+	if p.Coalesced {
+		kind = "coalesced"
+	}
+	attrs := []attribute.KeyValue{o.system, PassKey.String(kind)}
+	if p.Err != nil && !errors.Is(p.Err, context.Canceled) {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(errorType(p.Err)))
+	}
+	o.passDuration.Record(ctx, p.Duration.Seconds(), metric.WithAttributes(attrs...))
+	if p.Ran && (p.Err == nil || p.Lag > 0) {
+		o.lag.Record(ctx, p.Lag.Seconds(), metric.WithAttributes(o.system))
+	}
+}
+
+// MessageDone counts m and records its send's duration.
+func (o *observer) MessageDone(m relay.MessageReport) {
+	defer func() { _ = recover() }()
+	k := messageSet{typ: m.Type, outcome: outcomeOf(m.Outcome)}
+	if m.Err != nil {
+		k.errType = errorType(m.Err)
+	}
+	o.mu.RLock()
+	opt, ok := o.sets[k]
+	o.mu.RUnlock()
+	if !ok {
+		attrs := []attribute.KeyValue{o.system, semconv.MessagingDestinationName(k.typ),
+			semconv.MessagingOperationName(operationName), semconv.MessagingOperationTypeSend, OutcomeKey.String(k.outcome)}
+		if k.errType != "" {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(k.errType))
+		}
+		opt = metric.WithAttributeSet(attribute.NewSet(attrs...))
+		o.mu.Lock()
+		o.sets[k] = opt
+		o.mu.Unlock()
+	}
+	ctx := context.Background()
+	o.sent.Add(ctx, 1, opt)
+	o.sendDuration.Record(ctx, m.Duration.Seconds(), opt)
+}
+
+// outcomeOf is a MessageReport.Outcome as OutcomeKey says it.
+func outcomeOf(outcome string) string {
+	switch outcome {
+	case relay.OutcomeSent:
+		return "sent"
+	case relay.OutcomeError:
+		return "error"
+	case relay.OutcomeDead:
+		return "dead"
+	}
+	return strings.ToLower(outcome)
+}

@@ -1,0 +1,234 @@
+package otelrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/xadm/relay"
+)
+
+// AttemptKey is the attribute of a send span that says which attempt at the
+// message it is, from 1 (relay.Message.Attempts + 1).
+const AttemptKey = attribute.Key("relay.message.attempt")
+
+// operationName is the messaging.operation.name of a send span.
+const operationName = "send"
+
+// WrapSender returns s with each send in a span (see the package's doc): the
+// span is linked to the producer's span whose trace context [Enqueue] stored
+// in the message's headers (or its child, with [AsChild]), and its own trace
+// context goes into a copy of the headers that s gets. When s is a
+// [relay.BatchSender], so is the result, with one span per message of a
+// batch. Options: [WithTracerProvider], [WithPropagator], [WithSystem],
+// [AsChild].
+//
+// The wrapper changes nothing else: s gets the same context, the same
+// message (its headers aside), and its error or panic reaches the relay as
+// it was. A panic of the tracer or the propagator costs the span only: s
+// then gets the message as it came.
+func WrapSender(s relay.Sender, opts ...Option) relay.Sender {
+	c := newConfig(opts)
+	tp := c.tracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	w := &sender{next: s, c: c, tracer: tp.Tracer(ScopeName)}
+	if b, ok := s.(relay.BatchSender); ok {
+		return &batchSender{sender: w, batch: b}
+	}
+	return w
+}
+
+type sender struct {
+	next   relay.Sender
+	c      config
+	tracer trace.Tracer
+}
+
+// Type returns the wrapped sender's type.
+func (w *sender) Type() string { return w.next.Type() }
+
+// Send sends m through the wrapped sender in a span.
+func (w *sender) Send(ctx context.Context, m relay.Message) (err error) {
+	sctx, span, out := w.start(ctx, m)
+	defer func() {
+		if p := recover(); p != nil {
+			w.end(span, fmt.Errorf("panic: %v", p))
+			panic(p) // the relay's own recover marks the message, as without the wrapper
+		}
+	}()
+	err = w.next.Send(sctx, out)
+	w.end(span, err)
+	return err
+}
+
+type batchSender struct {
+	*sender
+	batch relay.BatchSender
+}
+
+// SendBatch sends ms through the wrapped sender's SendBatch, each message in
+// a span of its own.
+func (w *batchSender) SendBatch(ctx context.Context, ms []relay.Message) (errs []error) {
+	spans := make([]trace.Span, len(ms))
+	outs := make([]relay.Message, len(ms))
+	for i, m := range ms {
+		_, spans[i], outs[i] = w.start(ctx, m)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			for _, span := range spans {
+				w.end(span, fmt.Errorf("panic: %v", p))
+			}
+			panic(p)
+		}
+	}()
+	errs = w.batch.SendBatch(ctx, outs)
+	for i, span := range spans {
+		var err error
+		switch {
+		case len(errs) != len(ms):
+			err = fmt.Errorf("SendBatch returned %d results for %d messages", len(errs), len(ms))
+		default:
+			err = errs[i]
+		}
+		w.end(span, err)
+	}
+	return errs
+}
+
+// start starts m's send span and returns its context and m with the span's
+// trace context in a copy of its headers. When anything in it panics, or the
+// headers it would make are not valid, it returns ctx and m as they came,
+// and a span (perhaps nil) that end ends.
+func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Context, span trace.Span, out relay.Message) {
+	defer func() {
+		if recover() != nil {
+			sctx, out = ctx, m
+		}
+	}()
+	prop := w.c.propagatorOf()
+	// The producer's span, read into an empty context: a span the relay's own
+	// ctx carries is no producer.
+	producer := trace.SpanContextFromContext(prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			semconv.MessagingSystemKey.String(w.c.system),
+			semconv.MessagingDestinationName(m.Type),
+			semconv.MessagingOperationName(operationName),
+			semconv.MessagingOperationTypeSend,
+			semconv.MessagingMessageID(m.IdempotencyKey()),
+			AttemptKey.Int(m.Attempts+1),
+		),
+	}
+	parent := ctx
+	if producer.IsValid() {
+		if w.c.child {
+			parent = trace.ContextWithRemoteSpanContext(ctx, producer)
+		} else {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+		}
+	}
+	sctx, span = w.tracer.Start(parent, operationName+" "+m.Type, opts...)
+
+	// The send span's context replaces the producer's in a copy of the
+	// headers, whatever the case of the names the producer wrote; headers
+	// the senders would refuse are never handed over.
+	var injected pairs
+	prop.Inject(sctx, &injected)
+	headers := make(map[string]string, len(m.Headers)+len(injected))
+	for name, value := range m.Headers {
+		if !injected.has(name) {
+			headers[name] = value
+		}
+	}
+	for _, kv := range injected {
+		headers[kv[0]] = kv[1]
+	}
+	if err := relay.ValidateHeaders(headers); err != nil { // too many, or too large, with the propagator's
+		span.SetAttributes(attribute.String("relay.propagation.error", err.Error()))
+		return sctx, span, m
+	}
+	out = m
+	out.Headers = headers
+	return sctx, span, out
+}
+
+// pairs is a carrier for what a propagator injects: a header or two, without
+// a map of their own.
+type pairs [][2]string
+
+func (p *pairs) Get(key string) string {
+	for _, kv := range *p {
+		if kv[0] == key {
+			return kv[1]
+		}
+	}
+	return ""
+}
+
+func (p *pairs) Set(key, value string) {
+	for i, kv := range *p {
+		if kv[0] == key {
+			(*p)[i][1] = value
+			return
+		}
+	}
+	*p = append(*p, [2]string{key, value})
+}
+
+func (p *pairs) Keys() []string {
+	keys := make([]string, len(*p))
+	for i, kv := range *p {
+		keys[i] = kv[0]
+	}
+	return keys
+}
+
+// has reports whether name is one of p's, whatever its case.
+func (p pairs) has(name string) bool {
+	for _, kv := range p {
+		if strings.EqualFold(name, kv[0]) {
+			return true
+		}
+	}
+	return false
+}
+
+// end ends span with err's outcome; a panic inside it costs the span only.
+func (w *sender) end(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	defer func() { _ = recover() }()
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+	}
+	span.End()
+}
+
+// errorType is a failure's error.type: few values, as the conventions ask.
+func errorType(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case relay.IsPermanent(err):
+		return "permanent"
+	default:
+		return semconv.ErrorTypeOther.Value.AsString()
+	}
+}

@@ -1,0 +1,271 @@
+package otelrelay_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/xadm/relay"
+	otelrelay "github.com/xadm/relay/otel"
+)
+
+// produce writes one message of type "order" under a producer span and
+// returns that span's context.
+func (w *world) produce(t *testing.T, key string) trace.SpanContext {
+	t.Helper()
+	ctx, span := w.tp.Tracer("producer").Start(context.Background(), "POST /orders", trace.WithSpanKind(trace.SpanKindServer))
+	_, err := otelrelay.Enqueue(ctx, w.pool, w.table,
+		relay.Outgoing{Type: "order", Key: key, Payload: []byte(`{"total": 3}`), Headers: map[string]string{"X-Tenant": "acme"}},
+		otelrelay.WithPropagator(w.prop))
+	require.NoError(t, err)
+	span.End()
+	return span.SpanContext()
+}
+
+func (w *world) httpSender(t *testing.T, url string) relay.Sender {
+	t.Helper()
+	s, err := relay.NewHTTPSender(relay.HTTPSenderConfig{Type: "order", URL: relay.URLWithKey(url)})
+	require.NoError(t, err)
+	return s
+}
+
+// TestSendSpanLinkedToProducer: by default the relay's send span starts a
+// trace of its own, linked to the producer's span, and the receiver's span
+// is its child, with the messaging conventions' attributes.
+func TestSendSpanLinkedToProducer(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	rc := w.receiver(t)
+	producer := w.produce(t, "o1")
+
+	r, err := relay.New(w.pool, w.cfg, otelrelay.WrapSender(w.httpSender(t, rc.URL),
+		otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(w.prop)))
+	require.NoError(t, err)
+	n, err := r.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	send, got := w.span(t, "send order"), w.span(t, "PUT /orders")
+	require.Equal(t, trace.SpanKindProducer, send.SpanKind())
+	require.NotEqual(t, producer.TraceID(), send.SpanContext().TraceID(), "a trace of its own")
+	require.False(t, send.Parent().IsValid())
+	require.Len(t, send.Links(), 1)
+	require.Equal(t, producer.SpanID(), send.Links()[0].SpanContext.SpanID())
+	require.Equal(t, producer.TraceID(), send.Links()[0].SpanContext.TraceID())
+	require.Equal(t, send.SpanContext().SpanID(), got.Parent().SpanID(), "the receiver continues the send span")
+	require.Equal(t, send.SpanContext().TraceID(), got.SpanContext().TraceID())
+
+	a := attrs(send)
+	require.Equal(t, "relay", a["messaging.system"].AsString())
+	require.Equal(t, "order", a["messaging.destination.name"].AsString())
+	require.Equal(t, "send", a["messaging.operation.name"].AsString())
+	require.Equal(t, "send", a["messaging.operation.type"].AsString())
+	require.Equal(t, rc.got()[0].Get("Idempotency-Key"), a["messaging.message.id"].AsString())
+	require.Equal(t, int64(1), a["relay.message.attempt"].AsInt64())
+	require.Equal(t, codes.Unset, send.Status().Code)
+	require.Equal(t, "acme", rc.got()[0].Get("X-Tenant"), "the producer's other headers travel too")
+}
+
+// TestSendSpanChildOfProducer: with AsChild, the request, the send and the
+// receiver's handling are one trace.
+func TestSendSpanChildOfProducer(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	rc := w.receiver(t)
+	producer := w.produce(t, "o1")
+
+	r, err := relay.New(w.pool, w.cfg, otelrelay.WrapSender(w.httpSender(t, rc.URL),
+		otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(w.prop), otelrelay.AsChild()))
+	require.NoError(t, err)
+	_, err = r.Run(context.Background())
+	require.NoError(t, err)
+
+	send, got := w.span(t, "send order"), w.span(t, "PUT /orders")
+	require.Equal(t, producer.TraceID(), send.SpanContext().TraceID())
+	require.Equal(t, producer.SpanID(), send.Parent().SpanID())
+	require.True(t, send.Parent().IsRemote())
+	require.Empty(t, send.Links())
+	require.Equal(t, producer.TraceID(), got.SpanContext().TraceID())
+	require.Equal(t, send.SpanContext().SpanID(), got.Parent().SpanID())
+}
+
+// TestSendSpanOfAFailure: a failed send's span has the error, error.type,
+// and the attempt; its retry is a span of its own.
+func TestSendSpanOfAFailure(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	rc := w.receiver(t)
+	rc.answer(http.StatusServiceUnavailable)
+	w.produce(t, "retried")
+	sender := otelrelay.WrapSender(w.httpSender(t, rc.URL), otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(w.prop))
+	r, err := relay.New(w.pool, w.cfg, sender)
+	require.NoError(t, err)
+	_, err = r.Run(context.Background())
+	require.NoError(t, err)
+	rc.answer(http.StatusBadRequest)
+	_, err = r.Run(context.Background())
+	require.NoError(t, err)
+
+	spans := w.spans.Ended()
+	var sends []map[string]string
+	for _, s := range spans {
+		if s.Name() == "send order" {
+			require.Equal(t, codes.Error, s.Status().Code)
+			a := attrs(s)
+			sends = append(sends, map[string]string{"error.type": a["error.type"].AsString(), "attempt": a["relay.message.attempt"].String()})
+			require.NotEmpty(t, s.Events(), "the error is recorded")
+		}
+	}
+	require.Equal(t, []map[string]string{{"error.type": "_OTHER", "attempt": "1"}, {"error.type": "permanent", "attempt": "2"}}, sends)
+}
+
+// panicky is a propagator that panics at every call.
+type panicky struct{}
+
+func (panicky) Inject(context.Context, propagation.TextMapCarrier) { panic("inject") }
+func (panicky) Extract(context.Context, propagation.TextMapCarrier) context.Context {
+	panic("extract")
+}
+func (panicky) Fields() []string { panic("fields") }
+
+// TestInstrumentationPanicsCostTheSpanOnly: a propagator that panics costs
+// the trace context, never the message: it is written, and delivered, with
+// its headers as they were.
+func TestInstrumentationPanicsCostTheSpanOnly(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	rc := w.receiver(t)
+	_, err := otelrelay.Enqueue(context.Background(), w.pool, w.table,
+		relay.Outgoing{Type: "order", Key: "k", Payload: []byte(`{}`), Headers: map[string]string{"X-A": "1"}},
+		otelrelay.WithPropagator(panicky{}))
+	require.NoError(t, err)
+	r, err := relay.New(w.pool, w.cfg, otelrelay.WrapSender(w.httpSender(t, rc.URL),
+		otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(panicky{})))
+	require.NoError(t, err)
+	n, err := r.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Len(t, rc.got(), 1)
+	require.Equal(t, "1", rc.got()[0].Get("X-A"))
+	require.Empty(t, rc.got()[0].Get("Traceparent"))
+	var status string
+	require.NoError(t, w.pool.QueryRow(context.Background(), "SELECT status FROM "+w.table).Scan(&status))
+	require.Equal(t, "SENT", status)
+}
+
+// batchRecorder is a BatchSender that records what it got, and panics when asked.
+type batchRecorder struct {
+	got   []relay.Message
+	panic bool
+}
+
+func (b *batchRecorder) Type() string { return "order" }
+func (b *batchRecorder) Send(ctx context.Context, m relay.Message) error {
+	return b.SendBatch(ctx, []relay.Message{m})[0]
+}
+func (b *batchRecorder) SendBatch(_ context.Context, ms []relay.Message) []error {
+	if b.panic {
+		panic("the broker client broke")
+	}
+	b.got = append(b.got, ms...)
+	return make([]error, len(ms))
+}
+
+// TestBatchSenderStaysOne: a wrapped BatchSender is still one, with one span
+// per message, each message carrying its own span's context; the wrapped
+// sender's panic reaches the relay as without the wrapper, and ends the spans
+// with the error.
+func TestBatchSenderStaysOne(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	for _, k := range []string{"a", "b", "c"} {
+		w.produce(t, k)
+	}
+	inner := &batchRecorder{}
+	wrapped := otelrelay.WrapSender(inner, otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(w.prop))
+	_, ok := wrapped.(relay.BatchSender)
+	require.True(t, ok)
+	r, err := relay.New(w.pool, w.cfg, wrapped)
+	require.NoError(t, err)
+	n, err := r.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Len(t, inner.got, 3)
+	ids := map[trace.SpanID]bool{}
+	for _, m := range inner.got {
+		sc := trace.SpanContextFromContext(w.prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
+		require.True(t, sc.IsValid())
+		ids[sc.SpanID()] = true
+	}
+	sends := 0
+	for _, s := range w.spans.Ended() {
+		if s.Name() == "send order" {
+			sends++
+			require.True(t, ids[s.SpanContext().SpanID()], "each message carries its own send span")
+		}
+	}
+	require.Equal(t, 3, sends)
+
+	// The panic.
+	w.produce(t, "d")
+	inner.panic = true
+	_, err = r.Run(context.Background())
+	require.NoError(t, err)
+	var status, lastErr string
+	require.NoError(t, w.pool.QueryRow(context.Background(), "SELECT status, last_error FROM "+w.table+" WHERE natural_key = 'd'").Scan(&status, &lastErr))
+	require.Equal(t, "ERROR", status)
+	require.Contains(t, lastErr, "the broker client broke")
+	var failed int
+	for _, s := range w.spans.Ended() {
+		if s.Name() == "send order" && s.Status().Code == codes.Error {
+			failed++
+			require.Contains(t, s.Status().Description, "the broker client broke")
+		}
+	}
+	require.Equal(t, 1, failed)
+}
+
+// TestJVMTableStillDelivers: a table made by the JVM's migration, without
+// the headers column, delivers through the wrapped sender as before (the
+// send span has no producer to link), and otelrelay.Enqueue into it fails
+// naming the column.
+func TestJVMTableStillDelivers(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	rc := w.receiver(t)
+	jvm := w.table + "_jvm"
+	_, err := w.pool.Exec(context.Background(), `CREATE TABLE `+jvm+` (
+    id bigserial PRIMARY KEY, direction varchar(3), type varchar(100), natural_key varchar(255), payload jsonb,
+    status varchar(20), attempts integer, last_error varchar(255), created_at timestamp, updated_at timestamp, sent_at timestamp)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = w.pool.Exec(context.Background(), "DROP TABLE "+jvm) })
+	_, err = w.pool.Exec(context.Background(), `INSERT INTO `+jvm+` (direction, type, natural_key, payload, status, attempts, created_at, updated_at)
+VALUES ('OUT', 'order', 'from-the-jvm', '{}', 'PENDING', 0, now(), now())`)
+	require.NoError(t, err)
+
+	ctx, span := w.tp.Tracer("producer").Start(context.Background(), "POST /orders")
+	_, err = otelrelay.Enqueue(ctx, w.pool, jvm, relay.Outgoing{Type: "order", Key: "go", Payload: []byte(`{}`)},
+		otelrelay.WithPropagator(w.prop))
+	span.End()
+	require.ErrorContains(t, err, "ADD COLUMN IF NOT EXISTS headers jsonb")
+
+	cfg := w.cfg
+	cfg.Table = jvm
+	r, err := relay.New(w.pool, cfg, otelrelay.WrapSender(w.httpSender(t, rc.URL),
+		otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(w.prop)))
+	require.NoError(t, err)
+	n, err := r.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	send, got := w.span(t, "send order"), w.span(t, "PUT /orders")
+	require.Empty(t, send.Links())
+	require.Equal(t, send.SpanContext().SpanID(), got.Parent().SpanID())
+	var status string
+	require.NoError(t, w.pool.QueryRow(context.Background(), "SELECT status FROM "+jvm).Scan(&status))
+	require.Equal(t, "SENT", status)
+}

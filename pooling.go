@@ -1,0 +1,211 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// This file is the check that the pool keeps its sessions: every election
+// (the guard's, the partitioned one, the Scheduler's) holds a session
+// advisory lock on one connection, and behind a pooler that lends a client
+// connection a different server connection for each transaction (PgBouncer's
+// pool_mode=transaction or statement) the lock stays on whichever server
+// connection ran the statement: it excludes nobody, and is stranded there.
+// No election runs on such a pool.
+
+// ErrTransactionPooling says the pool does not keep a session between
+// statements: a pooler in transaction or statement mode (PgBouncer's
+// pool_mode=transaction) sits between the relay and PostgreSQL. Session
+// advisory locks, and so every election, need pool_mode=session or a direct
+// connection; the relay refuses to elect instead (Start fails, RunIfElected,
+// partitioned passes and Scheduler jobs return it) and delivers nothing under
+// an election.
+var ErrTransactionPooling = errors.New("relay: transaction pooling: the pool does not keep its session between statements " +
+	"(a pooler such as PgBouncer in pool_mode=transaction or statement sits in front of PostgreSQL); " +
+	"elections hold session advisory locks: connect the relay through pool_mode=session or directly to PostgreSQL")
+
+// Timings of the check.
+const (
+	// sessionCheckTimeout bounds one check, connections included.
+	sessionCheckTimeout = 10 * time.Second
+	// sessionCheckRounds is how many times each of the check's two
+	// connections asks for its backend's pid.
+	sessionCheckRounds = 4
+)
+
+// sessionCheck is the check of one pool, run once before its first election
+// and kept once it is conclusive (either way). It is shared by the relay and
+// its default guard.
+type sessionCheck struct {
+	mu     sync.Mutex
+	done   bool  // conclusive
+	direct bool  // each connection is a server session: its pid is the one pgx was told at connect
+	err    error // wraps ErrTransactionPooling when the pool does not keep sessions
+
+	// miss is a test knob: the check finds a pool that keeps its sessions
+	// without looking, as a check that missed a pooler would.
+	miss bool
+}
+
+// verify runs the check once (again after an inconclusive one) and returns
+// nil when the pool keeps its sessions, an error wrapping
+// ErrTransactionPooling when it does not (logged at ERROR the first time),
+// or why it could not tell.
+func (c *sessionCheck) verify(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		return c.err
+	}
+	if c.miss {
+		c.done = true
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, sessionCheckTimeout)
+	defer cancel()
+	direct, err := probeSessions(cctx, pool)
+	switch {
+	case errors.Is(err, ErrTransactionPooling):
+		c.done, c.err = true, err
+		logger.LogAttrs(ctx, slog.LevelError, "relay: transaction pooling detected: no election will run on this pool and nothing is delivered under one",
+			slog.String("error", err.Error()),
+			slog.String("fix", "set pool_mode=session for this database in the pooler (PgBouncer), or connect the relay directly to PostgreSQL"))
+		return err
+	case err != nil:
+		return fmt.Errorf("relay: check that the pool keeps its sessions: %w", err)
+	}
+	c.done, c.direct = true, direct
+	return nil
+}
+
+// refused reports whether err is this check's refusal.
+func (c *sessionCheck) refused(err error) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err != nil && errors.Is(err, c.err)
+}
+
+// isDirect reports whether the check found each connection to be a server
+// session of its own, whose pid pgx learned at connect.
+func (c *sessionCheck) isDirect() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.direct
+}
+
+// probeSessions tells a pool that keeps its sessions from one that does not.
+// A direct connection answers one statement: its backend's pid is the one
+// the server sent at connect (a pooler sends its own). Behind a pooler, it
+// holds two connections at once and asks each for its backend's pid, in
+// turn, several times: in session mode each keeps its own; in transaction
+// mode the pooler lends them server connections as it likes (PgBouncer the
+// most recently used first, so that both get the same one). A pgx
+// prepared-statement error says the same (the statement was prepared on
+// another server connection).
+func probeSessions(ctx context.Context, pool *pgxpool.Pool) (direct bool, err error) {
+	first, err := acquire(ctx, pool, "check that the pool keeps its sessions")
+	if err != nil {
+		return false, err
+	}
+	defer first.Release()
+	pid, err := backendPID(ctx, first)
+	if err != nil {
+		return false, err
+	}
+	if pid == first.Conn().PgConn().PID() {
+		return true, nil
+	}
+	// The second connection: the pool's, or, when the pool allows only one
+	// (a Scheduler's, say), one of its own through the same pooler.
+	ask := []func() (uint32, error){func() (uint32, error) { return backendPID(ctx, first) }}
+	if pool.Config().MaxConns >= 2 {
+		second, err := acquire(ctx, pool, "check that the pool keeps its sessions")
+		if err != nil {
+			return false, err
+		}
+		defer second.Release()
+		ask = append(ask, func() (uint32, error) { return backendPID(ctx, second) })
+	} else {
+		second, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+		if err != nil {
+			return false, err
+		}
+		defer second.Close(context.WithoutCancel(ctx))
+		ask = append(ask, func() (uint32, error) {
+			var pid uint32
+			err := second.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid)
+			if pooledStatementError(err) {
+				return 0, fmt.Errorf("%w: %w", ErrTransactionPooling, err)
+			}
+			return pid, err
+		})
+	}
+	pids := []uint32{pid, 0}
+	for round := range sessionCheckRounds {
+		for i, backend := range ask {
+			if round == 0 && i == 0 {
+				continue // asked above
+			}
+			got, err := backend()
+			if err != nil {
+				return false, err
+			}
+			switch {
+			case round == 0:
+				pids[i] = got
+			case got != pids[i]:
+				return false, fmt.Errorf("%w: one connection answered as backend %d, then as backend %d", ErrTransactionPooling, pids[i], got)
+			}
+		}
+		if pids[0] == pids[1] {
+			return false, fmt.Errorf("%w: two connections held at once both answered as backend %d", ErrTransactionPooling, pids[0])
+		}
+	}
+	return false, nil
+}
+
+// backendPID asks c for its backend's pid. A prepared-statement error is
+// transaction pooling's sign.
+func backendPID(ctx context.Context, c *pgxpool.Conn) (uint32, error) {
+	var pid uint32
+	err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid)
+	if pooledStatementError(err) {
+		return 0, fmt.Errorf("%w: %w", ErrTransactionPooling, err)
+	}
+	return pid, err
+}
+
+// pooledStatementError reports whether err is the server not knowing, or
+// already knowing, a prepared statement pgx prepared on this connection:
+// another server connection answered.
+func pooledStatementError(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "26000" || pe.Code == "42P05")
+}
+
+// sessionMoved is the error of a statement that should have run on the
+// lock's session, backend pid, and ran on backend got.
+func sessionMoved(what string, pid, got uint32) error {
+	return fmt.Errorf("%w: %w: %s ran on backend %d, not on the lock's session (backend %d)",
+		ErrElectionLost, ErrTransactionPooling, what, got, pid)
+}
+
+// lockSessionPID is the pid of conn's backend, the one the lock statement
+// must run on: the one pgx learned at connect on a direct pool, else asked.
+func lockSessionPID(ctx context.Context, conn *pgxpool.Conn, direct bool) (uint32, error) {
+	if direct {
+		return conn.Conn().PgConn().PID(), nil
+	}
+	return backendPID(ctx, conn)
+}
