@@ -2,12 +2,10 @@ module github.com/xadm/relay/kafka
 
 go 1.25.0
 
-replace github.com/xadm/relay => ../
-
 require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/twmb/franz-go v1.21.7
-	github.com/xadm/relay v0.0.0-00010101000000-000000000000
+	github.com/xadm/relay v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 

@@ -35,9 +35,16 @@
 //
 // The first call to [Database] in a test binary finds or starts one PostgreSQL
 // server, the same way relay's own tests do: the URL in the environment
-// variable RELAY_TEST_DATABASE_URL if it is set; else a postgres:16-alpine
-// container if a Docker engine answers; else a fresh cluster from the local
-// PostgreSQL binaries (Debian: apt-get install -y postgresql). If none can be
+// variable RELAY_TEST_DATABASE_URL if it is set; else a fresh cluster from the
+// local PostgreSQL binaries (Debian: apt-get install -y postgresql). To have a
+// postgres:16-alpine container first whenever a Docker engine answers, import
+// the module github.com/xadm/relay/relaytest/container for its side effect in
+// one test file (it is apart so that this package brings no Docker client
+// libraries into your go.mod):
+//
+//	import _ "github.com/xadm/relay/relaytest/container"
+//
+// If none can be
 // had, the test fails, saying what to install: it never skips. Each call then
 // creates a database of its own on that server, so parallel tests share no
 // rows and no elections (advisory locks belong to one database), and drops it

@@ -49,7 +49,11 @@ const usage = `relayctl sees and mends a relay's outbox: why nothing is delivere
 re-queue, purge, who holds the election, pause and resume.
 
 Usage:
-  relayctl <command> [flags]
+  relayctl [flags of every command] <command> [flags]
+
+The flags of every command (below) may come before the command or after it:
+relayctl --database-url URL status and relayctl status --database-url URL are
+the same. A command's own flags come after it.
 
 Commands:
   status   counts by type and status, the lag, the election's holder, and a
@@ -161,14 +165,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
+	leading, name, rest, err := splitCommand(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "relayctl: %v\n\n%s", err, usage)
+		return exitUsage
+	}
 	var cmd *command
 	for i := range commands {
-		if commands[i].name == args[0] {
+		if commands[i].name == name {
 			cmd = &commands[i]
 		}
 	}
 	if cmd == nil {
-		fmt.Fprintf(stderr, "relayctl: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "relayctl: unknown command %q\n\n%s", name, usage)
 		return exitUsage
 	}
 
@@ -187,7 +196,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: relayctl %s [flags]: %s\n\nFlags:\n", cmd.name, cmd.summary)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := fs.Parse(append(leading, rest...)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
@@ -263,6 +272,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	return cmd.exec(ctx, e)
+}
+
+// globalFlags are the flags of every command, which may come before the
+// command; true for those that take a value.
+var globalFlags = map[string]bool{"database-url": true, "app": true, "table": true, "max-attempts": true, "json": false}
+
+// splitCommand splits args into the flags before the command, the command and
+// what follows it. Only the flags of every command may come first (a command's
+// own flags are not known before the command is).
+func splitCommand(args []string) (leading []string, name string, rest []string, err error) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			return args[:i:i], a, args[i+1:], nil
+		}
+		flagName, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		takesValue, ok := globalFlags[flagName]
+		if !ok {
+			return nil, "", nil, fmt.Errorf("flag %s before the command: only the flags of every command may come first (--database-url, --app, --table, --max-attempts, --json)", a)
+		}
+		if takesValue && !hasValue {
+			i++ // its value
+		}
+	}
+	return nil, "", nil, errors.New("no command after the flags")
 }
 
 // check returns what is wrong with the flags every command shares and with

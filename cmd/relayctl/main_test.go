@@ -112,7 +112,7 @@ func TestUsage(t *testing.T) {
 	require.Contains(t, errOut.String(), "Exit codes:")
 	errOut.Reset()
 	require.Equal(t, exitOK, run(ctx, []string{"-h"}, &out, &errOut))
-	require.Contains(t, errOut.String(), "relayctl <command> [flags]")
+	require.Contains(t, errOut.String(), "relayctl [flags of every command] <command> [flags]")
 	errOut.Reset()
 	require.Equal(t, exitUsage, run(ctx, []string{"stauts"}, &out, &errOut))
 	require.Contains(t, errOut.String(), `unknown command "stauts"`)
@@ -700,6 +700,38 @@ func TestProgressBar(t *testing.T) {
 	quiet.update(1, 2)
 	quiet.done()
 	require.Empty(t, b.String())
+}
+
+// The flags of every command may come before the command as well as after it
+// (relayctl --database-url X status); a command's own flags only after it.
+func TestFlagsBeforeOrAfterTheCommand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	w.rows(t, "orders", 2, "ERROR", ceiling, time.Minute)
+	common := []string{"--database-url", pgserver.Shared().URL, "--app=" + w.app, "--table", w.table,
+		"--max-attempts", fmt.Sprint(ceiling), "--json"}
+
+	var afterOut, afterErr bytes.Buffer
+	after := run(ctx, append([]string{"dead"}, common...), &afterOut, &afterErr)
+	require.Equal(t, exitOK, after, afterErr.String())
+	require.Contains(t, afterOut.String(), "orders-1")
+
+	var beforeOut, beforeErr bytes.Buffer
+	before := run(ctx, append(append([]string{}, common...), "dead", "--type", "orders"), &beforeOut, &beforeErr)
+	require.Equal(t, exitOK, before, beforeErr.String())
+	require.JSONEq(t, afterOut.String(), beforeOut.String())
+
+	// status exits 4 (dead rows wait) either way: the documented code, not 1.
+	var out, errOut bytes.Buffer
+	require.Equal(t, exitDead, run(ctx, append(append([]string{}, common...), "status"), &out, &errOut), errOut.String())
+
+	errOut.Reset()
+	require.Equal(t, exitUsage, run(ctx, []string{"--type", "orders", "dead"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "flag --type before the command")
+	errOut.Reset()
+	require.Equal(t, exitUsage, run(ctx, []string{"--database-url", "x"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "no command after the flags")
 }
 
 func TestClock(t *testing.T) {

@@ -8,8 +8,7 @@
 //	go run . -to http     # an HTTP receiver, as examples/demo
 //
 // It gets a throwaway PostgreSQL as examples/demo does (DATABASE_URL if set,
-// else a container where a Docker engine answers, else the local PostgreSQL
-// binaries) and starts the broker in this process: nothing to set up. Each
+// else the local PostgreSQL binaries) and starts the broker in this process: nothing to set up. Each
 // replica has its own pool and its own client of the broker, as a pod has.
 // The consumer reads the topic or the stream and counts the copies of each
 // message by its Relay-Message-Id.
@@ -63,7 +62,7 @@ func run() int {
 	context.AfterFunc(ctx, stop) // a second Ctrl-C kills at once
 
 	begin := time.Now()
-	fmt.Println("Starting a throwaway PostgreSQL (DATABASE_URL, else Docker, else the local binaries)…")
+	fmt.Println("Starting a throwaway PostgreSQL (DATABASE_URL, else the local binaries)…")
 	server, err := pgserver.Start(ctx, "DATABASE_URL")
 	if err != nil {
 		fmt.Println(err)

@@ -3,10 +3,9 @@
 //
 //	go run ./examples/demo
 //
-// It gets a throwaway PostgreSQL by itself (DATABASE_URL if set, else a
-// container where a Docker engine answers, else the local PostgreSQL
-// binaries), starts an HTTP receiver on 127.0.0.1 that counts the deliveries
-// of each message, and runs three replicas of one app in this process,
+// It gets a throwaway PostgreSQL by itself (DATABASE_URL if set, else the
+// local PostgreSQL binaries), starts an HTTP receiver on 127.0.0.1 that counts
+// the deliveries of each message, and runs three replicas of one app in this process,
 // each with its own pool, as three pods would. It writes messages in
 // transactions while it rolls the replicas one at a time, then reports what the
 // receiver counted.
@@ -95,7 +94,7 @@ func run() int {
 
 // runDemo starts the database and runs both scenarios.
 func runDemo(ctx context.Context, out *demo.Progress, messages int) ([]demo.Result, error) {
-	out.Printf("Starting a throwaway PostgreSQL (DATABASE_URL, else Docker, else the local binaries)…")
+	out.Printf("Starting a throwaway PostgreSQL (DATABASE_URL, else the local binaries)…")
 	t0 := time.Now()
 	server, err := pgserver.Start(ctx, "DATABASE_URL")
 	if err != nil {

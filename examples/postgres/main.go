@@ -3,8 +3,7 @@
 //
 //	go run ./examples/postgres
 //
-// It uses a container where a Docker engine answers, else the local PostgreSQL
-// server binaries (Debian: apt-get install -y postgresql; it starts a cluster
+// It uses the local PostgreSQL server binaries (Debian: apt-get install -y postgresql; it starts a cluster
 // of its own from them, nothing needs to be running). The server lives until
 // Ctrl-C, which removes it with its data: it is for trying things out, with
 // durability off for speed, never for data you want to keep.
@@ -24,7 +23,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintln(os.Stderr, "Starting a throwaway PostgreSQL (Docker, else the local binaries)…")
+	fmt.Fprintln(os.Stderr, "Starting a throwaway PostgreSQL from the local binaries…")
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	server, err := pgserver.Start(startCtx, "")
 	cancel()

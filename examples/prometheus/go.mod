@@ -6,7 +6,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.24.1
 	github.com/stretchr/testify v1.12.1
-	github.com/xadm/relay v0.0.0-00010101000000-000000000000
+	github.com/xadm/relay v0.1.0
 )
 
 require (
@@ -27,5 +27,3 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/xadm/relay => ../..

@@ -12,11 +12,6 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"time"
-
-	"github.com/moby/moby/client"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/modules/postgres"
 )
 
 // settings are the server settings of every server this package starts:
@@ -51,15 +46,16 @@ type Server struct {
 
 	mu        sync.Mutex
 	stopped   bool
-	container testcontainers.Container // Kind "container"
-	local     *cluster                 // Kind "local"
+	container func() error // Kind "container": removes it
+	local     *cluster     // Kind "local"
 }
 
 // Start returns a throwaway server, trying in order:
 //  1. the URL in the environment variable envVar, if envVar is not "" and the variable
 //     is set and non-empty (Kind "env"; Stop leaves that server alone);
-//  2. a "postgres:16-alpine" container through testcontainers-go, if a Docker engine
-//     answers within two seconds (Kind "container");
+//  2. a container, if a container route is registered ([RegisterContainer], done by
+//     importing github.com/xadm/relay/relaytest/container) and it finds a Docker
+//     engine (Kind "container");
 //  3. a fresh cluster from the local PostgreSQL binaries, listening on 127.0.0.1 on a
 //     free port, run as the postgres OS user when the process runs as root (Kind "local").
 //
@@ -76,19 +72,16 @@ func StartWith(ctx context.Context, envVar string, opt Options) (*Server, error)
 			return &Server{URL: u, Kind: "env"}, nil
 		}
 	}
-	var containerErr error
-	if dockerAnswers(ctx) {
-		s, err := startContainer(ctx, opt)
-		if err == nil {
-			return s, nil
-		}
-		containerErr = err
+	s, ok, containerErr := startContainer(ctx, opt)
+	if ok && containerErr == nil {
+		return s, nil
 	}
 	if binDir := findBinDir(ctx); binDir != "" {
 		return startLocalWith(ctx, binDir, opt)
 	}
-	hint := "start a Docker engine, or install the PostgreSQL server (Debian: apt-get install -y postgresql; " +
-		"macOS: brew install postgresql@16; Windows: the EDB installer, or set PG_BIN to its bin directory)"
+	hint := "install the PostgreSQL server (Debian: apt-get install -y postgresql; " +
+		"macOS: brew install postgresql@16; Windows: the EDB installer, or set PG_BIN to its bin directory), " +
+		"or start a Docker engine and import github.com/xadm/relay/relaytest/container for its side effect"
 	if envVar != "" {
 		hint = "set " + envVar + ", " + hint
 	}
@@ -99,35 +92,46 @@ func StartWith(ctx context.Context, envVar string, opt Options) (*Server, error)
 	return nil, err
 }
 
-// dockerAnswers reports whether a Docker engine answers a ping within two seconds.
-func dockerAnswers(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
-	if err != nil {
-		return false
-	}
-	defer cli.Close()
-	_, err = cli.Ping(ctx, client.PingOptions{})
-	return err == nil
+// ContainerFunc starts a PostgreSQL server in a container, its server started
+// with the given settings ("name=value", as for postgres -c), and returns its
+// URL and a function that removes it. It returns ErrNoEngine if no container
+// engine answers, and then the next route is tried.
+type ContainerFunc func(ctx context.Context, settings []string) (url string, remove func() error, err error)
+
+// ErrNoEngine is what a ContainerFunc returns when no container engine answers.
+var ErrNoEngine = errors.New("pgserver: no container engine answers")
+
+var containerRoute struct {
+	mu sync.Mutex
+	f  ContainerFunc
 }
 
-// startContainer runs PostgreSQL in a container with the same settings as a local cluster.
-func startContainer(ctx context.Context, opt Options) (*Server, error) {
-	cmd := []string{"postgres"}
-	for _, s := range opt.settings() {
-		cmd = append(cmd, "-c", s)
+// RegisterContainer makes Start try f before the local binaries. It lives
+// behind a module of its own (github.com/xadm/relay/relaytest/container), so
+// that what imports this package does not depend on Docker's client libraries.
+func RegisterContainer(f ContainerFunc) {
+	containerRoute.mu.Lock()
+	defer containerRoute.mu.Unlock()
+	containerRoute.f = f
+}
+
+// startContainer runs PostgreSQL through the registered container route, if any:
+// ok is false when there is none or it found no engine.
+func startContainer(ctx context.Context, opt Options) (s *Server, ok bool, err error) {
+	containerRoute.mu.Lock()
+	f := containerRoute.f
+	containerRoute.mu.Unlock()
+	if f == nil {
+		return nil, false, nil
 	}
-	ctr, err := postgres.Run(ctx, "postgres:16-alpine",
-		testcontainers.WithCmd(cmd...), postgres.BasicWaitStrategies())
+	u, remove, err := f(ctx, opt.settings())
+	if errors.Is(err, ErrNoEngine) {
+		return nil, false, nil
+	}
 	if err != nil {
-		return nil, errors.Join(err, testcontainers.TerminateContainer(ctr))
+		return nil, true, err
 	}
-	u, err := ctr.ConnectionString(ctx, "sslmode=disable")
-	if err != nil {
-		return nil, errors.Join(err, testcontainers.TerminateContainer(ctr))
-	}
-	return &Server{URL: u, Kind: "container", container: ctr}, nil
+	return &Server{URL: u, Kind: "container", container: remove}, true, nil
 }
 
 // Stop stops and removes what Start started: the container, or the local server
@@ -141,7 +145,7 @@ func (s *Server) Stop() error {
 	s.stopped = true
 	switch {
 	case s.container != nil:
-		return testcontainers.TerminateContainer(s.container)
+		return s.container()
 	case s.local != nil:
 		return s.local.remove()
 	}
