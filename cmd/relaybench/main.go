@@ -25,6 +25,10 @@
 //	               pgx in a loop, one statement per row, on 1 connection: the most a
 //	               drain with one transaction per outcome can reach on this server
 //	ceiling-c8     the same on 8 connections
+//	ceiling-g100   no relay: the relay's own select of a batch and grouped SENT update,
+//	               captured from a relay, replayed by plain pgx for batches of 100: the
+//	               next batch selected on one connection while the last is updated on another
+//	ceiling-g1000  the same for batches of 1000
 //	default        DefaultConfig(): Concurrency 1, one transaction per outcome,
 //	               AsyncCommit on                     target ≥ 0.7 × pgbench c1 with
 //	                                                  synchronous_commit = off
@@ -94,6 +98,7 @@ type scenario struct {
 	sendDelay   time.Duration // the destination's answer time; 0 = no-op
 	raw         bool          // no relay: the relay's SENT UPDATE from plain pgx, on concurrency connections
 	rawAsync    bool          // raw, with the statement AsyncCommit sends (synchronous_commit off for its own transaction)
+	rawGroup    int           // raw, the relay's own grouped statements for batches of rawGroup (ceiling.go)
 	slow        bool          // uses -slow-rows instead of -rows
 
 	// target, if set, returns the target's text and whether it is met.
@@ -114,6 +119,8 @@ var drainScenarios = []scenario{
 	{name: "ceiling-c1", concurrency: 1, raw: true},
 	{name: "ceiling-c8", concurrency: 8, raw: true},
 	{name: "ceiling-c1-async", concurrency: 1, raw: true, rawAsync: true},
+	{name: "ceiling-g100", concurrency: 1, raw: true, rawGroup: 100},
+	{name: "ceiling-g1000", concurrency: 1, raw: true, rawGroup: 1000},
 	{name: "default", concurrency: 1, batch: 100, target: func(rate float64, ref refs) (string, bool) {
 		return "≥ 0.7× c1 async", ref.c1off > 0 && rate >= 0.7*ref.c1off
 	}},
@@ -564,6 +571,13 @@ func drainLine(s scenario, rates []float64, ref refs) line {
 }
 
 func drainOnce(ctx context.Context, url string, admin *pgxpool.Pool, s scenario, n int) (float64, error) {
+	var g grouped
+	if s.rawGroup > 0 {
+		var err error
+		if g, err = captureGrouped(ctx, url, admin, s.rawGroup); err != nil {
+			return 0, err
+		}
+	}
 	if err := freshTable(ctx, admin, benchTable, n, "PENDING"); err != nil {
 		return 0, err
 	}
@@ -573,7 +587,10 @@ func drainOnce(ctx context.Context, url string, admin *pgxpool.Pool, s scenario,
 	if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
 		return 0, err
 	}
-	if s.raw {
+	switch {
+	case s.rawGroup > 0:
+		return rawGrouped(ctx, url, g, n)
+	case s.raw:
 		return rawUpdates(ctx, url, s.concurrency, n, s.rawAsync)
 	}
 	// The clock starts at the relay's first statement.
