@@ -135,7 +135,7 @@ func (o *observer) MessageDone(m relay.MessageReport) {
 }
 
 // outcomeOf is a MessageReport.Outcome as OutcomeKey says it.
-func outcomeOf(outcome string) string {
+func outcomeOf(outcome relay.Outcome) string {
 	switch outcome {
 	case relay.OutcomeSent:
 		return "sent"
@@ -144,5 +144,5 @@ func outcomeOf(outcome string) string {
 	case relay.OutcomeDead:
 		return "dead"
 	}
-	return strings.ToLower(outcome)
+	return strings.ToLower(string(outcome))
 }
