@@ -42,6 +42,17 @@ const jvmTable = `CREATE TABLE %s (
     sent_at     timestamp
 )`
 
+// jvmTableOf makes a table as the JVM's migration makes it (jvmTable), dropped
+// after the test, and returns its name.
+func jvmTableOf(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	table := pgserver.Name(t)
+	_, err := pool.Exec(context.Background(), fmt.Sprintf(jvmTable, table))
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+	return table
+}
+
 // TestTableOfAnotherMigration delivers from a table the JVM's migration made,
 // holding rows no Go producer would write: a row with a NULL in any column,
 // or an impossible value, affects only itself.
@@ -49,10 +60,7 @@ func TestTableOfAnotherMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t, 6)
-	table := pgserver.Name(t)
-	_, err := pool.Exec(ctx, fmt.Sprintf(jvmTable, table))
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+	table := jvmTableOf(t, pool)
 
 	insert := func(key, cols, vals string) int64 {
 		t.Helper()

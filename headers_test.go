@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
 )
 
 // TestHeadersReachTheReceiver writes a message with headers through Enqueue
@@ -152,12 +151,9 @@ func TestTableWithoutHeadersColumn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t, 6)
-	table := pgserver.Name(t)
-	_, err := pool.Exec(ctx, fmt.Sprintf(jvmTable, table))
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+	table := jvmTableOf(t, pool)
 
-	_, err = relay.Enqueue(ctx, pool, table, relay.Outgoing{Type: "t", Key: "with", Payload: []byte(`{}`),
+	_, err := relay.Enqueue(ctx, pool, table, relay.Outgoing{Type: "t", Key: "with", Payload: []byte(`{}`),
 		Headers: map[string]string{"X-A": "1"}})
 	require.ErrorContains(t, err, "no headers column")
 	require.ErrorContains(t, err, `ALTER TABLE "`+table+`" ADD COLUMN IF NOT EXISTS headers jsonb`)

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -10,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
 )
 
 // TestMissingIndexesSaidOutLoud: on a table the JVM's migration made (no
@@ -22,11 +20,8 @@ func TestMissingIndexesSaidOutLoud(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t, 6)
-	table := pgserver.Name(t)
-	_, err := pool.Exec(ctx, fmt.Sprintf(jvmTable, table))
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
-	_, err = pool.Exec(ctx, "CREATE INDEX jvm_retry ON "+table+" (natural_key, id) WHERE status = 'ERROR'")
+	table := jvmTableOf(t, pool)
+	_, err := pool.Exec(ctx, "CREATE INDEX jvm_retry ON "+table+" (natural_key, id) WHERE status = 'ERROR'")
 	require.NoError(t, err)
 
 	var logs logBuffer
