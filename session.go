@@ -45,21 +45,25 @@ func (s *ownSession) do(ctx context.Context, fn func(ctx context.Context, conn *
 	if s == nil {
 		return errNoSession
 	}
+	job := sessionJob{run: fn, done: make(chan error, 1)}
 	s.mu.Lock()
 	conn := s.conn
-	s.mu.Unlock()
 	if conn == nil {
+		s.mu.Unlock()
 		return errNoSession
 	}
-	job := sessionJob{run: fn, done: make(chan error, 1)}
 	select {
 	case s.jobs <- job:
 	default:
+		s.mu.Unlock()
 		return errNoSession // another is waiting: never queue behind it
 	}
 	// Cut the holder's wait short: its read deadline passes now, which leaves
-	// the connection usable, and it then takes the job.
+	// the connection usable, and it then takes the job. Under mu, so that no
+	// deadline is set once the holder has let go (release): its last
+	// statements (presence's release, in wake.go) must not meet one.
 	_ = conn.PgConn().Conn().SetReadDeadline(time.Now())
+	s.mu.Unlock()
 	select {
 	case err := <-job.done:
 		return err

@@ -199,6 +199,10 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 		wait, reconnect = time.Second, true
 		err = r.waitForWakeUps(ctx, conn, l, pid)
 		if !conn.IsClosed() {
+			// No job can cut a wait short any more (waitForWakeUps let go of
+			// the session): clear what one may have set, so that the release
+			// is sent and answered, and Stop returns with the replica gone.
+			_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
 			r.presence.release(conn)
 		}
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -245,6 +249,7 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 		// Through a transaction-pooling proxy the next statement may answer
 		// from another backend: then the locks are not this session's.
 		if err := r.presence.beat(pctx, conn, pid); err != nil {
+			r.presence.release(conn) // a stop meanwhile: gone before Stop returns
 			return fail(err)
 		}
 		return conn, pid, nil
