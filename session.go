@@ -24,7 +24,6 @@ type ownSession struct {
 
 	mu   sync.Mutex
 	conn *pgx.Conn // nil while no session is held
-	pid  uint32
 }
 
 // sessionJob is a statement to run on the session, and where its answer goes.
@@ -74,10 +73,10 @@ func (s *ownSession) do(ctx context.Context, fn func(ctx context.Context, conn *
 
 // hold says the holder's goroutine now serves jobs on conn; release says it
 // no longer does, and answers a job left waiting with errNoSession.
-func (s *ownSession) hold(conn *pgx.Conn, pid uint32) {
+func (s *ownSession) hold(conn *pgx.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.conn, s.pid = conn, pid
+	s.conn = conn
 }
 
 func (s *ownSession) release() {

@@ -292,7 +292,7 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 // the socket's read deadline, which leaves the connection usable (as the
 // election's watch does).
 func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop, pid uint32) error {
-	l.own.hold(conn, pid)
+	l.own.hold(conn)
 	defer l.own.release()
 	last := time.Now() // the session's last statement
 	for {
