@@ -1,7 +1,8 @@
 package otelrelay_test
 
 // The cost of the instrumentation: a drain of benchRows rows with
-// relay.DefaultConfig() and a sender that does nothing, bare and with
+// relay.DefaultConfig() (Default) and with GroupOutcomes 100 (G100, as
+// relaybench's g100), and a sender that does nothing, bare and with
 // WrapSender (the SDK's tracer, every span sampled, batched to an exporter
 // that drops them) and NewObserver (the SDK's meter), in the same run and
 // interleaved, iteration by iteration, so that the machine's load weighs on
@@ -42,7 +43,7 @@ type benchDrain struct {
 	r     *relay.Relay
 }
 
-func newBenchDrain(b *testing.B, pool *pgxpool.Pool, name string, wrap func(relay.Sender) relay.Sender, obs relay.Observer) *benchDrain {
+func newBenchDrain(b *testing.B, pool *pgxpool.Pool, name string, groupOutcomes int, wrap func(relay.Sender) relay.Sender, obs relay.Observer) *benchDrain {
 	b.Helper()
 	if err := relay.CreateTable(context.Background(), pool, name); err != nil {
 		b.Fatal(err)
@@ -54,6 +55,7 @@ func newBenchDrain(b *testing.B, pool *pgxpool.Pool, name string, wrap func(rela
 	cfg.AppName, cfg.Table = name, name
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Observer = obs
+	cfg.GroupOutcomes = groupOutcomes
 	r, err := relay.New(pool, cfg, wrap(benchNoop{}))
 	if err != nil {
 		b.Fatal(err)
@@ -89,6 +91,11 @@ func (d *benchDrain) drain(b *testing.B) time.Duration {
 }
 
 func BenchmarkDrainCost(b *testing.B) {
+	b.Run("Default", func(b *testing.B) { benchDrainCost(b, 0) })
+	b.Run("G100", func(b *testing.B) { benchDrainCost(b, 100) })
+}
+
+func benchDrainCost(b *testing.B, groupOutcomes int) {
 	name := pgserver.Name(b)
 	pool := pgserver.Pool(b, pgserver.Shared().URL, name, 8)
 
@@ -101,8 +108,8 @@ func BenchmarkDrainCost(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	bare := newBenchDrain(b, pool, name+"_bare", func(s relay.Sender) relay.Sender { return s }, nil)
-	traced := newBenchDrain(b, pool, name+"_otel", func(s relay.Sender) relay.Sender {
+	bare := newBenchDrain(b, pool, name+"_bare", groupOutcomes, func(s relay.Sender) relay.Sender { return s }, nil)
+	traced := newBenchDrain(b, pool, name+"_otel", groupOutcomes, func(s relay.Sender) relay.Sender {
 		return otelrelay.WrapSender(s, otelrelay.WithTracerProvider(tp), otelrelay.WithPropagator(propagation.TraceContext{}))
 	}, obs)
 
