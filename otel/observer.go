@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -55,13 +56,20 @@ func NewObserver(opts ...Option) (relay.Observer, error) {
 		mp = otel.GetMeterProvider()
 	}
 	meter := mp.Meter(ScopeName)
-	o := &observer{system: semconv.MessagingSystemKey.String(c.system), sets: map[messageSet]metric.MeasurementOption{}}
+	o := &observer{system: semconv.MessagingSystemKey.String(c.system)}
 	var errs []error
 	var err error
-	o.sent, err = meter.Int64Counter(messagingconv.ClientSentMessages{}.Name(),
+	// The count is kept here, one atomic counter per type, outcome and
+	// error.type, and read by the meter when it collects: a message costs an
+	// addition, not a measurement of the SDK's.
+	o.sent, err = meter.Int64ObservableCounter(messagingconv.ClientSentMessages{}.Name(),
 		metric.WithUnit(messagingconv.ClientSentMessages{}.Unit()),
 		metric.WithDescription("Messages the relay tried to send, by outcome."))
 	errs = append(errs, err)
+	if err == nil {
+		_, err = meter.RegisterCallback(o.observeSent, o.sent)
+		errs = append(errs, err)
+	}
 	o.sendDuration, err = meter.Float64Histogram(messagingconv.ClientOperationDuration{}.Name(),
 		metric.WithUnit("s"), metric.WithDescription("Duration of one send, by outcome."))
 	errs = append(errs, err)
@@ -79,16 +87,45 @@ func NewObserver(opts ...Option) (relay.Observer, error) {
 
 type observer struct {
 	system       attribute.KeyValue
-	sent         metric.Int64Counter
+	sent         metric.Int64ObservableCounter
 	sendDuration metric.Float64Histogram
 	passDuration metric.Float64Histogram
 	lag          metric.Float64Gauge
 
-	mu   sync.RWMutex
-	sets map[messageSet]metric.MeasurementOption // built once per type, outcome and error.type
+	sets sync.Map // messageSet → *messageCount, built once per type, outcome and error.type
 }
 
 type messageSet struct{ typ, outcome, errType string }
+
+// messageCount is one messageSet's attributes and count.
+type messageCount struct {
+	opt metric.MeasurementOption
+	n   atomic.Int64
+}
+
+// observeSent reports each messageSet's count, for the meter's collection.
+func (o *observer) observeSent(_ context.Context, obs metric.Observer) error {
+	o.sets.Range(func(_, v any) bool {
+		c := v.(*messageCount)
+		obs.ObserveInt64(o.sent, c.n.Load(), c.opt)
+		return true
+	})
+	return nil
+}
+
+// countOf returns k's messageCount, built the first time.
+func (o *observer) countOf(k messageSet) *messageCount {
+	if v, ok := o.sets.Load(k); ok {
+		return v.(*messageCount)
+	}
+	attrs := []attribute.KeyValue{o.system, semconv.MessagingDestinationName(k.typ),
+		semconv.MessagingOperationName(operationName), semconv.MessagingOperationTypeSend, OutcomeKey.String(k.outcome)}
+	if k.errType != "" {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(k.errType))
+	}
+	v, _ := o.sets.LoadOrStore(k, &messageCount{opt: metric.WithAttributeSet(attribute.NewSet(attrs...))})
+	return v.(*messageCount)
+}
 
 // PassDone records p's duration and lag.
 func (o *observer) PassDone(p relay.PassReport) {
@@ -115,23 +152,9 @@ func (o *observer) MessageDone(m relay.MessageReport) {
 	if m.Err != nil {
 		k.errType = errorType(m.Err)
 	}
-	o.mu.RLock()
-	opt, ok := o.sets[k]
-	o.mu.RUnlock()
-	if !ok {
-		attrs := []attribute.KeyValue{o.system, semconv.MessagingDestinationName(k.typ),
-			semconv.MessagingOperationName(operationName), semconv.MessagingOperationTypeSend, OutcomeKey.String(k.outcome)}
-		if k.errType != "" {
-			attrs = append(attrs, semconv.ErrorTypeKey.String(k.errType))
-		}
-		opt = metric.WithAttributeSet(attribute.NewSet(attrs...))
-		o.mu.Lock()
-		o.sets[k] = opt
-		o.mu.Unlock()
-	}
-	ctx := context.Background()
-	o.sent.Add(ctx, 1, opt)
-	o.sendDuration.Record(ctx, m.Duration.Seconds(), opt)
+	c := o.countOf(k)
+	c.n.Add(1)
+	o.sendDuration.Record(context.Background(), m.Duration.Seconds(), c.opt)
 }
 
 // outcomeOf is a MessageReport.Outcome as OutcomeKey says it.

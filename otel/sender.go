@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -52,6 +53,7 @@ type sender struct {
 	next   relay.Sender
 	c      config
 	tracer trace.Tracer
+	kind   atomic.Pointer[spanKind] // the last type's; see kindOf
 }
 
 // Type returns the wrapped sender's type.
@@ -110,6 +112,10 @@ func (w *batchSender) SendBatch(ctx context.Context, ms []relay.Message) (errs [
 // trace context in a copy of its headers. When anything in it panics, or the
 // headers it would make are not valid, it returns ctx and m as they came,
 // and a span (perhaps nil) that end ends.
+//
+// It runs once per message, so what does not change from one message to the
+// next is built once (kindOf); what only a recorded span keeps (the message's
+// id and attempt) is built only when the sampler kept the span.
 func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Context, span trace.Span, out relay.Message) {
 	defer func() {
 		if recover() != nil {
@@ -117,42 +123,37 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 		}
 	}()
 	prop := w.c.propagatorOf()
-	// The producer's span, read into an empty context: a span the relay's own
-	// ctx carries is no producer.
-	producer := trace.SpanContextFromContext(prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
-	opts := []trace.SpanStartOption{
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			semconv.MessagingSystemKey.String(w.c.system),
-			semconv.MessagingDestinationName(m.Type),
-			semconv.MessagingOperationName(operationName),
-			semconv.MessagingOperationTypeSend,
-			semconv.MessagingMessageID(m.IdempotencyKey()),
-			AttemptKey.Int(m.Attempts+1),
-		),
-	}
-	parent := ctx
-	if producer.IsValid() {
-		if w.c.child {
-			parent = trace.ContextWithRemoteSpanContext(ctx, producer)
-		} else {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+	k := w.kindOf(m.Type)
+	parent, opts := ctx, k.opts
+	if len(m.Headers) > 0 {
+		// The producer's span, read into an empty context: a span the relay's
+		// own ctx carries is no producer.
+		producer := trace.SpanContextFromContext(prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
+		if producer.IsValid() {
+			if w.c.child {
+				parent = trace.ContextWithRemoteSpanContext(ctx, producer)
+			} else {
+				opts = append(opts[:len(opts):len(opts)], trace.WithLinks(trace.Link{SpanContext: producer}))
+			}
 		}
 	}
-	sctx, span = w.tracer.Start(parent, operationName+" "+m.Type, opts...)
+	sctx, span = w.tracer.Start(parent, k.name, opts...)
+	if span.IsRecording() {
+		span.SetAttributes(semconv.MessagingMessageID(m.IdempotencyKey()), AttemptKey.Int(m.Attempts+1))
+	}
 
 	// The send span's context replaces the producer's in a copy of the
 	// headers, whatever the case of the names the producer wrote; headers
 	// the senders would refuse are never handed over.
-	var injected pairs
-	prop.Inject(sctx, &injected)
-	headers := make(map[string]string, len(m.Headers)+len(injected))
+	injected := &pairs{}
+	prop.Inject(sctx, injected)
+	headers := make(map[string]string, len(m.Headers)+injected.n)
 	for name, value := range m.Headers {
 		if !injected.has(name) {
 			headers[name] = value
 		}
 	}
-	for _, kv := range injected {
+	for _, kv := range injected.all() {
 		headers[kv[0]] = kv[1]
 	}
 	if err := relay.ValidateHeaders(headers); err != nil { // too many, or too large, with the propagator's
@@ -164,12 +165,51 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	return sctx, span, out
 }
 
-// pairs is a carrier for what a propagator injects: a header or two, without
-// a map of their own.
-type pairs [][2]string
+// spanKind is what the send spans of one message type share: their name,
+// their kind and the attributes that name the destination, built once.
+type spanKind struct {
+	typ  string
+	name string
+	opts []trace.SpanStartOption // never appended to in place: shared by every send
+}
+
+// kindOf returns typ's spanKind: the last one built, which for a sender of
+// one type is every message's, or a new one.
+func (w *sender) kindOf(typ string) *spanKind {
+	if k := w.kind.Load(); k != nil && k.typ == typ {
+		return k
+	}
+	k := &spanKind{typ: typ, name: operationName + " " + typ, opts: []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			semconv.MessagingSystemKey.String(w.c.system),
+			semconv.MessagingDestinationName(typ),
+			semconv.MessagingOperationName(operationName),
+			semconv.MessagingOperationTypeSend,
+		),
+	}}
+	w.kind.Store(k)
+	return k
+}
+
+// pairs is a carrier for what a propagator injects: a header or two, kept in
+// the carrier itself rather than in a map or a slice of their own.
+type pairs struct {
+	n    int
+	kv   [2][2]string
+	more [][2]string // beyond two, for a propagator that sets more
+}
+
+// all is p's pairs, in the order they were first set.
+func (p *pairs) all() [][2]string {
+	if p.n <= len(p.kv) {
+		return p.kv[:p.n]
+	}
+	return p.more
+}
 
 func (p *pairs) Get(key string) string {
-	for _, kv := range *p {
+	for _, kv := range p.all() {
 		if kv[0] == key {
 			return kv[1]
 		}
@@ -178,26 +218,35 @@ func (p *pairs) Get(key string) string {
 }
 
 func (p *pairs) Set(key, value string) {
-	for i, kv := range *p {
-		if kv[0] == key {
-			(*p)[i][1] = value
+	all := p.all()
+	for i := range all {
+		if all[i][0] == key {
+			all[i][1] = value
 			return
 		}
 	}
-	*p = append(*p, [2]string{key, value})
+	switch {
+	case p.n < len(p.kv):
+		p.kv[p.n] = [2]string{key, value}
+	case p.n == len(p.kv):
+		p.more = append(append(make([][2]string, 0, 2*len(p.kv)), p.kv[:]...), [2]string{key, value})
+	default:
+		p.more = append(p.more, [2]string{key, value})
+	}
+	p.n++
 }
 
 func (p *pairs) Keys() []string {
-	keys := make([]string, len(*p))
-	for i, kv := range *p {
-		keys[i] = kv[0]
+	keys := make([]string, 0, p.n)
+	for _, kv := range p.all() {
+		keys = append(keys, kv[0])
 	}
 	return keys
 }
 
 // has reports whether name is one of p's, whatever its case.
-func (p pairs) has(name string) bool {
-	for _, kv := range p {
+func (p *pairs) has(name string) bool {
+	for _, kv := range p.all() {
 		if strings.EqualFold(name, kv[0]) {
 			return true
 		}
