@@ -33,6 +33,7 @@ const drainMax = 10 * time.Second
 type passResult struct {
 	sent, failed, dead int
 	lag                time.Duration
+	outcomesWaiting    int  // the most outcomes that waited to be written at once (PassReport.OutcomesWaiting)
 	backlog            bool // draining stopped at drainMax with rows left
 	ran                bool // the pass ran: elected, or direct
 	err                error
@@ -114,6 +115,7 @@ func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
 	e := r.newEngine(ctx, o, r)
 	e.rec = r.newRecorder(ctx, &e.res)
 	e.run()
+	e.res.outcomesWaiting = int(e.rec.waiting.peak.Load())
 	return e.res
 }
 

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -216,8 +217,22 @@ type recorder struct {
 	// while it sends on, and so how many its writer hands over at once.
 	pipeline int
 
+	// waiting counts the outcomes sent and not yet written: handed to a
+	// writer, and not yet back from the strategy's write.
+	waiting waitCount
+
 	mu  sync.Mutex
 	err error // the first failure that stops the pass
+}
+
+// waitCount is a count and the most it reached, for PassReport.OutcomesWaiting.
+type waitCount struct{ now, peak atomic.Int64 }
+
+// add adds n (negative once written) and keeps the peak.
+func (c *waitCount) add(n int) {
+	v := c.now.Add(int64(n))
+	for p := c.peak.Load(); v > p && !c.peak.CompareAndSwap(p, v); p = c.peak.Load() {
+	}
 }
 
 // outcomeStrategy is how a pass's outcomes reach the table.

@@ -25,6 +25,7 @@ func (s adaptiveOutcomes) hold(ctx context.Context, conn *heldConn) error {
 
 func (s adaptiveOutcomes) add(ds []delivery, conn *heldConn) error {
 	recorded, err := s.rc.writeAs(ds, conn, writeTogetherOrApart)
+	s.rc.waiting.add(-len(ds))
 	s.rc.report(recorded)
 	return s.rc.keep(err)
 }

@@ -18,6 +18,7 @@ func (s eachOutcomes) hold(ctx context.Context, conn *heldConn) error {
 
 func (s eachOutcomes) add(ds []delivery, conn *heldConn) error {
 	recorded, err := s.rc.writeAs(ds, conn, writeApart)
+	s.rc.waiting.add(-len(ds))
 	s.rc.report(recorded)
 	return s.rc.keep(err)
 }

@@ -79,6 +79,7 @@ func (g *groupedOutcomes) write() ([]delivery, error) {
 	if len(group) == 0 {
 		return nil, nil
 	}
+	defer g.rc.waiting.add(-len(group))
 	return g.rc.write(group, &g.conn)
 }
 

@@ -86,6 +86,7 @@ func (w *writer) run() {
 // written, so a lost write can never let it overtake). It returns the pass's
 // stopping failure, if any.
 func (w *writer) record(ds []delivery, wait bool) error {
+	w.rc.waiting.add(len(ds))
 	for len(ds) > 0 || wait {
 		n := min(len(ds), w.rc.pipeline)
 		s := submission{ds: ds[:n:n]}

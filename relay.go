@@ -196,6 +196,8 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 		Duration:  time.Since(start),
 		Lag:       res.lag,
 		Err:       res.err,
+
+		OutcomesWaiting: res.outcomesWaiting,
 	}
 	r.stats.passDone(rep)
 	if r.observer != nil {

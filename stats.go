@@ -52,6 +52,13 @@ type PassReport struct {
 	Duration  time.Duration // how long the pass took, election included
 	Lag       time.Duration // see [Stats.Lag]
 	Err       error         // the pass's error, if any
+
+	// OutcomesWaiting is the most outcomes that waited at once, during the
+	// pass, to be written: messages sent whose outcome was not yet recorded
+	// (none is left waiting when the pass ends). It is what a crash at that
+	// moment would have re-delivered beyond the sends in flight; its bound is
+	// Config.GroupOutcomes' (docs/decisions/0037-adaptive-outcomes.md).
+	OutcomesWaiting int
 }
 
 // MessageReport is one message's outcome.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -269,4 +270,86 @@ func TestStats(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestPassReportOutcomesWaiting: a pass reports the most outcomes that waited
+// at once to be written. Another transaction holds the table in SHARE mode,
+// which lets the relay select its rows but holds back every write of an
+// outcome: the worker sends on while the outcomes queue, so when the last send
+// starts, all the others are waiting. Nothing is left waiting at the pass's
+// end, and a pass with nothing to send reports none.
+func TestPassReportOutcomesWaiting(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name          string
+		groupOutcomes int
+	}{{"Default", 0}, {"Grouped", 100}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t)
+			const rows = 31 // within a worker's pipeline (64) and a group (100)
+			keys := make([]string, rows)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("k%02d", i)
+			}
+			b.insert(t, "t", keys...)
+
+			lock, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = lock.Rollback(ctx) }()
+			_, err = lock.Exec(ctx, "LOCK TABLE "+pgx.Identifier{b.table}.Sanitize()+" IN SHARE MODE")
+			require.NoError(t, err)
+
+			last, release := make(chan struct{}), make(chan struct{})
+			var calls atomic.Int32
+			send := func(ctx context.Context, _ relay.Message) error {
+				if calls.Add(1) == rows {
+					close(last)
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				return nil
+			}
+			obs := &observer{}
+			cfg := b.cfg
+			cfg.Observer, cfg.Concurrency, cfg.GroupOutcomes = obs, 1, tc.groupOutcomes
+			r := b.newRelay(t, cfg, relay.SenderFunc("t", send))
+
+			type result struct {
+				n   int
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				n, err := r.Run(ctx)
+				done <- result{n, err}
+			}()
+			select {
+			case <-last: // every other send returned, and none of its outcomes could be written
+			case res := <-done:
+				t.Fatalf("the pass ended before its last send: %d rows, %v", res.n, res.err)
+			}
+			require.NoError(t, lock.Commit(ctx))
+			close(release)
+			res := <-done
+			require.NoError(t, res.err)
+			require.Equal(t, rows, res.n)
+
+			passes, _ := obs.reports()
+			require.Len(t, passes, 1)
+			require.GreaterOrEqual(t, passes[0].OutcomesWaiting, rows-1, "all but the last were waiting when it was sent")
+			require.LessOrEqual(t, passes[0].OutcomesWaiting, rows)
+
+			n, err := r.Run(ctx)
+			require.NoError(t, err)
+			require.Zero(t, n)
+			passes, _ = obs.reports()
+			require.Len(t, passes, 2)
+			require.Zero(t, passes[1].OutcomesWaiting, "nothing sent, nothing waited")
+		})
+	}
 }
