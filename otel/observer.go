@@ -35,6 +35,11 @@ const (
 	// LagName is the gauge of the age, in seconds, of the oldest deliverable
 	// row the last pass found: how far behind the relay is (relay.Stats.Lag).
 	LagName = "relay.lag"
+	// OutcomesWaitingName is the gauge of the most outcomes that waited at
+	// once, during the last pass, to be written: messages sent whose outcome
+	// was not yet recorded, what a crash would re-deliver beyond the sends in
+	// flight (relay.PassReport.OutcomesWaiting).
+	OutcomesWaitingName = "relay.outcomes.waiting"
 )
 
 // NewObserver returns a [relay.Observer] (for [relay.Config].Observer) that
@@ -45,7 +50,8 @@ const (
 //     with error.type when it failed;
 //   - messaging.client.operation.duration, a histogram of the sends' durations
 //     in seconds, with the same attributes;
-//   - relay.pass.duration ([PassDurationName]) and relay.lag ([LagName]).
+//   - relay.pass.duration ([PassDurationName]), relay.lag ([LagName]) and
+//     relay.outcomes.waiting ([OutcomesWaitingName]).
 //
 // Every measurement carries messaging.system ([WithSystem]). A panic inside
 // the meter costs that measurement only.
@@ -79,6 +85,9 @@ func NewObserver(opts ...Option) (relay.Observer, error) {
 	o.lag, err = meter.Float64Gauge(LagName,
 		metric.WithUnit("s"), metric.WithDescription("Age of the oldest deliverable row the last pass found."))
 	errs = append(errs, err)
+	o.waiting, err = meter.Int64Gauge(OutcomesWaitingName,
+		metric.WithUnit("{message}"), metric.WithDescription("The most outcomes that waited at once, during the last pass, to be written."))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("otelrelay: the Observer's instruments: %w", err)
 	}
@@ -91,6 +100,7 @@ type observer struct {
 	sendDuration metric.Float64Histogram
 	passDuration metric.Float64Histogram
 	lag          metric.Float64Gauge
+	waiting      metric.Int64Gauge
 
 	sets sync.Map // messageSet → *messageCount, built once per type, outcome and error.type
 }
@@ -142,6 +152,9 @@ func (o *observer) PassDone(p relay.PassReport) {
 	o.passDuration.Record(ctx, p.Duration.Seconds(), metric.WithAttributes(attrs...))
 	if p.Ran && (p.Err == nil || p.Lag > 0) {
 		o.lag.Record(ctx, p.Lag.Seconds(), metric.WithAttributes(o.system))
+	}
+	if p.Ran {
+		o.waiting.Record(ctx, int64(p.OutcomesWaiting), metric.WithAttributes(o.system))
 	}
 }
 

@@ -91,4 +91,10 @@ func TestObserverMetrics(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, lag.DataPoints, 1)
 	require.GreaterOrEqual(t, lag.DataPoints[0].Value, 0.0)
+
+	waiting, ok := got[otelrelay.OutcomesWaitingName].(metricdata.Gauge[int64])
+	require.True(t, ok, "%s is a gauge: %T", otelrelay.OutcomesWaitingName, got[otelrelay.OutcomesWaitingName])
+	require.Len(t, waiting.DataPoints, 1)
+	require.GreaterOrEqual(t, waiting.DataPoints[0].Value, int64(1), "the pass's outcomes waited to be written")
+	require.LessOrEqual(t, waiting.DataPoints[0].Value, int64(4))
 }
