@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync/atomic"
 
@@ -147,13 +148,18 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	// the senders would refuse are never handed over.
 	injected := &pairs{}
 	prop.Inject(sctx, injected)
-	headers := make(map[string]string, len(m.Headers)+injected.n)
-	for name, value := range m.Headers {
-		if !injected.has(name) {
-			headers[name] = value
-		}
+	headers := maps.Clone(m.Headers) // a copy of the map as a whole, not header by header
+	if headers == nil {
+		headers = make(map[string]string, injected.n)
 	}
 	for _, kv := range injected.all() {
+		if _, ok := headers[kv[0]]; !ok {
+			for name := range headers { // the producer's, in another case
+				if strings.EqualFold(name, kv[0]) {
+					delete(headers, name)
+				}
+			}
+		}
 		headers[kv[0]] = kv[1]
 	}
 	if err := relay.ValidateHeaders(headers); err != nil { // too many, or too large, with the propagator's
@@ -242,16 +248,6 @@ func (p *pairs) Keys() []string {
 		keys = append(keys, kv[0])
 	}
 	return keys
-}
-
-// has reports whether name is one of p's, whatever its case.
-func (p *pairs) has(name string) bool {
-	for _, kv := range p.all() {
-		if strings.EqualFold(name, kv[0]) {
-			return true
-		}
-	}
-	return false
 }
 
 // end ends span with err's outcome; a panic inside it costs the span only.

@@ -269,3 +269,27 @@ VALUES ('OUT', 'order', 'from-the-jvm', '{}', 'PENDING', 0, now(), now())`)
 	require.NoError(t, w.pool.QueryRow(context.Background(), "SELECT status FROM "+jvm).Scan(&status))
 	require.Equal(t, "SENT", status)
 }
+
+// TestSendReplacesProducerContextWhateverItsCase: the send span's trace
+// context replaces the producer's in the headers the sender gets, even when
+// the producer wrote the name in another case; the other headers travel, and
+// the message the relay holds keeps its own.
+func TestSendReplacesProducerContextWhateverItsCase(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	var got relay.Message
+	s := otelrelay.WrapSender(relay.SenderFunc("order", func(_ context.Context, m relay.Message) error {
+		got = m
+		return nil
+	}), otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(w.prop))
+	old := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	in := relay.Message{ID: 7, Type: "order", Key: "k", Payload: []byte(`{}`),
+		Headers: map[string]string{"TraceParent": old, "X-Tenant": "acme"}}
+	require.NoError(t, s.Send(context.Background(), in))
+
+	send := w.span(t, "send order")
+	require.Len(t, got.Headers, 2, "%v", got.Headers)
+	require.Equal(t, "acme", got.Headers["X-Tenant"])
+	require.Contains(t, got.Headers["traceparent"], send.SpanContext().SpanID().String())
+	require.Equal(t, map[string]string{"TraceParent": old, "X-Tenant": "acme"}, in.Headers, "the relay's copy is left alone")
+}
