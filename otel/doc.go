@@ -21,8 +21,8 @@
 //
 // [NewObserver] exports the relay's outcomes as metrics
 // (messaging.client.sent.messages, messaging.client.operation.duration,
-// relay.pass.duration, relay.lag), through the global MeterProvider unless
-// [WithMeterProvider] gives one:
+// relay.pass.duration, relay.lag, relay.outcomes.waiting), through the global
+// MeterProvider unless [WithMeterProvider] gives one:
 //
 //	obs, err := otelrelay.NewObserver()
 //	cfg.Observer = obs
