@@ -296,16 +296,17 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 		if err == nil {
 			return conn, locked, sess, nil
 		}
-		if pid != 0 {
-			closeSession(ctx, conn, key, session{pid: pid, pooled: sess.pooled})
-		}
 		if pooledStatementError(err) {
 			err = fmt.Errorf("%w: %w", ErrTransactionPooling, err)
 		}
 		// The statement may have reached the server and taken the lock:
 		// closing the connection is what makes sure it is not held.
 		dead := conn.Conn().IsClosed()
-		closeConn(conn)
+		if pid != 0 {
+			closeSession(ctx, conn, key, session{pid: pid, pooled: sess.pooled}) // closes conn
+		} else {
+			closeConn(conn)
+		}
 		if !dead || ctx.Err() != nil || attempt == guardLockAttempts {
 			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, err)
 		}
