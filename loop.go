@@ -209,13 +209,13 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 			return false
 		default:
 		}
-		return res.err == nil && !res.backlog && (woken || res.processed() > 0)
+		return res.err == nil && !res.backlog && (woken || res.woken || res.processed() > 0)
 	}
-	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own, keep: keep})
+	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own, keep: keep, wake: l.wake})
 	switch n := r.failing(); {
 	case res.backlog && res.err == nil:
 		next = 0
-	case woken && res.processed() > 0 && res.err == nil:
+	case (woken || res.woken) && res.processed() > 0 && res.err == nil:
 		next = wakeFollowUp
 	case n > 0:
 		next = min(r.cfg.Interval<<min(n-1, 16), max(r.cfg.Interval, loopBackoffMax))
