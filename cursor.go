@@ -75,6 +75,15 @@ func (c *cursor) selected(rows []row, full, cut, skipped bool) {
 	}
 }
 
+// woken starts selecting again, after a pass's last batch, for rows a
+// wake-up says were committed since: on past the last batch, or from the
+// start when rows were left behind. Without drain (one batch) it does nothing.
+func (c *cursor) woken() {
+	if c.drain {
+		c.more, c.fromStart = true, c.behind
+	}
+}
+
 // stop ends the pass's selects: a failure, a halt, or the drain's time bound.
 func (c *cursor) stop() { c.more = false }
 

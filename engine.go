@@ -23,6 +23,13 @@ type passOpts struct {
 	drainFor time.Duration   // how long at most; 0: drainMax
 	parts    []int           // partitioned: deliver only these partitions (partitions.go)
 	own      *ownSession     // the started relay's own session, for the idle poll; nil: the pool's
+	// keep, for the loop's passes, says from the pass's result whether the
+	// election is kept for the next pass (polledElection); nil: let go.
+	keep func(passResult) bool
+	// wake is the loop's wake-ups: one that comes while the pass waits for
+	// its last messages has it select again at once, beside their outcomes'
+	// writes, instead of after the pass. nil: none (Run, RunIfElected).
+	wake <-chan struct{}
 }
 
 // drainMax bounds how long one pass keeps draining a backlog before it lets go
@@ -35,6 +42,7 @@ type passResult struct {
 	lag                time.Duration
 	outcomesWaiting    int  // the most outcomes that waited to be written at once (PassReport.OutcomesWaiting)
 	backlog            bool // draining stopped at drainMax with rows left
+	woken              bool // a wake-up came during the pass, and it selected again (passOpts.wake)
 	ran                bool // the pass ran: elected, or direct
 	err                error
 }
@@ -196,6 +204,10 @@ func (e *engine) run() {
 		}
 		var send chan task
 		var next task
+		var woken <-chan struct{}
+		if !c.more && fl.tasks > 0 && !e.halted() {
+			woken = e.o.wake // a commit notified meanwhile: select again beside the writes
+		}
 		if len(fl.queue) > 0 {
 			if fl.tasks == 0 && e.rec.ready(e.ctx) != nil {
 				// Grouped outcomes are written on the recorder's connection:
@@ -215,6 +227,9 @@ func (e *engine) run() {
 			fl.handed(next)
 		case keys := <-e.done:
 			fl.finished(keys)
+		case <-woken:
+			c.woken()
+			e.res.woken = true
 		}
 	}
 	close(e.work)

@@ -289,3 +289,55 @@ func TestCursor(t *testing.T) {
 	require.False(t, cut.more, "until its limit")
 	require.Equal(t, 5, cut.taken)
 }
+
+// gateSender says when each send begins, and waits to be let go.
+type gateSender struct {
+	began   chan int64
+	release chan struct{}
+}
+
+func (gateSender) Type() string { return "t" }
+func (s gateSender) Send(_ context.Context, m Message) error {
+	s.began <- m.ID
+	<-s.release
+	return nil
+}
+
+// TestEngineWokenSelectsAgain: a wake-up that comes while a pass's last
+// message is in flight has the pass select again, so the row it announces is
+// sent in the same pass, not after it; without the loop's wake-ups (Run,
+// RunIfElected) a pass takes what it found.
+func TestEngineWokenSelectsAgain(t *testing.T) {
+	for _, withWake := range []bool{true, false} {
+		t.Run(fmt.Sprint("wake=", withWake), func(t *testing.T) {
+			tb := newMemTable(100, "a")
+			s := gateSender{began: make(chan int64), release: make(chan struct{})}
+			wake := make(chan struct{}, 1)
+			o := passOpts{drain: true}
+			if withWake {
+				o.wake = wake
+			}
+			done := make(chan passResult, 1)
+			go func() { done <- runMem(memRelay(t, 2, 100, s), tb, o) }() // a second worker for b
+			require.EqualValues(t, 1, <-s.began)                          // the batch, short, was the pass's last
+			tb.mu.Lock()
+			tb.rows[2] = &row{Message: Message{ID: 2, Type: "t", Key: "b"}} // committed meanwhile, and notified
+			tb.mu.Unlock()
+			wake <- struct{}{}
+			if withWake {
+				require.EqualValues(t, 2, <-s.began, "b sent in the same pass, while a is in flight")
+				s.release <- struct{}{}
+			}
+			s.release <- struct{}{}
+			res := <-done
+			require.Equal(t, withWake, res.woken)
+			if withWake {
+				require.Equal(t, 2, res.sent)
+				require.Len(t, wake, 0, "the pass took the wake-up")
+				return
+			}
+			require.Equal(t, 1, res.sent)
+			require.Len(t, wake, 1, "left to the loop")
+		})
+	}
+}
