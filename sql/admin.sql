@@ -162,7 +162,7 @@ WITH RECURSIVE b AS (
   UNION ALL
   SELECT g.ctl, l.lo, g.f,
     l.lo <= w.min_id OR l.lo < w.first AND (g.f - l.lo >= greatest(@gap::bigint, (w.first - g.f) / 8)
-      OR g.created < w.at - make_interval(secs => @lookback::float8)),
+      OR coalesce(g.created < w.at - make_interval(secs => @lookback::float8), false)),
     g.type::text, g.k1, g.k2, g.d, g.c, g.n
   FROM walk CROSS JOIN w
   CROSS JOIN LATERAL (SELECT greatest(walk.hi - @chunk::bigint, w.min_id) AS lo) l
