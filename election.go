@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,7 +23,8 @@ import (
 //   - guardElection: a Guard of the adopter's own, run as given;
 //   - polledElection: the relay's own PostgresGuard on its pool, whose timer
 //     passes first look for work in the statement that tries the lock (the
-//     idle poll: one statement per Interval when idle);
+//     idle poll: one statement per Interval when idle), and which the loop
+//     keeps between its passes while work keeps arriving (kept election);
 //   - memberElection: the partitioned election (Partitions > 1).
 //
 // Nothing looks at the Guard's concrete type after New.
@@ -52,6 +54,10 @@ type election interface {
 	// partitioned membership) lasts from begin to end, after the last pass.
 	begin()
 	end(ctx context.Context)
+	// keeps reports whether the election is kept between the loop's passes
+	// right now (polledElection), and for how long at most without work: the
+	// loop's timer then comes no later.
+	keeps() (bool, time.Duration)
 }
 
 // chooseElection picks the relay's election, once. With ClusterLock and no
@@ -85,7 +91,7 @@ func (r *Relay) chooseElection(guard Guard) (election, error) {
 	case !onPool:
 		return guardElection{r: r, guard: guard}, nil
 	}
-	return polledElection{guardElection{r: r, guard: own}}, nil
+	return &polledElection{guardElection: guardElection{r: r, guard: own}, own: own, keptIdle: keptIdle}, nil
 }
 
 // pass runs one pass of kind: it takes the pass slot (waiting for it, or
@@ -131,6 +137,7 @@ type noElection struct{ r *Relay }
 func (noElection) waits() bool                                       { return true }
 func (noElection) poll(context.Context, passOpts) (passResult, bool) { return passResult{}, true }
 func (noElection) begin()                                            {}
+func (noElection) keeps() (bool, time.Duration)                      { return false, 0 }
 func (noElection) end(context.Context)                               {}
 func (e noElection) run(ctx context.Context, o passOpts) passResult {
 	res := e.r.dispatch(ctx, o)
@@ -147,6 +154,7 @@ type guardElection struct {
 func (guardElection) waits() bool                                       { return false }
 func (guardElection) poll(context.Context, passOpts) (passResult, bool) { return passResult{}, true }
 func (guardElection) begin()                                            {}
+func (guardElection) keeps() (bool, time.Duration)                      { return false, 0 }
 func (guardElection) end(context.Context)                               {}
 
 func (e guardElection) run(ctx context.Context, o passOpts) passResult {
@@ -177,9 +185,43 @@ func (e guardElection) tryRun(ctx context.Context, fn func(ctx context.Context) 
 // an idle replica costs one statement per Interval, run on the started
 // relay's own session (session.go) where it has one. With work, the pass
 // takes the election for real.
-type polledElection struct{ guardElection }
+//
+// The loop keeps the election it won between its passes while work keeps
+// arriving: a steady trickle's woken passes then take no lock and give none
+// back (two round trips, and a pooled connection's hand-off, fewer on each
+// message's path; on a busy host each is a wait for the server's backend to
+// be scheduled). It lets go of it after a pass that fails, one that stops at
+// drainMax with a backlog (as before), a stop, and the first pass that finds
+// nothing after keptIdle without a wake-up: an idle replica is back to its
+// one poll per Interval, holding nothing. Meanwhile the watch's heartbeat
+// keeps the lease, and a lease that ran out (a frozen process) or a session
+// lost between passes is let go of before the next pass, which elects anew.
+// Passes that are not the loop's (RunIfElected) run on the kept election if
+// there is one, and let go of it.
+type polledElection struct {
+	guardElection
+	own *PostgresGuard
 
-func (e polledElection) poll(ctx context.Context, o passOpts) (res passResult, work bool) {
+	mu       sync.Mutex
+	kept     *heldElection // the election kept between the loop's passes; nil: none
+	keptIdle time.Duration // keptIdle; a test may lengthen it
+}
+
+// keptIdle is how long, at most, the loop keeps the election without a
+// wake-up or a row: the loop's next timer pass comes no later, and lets go
+// of it if it finds nothing.
+const keptIdle = time.Second
+
+func (e *polledElection) keeps() (bool, time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.kept != nil, e.keptIdle
+}
+
+func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, work bool) {
+	if kept, _ := e.keeps(); kept {
+		return passResult{ran: true}, true // the kept election's pass looks for work itself
+	}
 	r := e.r
 	if err := r.learnTable(ctx); err != nil {
 		return passResult{err: err}, false
@@ -217,12 +259,67 @@ func (e polledElection) poll(ctx context.Context, o passOpts) (res passResult, w
 	return passResult{ran: true}, work
 }
 
+// run runs the pass on the kept election, or on one it wins now, and keeps
+// it afterwards when o.keep says the loop goes on with work arriving.
+func (e *polledElection) run(ctx context.Context, o passOpts) (res passResult) {
+	r := e.r
+	e.mu.Lock()
+	h := e.kept
+	e.kept = nil
+	e.mu.Unlock()
+	if h != nil && !h.usable() {
+		// Frozen past the lease, or the session lost between passes: let go
+		// (the server may have freed the lock already) and elect anew.
+		err := h.release(ctx, leaseValid(context.WithValue(ctx, leaseKey{}, h.w.lease)))
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election kept since the last pass is no longer trusted; electing again",
+			slog.String("key", r.key), slog.Any("error", err))
+		h = nil
+	}
+	if h == nil {
+		var err error
+		if h, err = e.own.elect(withReplica(ctx, r.presence.id), r.key); h == nil || err != nil {
+			return passResult{err: err}
+		}
+	}
+	keep := false
+	defer func() { // also when the pass panics: the panic goes on once the lock is let go of
+		if keep {
+			e.mu.Lock()
+			e.kept = h
+			e.mu.Unlock()
+			return
+		}
+		res.err = h.release(ctx, res.err)
+	}()
+	err := h.run(ctx, func(ctx context.Context) error {
+		res = r.dispatch(ctx, o)
+		return res.err
+	})
+	res.err, res.ran = err, true
+	keep = o.keep != nil && o.keep(res)
+	return res
+}
+
+func (e *polledElection) end(ctx context.Context) {
+	e.mu.Lock()
+	h := e.kept
+	e.kept = nil
+	e.mu.Unlock()
+	if h == nil {
+		return
+	}
+	if err := h.release(ctx, nil); err != nil {
+		e.r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: stop: letting go of the kept election", slog.String("key", e.r.key), slog.Any("error", err))
+	}
+}
+
 // memberElection is the partitioned election (partitions.go): a pass runs
 // for the partitions this replica holds. While the loop runs, the membership
 // lasts between passes; otherwise each pass joins and leaves.
 type memberElection struct{ m *membership }
 
 func (memberElection) waits() bool                                       { return false }
+func (memberElection) keeps() (bool, time.Duration)                      { return false, 0 }
 func (memberElection) poll(context.Context, passOpts) (passResult, bool) { return passResult{}, true }
 
 func (e *memberElection) begin() {

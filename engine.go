@@ -23,6 +23,9 @@ type passOpts struct {
 	drainFor time.Duration   // how long at most; 0: drainMax
 	parts    []int           // partitioned: deliver only these partitions (partitions.go)
 	own      *ownSession     // the started relay's own session, for the idle poll; nil: the pool's
+	// keep, for the loop's passes, says from the pass's result whether the
+	// election is kept for the next pass (polledElection); nil: let go.
+	keep func(passResult) bool
 }
 
 // drainMax bounds how long one pass keeps draining a backlog before it lets go

@@ -29,6 +29,16 @@ func WithWakeUpForTest(window, denseGap, forceAfter time.Duration) EnqueueOption
 	return withWakeWindows(newWakeWindows(window, denseGap, forceAfter))
 }
 
+// KeepElectionForTest makes r's loop keep its election between passes for
+// up to idle without work, instead of keptIdle. It must run before Start.
+func KeepElectionForTest(r *Relay, idle time.Duration) {
+	if e, ok := r.election.(*polledElection); ok {
+		e.keptIdle = idle
+		return
+	}
+	panic("relay: KeepElectionForTest: not the relay's own election")
+}
+
 // RetryBackoffMaxForTest is the cap of the wait before an ERROR row is retried.
 const RetryBackoffMaxForTest = retryBackoffMax
 

@@ -172,26 +172,55 @@ type session struct {
 
 // TryRun implements [Guard].
 func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx context.Context) error) (ran bool, err error) {
-	if err := g.sessions.verify(ctx, g.pool, g.logger); err != nil {
+	h, err := g.elect(ctx, key)
+	if h == nil || err != nil {
 		return false, err
 	}
-	if !g.claim(key) {
-		return false, nil // this process already runs the job for key
-	}
-	defer g.unclaim(key)
+	// Unlock even if fn panics; the panic goes on after the lock is released.
+	defer func() { err = h.release(ctx, err) }()
+	return true, h.run(ctx, fn)
+}
 
+// heldElection is an election this process won: the lock's connection, what
+// the lock statement learned of its session, and the watch that owns the
+// connection from the win to the release. TryRun holds one for a job; the
+// relay's loop keeps one across its passes while work keeps arriving
+// (election.go), so a steady trickle's passes take and release no lock.
+type heldElection struct {
+	g    *PostgresGuard
+	key  string
+	conn *pgxpool.Conn
+	sess session
+	w    *watch
+	// lost ends, with ErrElectionLost as its cause, when the watch loses the
+	// session: each job's ctx ends with it.
+	lost     context.Context
+	loseWith context.CancelCauseFunc
+}
+
+// elect tries to win the election for key: nil, and no error, when another
+// session (or another job of this process) holds it.
+func (g *PostgresGuard) elect(ctx context.Context, key string) (*heldElection, error) {
+	if err := g.sessions.verify(ctx, g.pool, g.logger); err != nil {
+		return nil, err
+	}
+	if !g.claim(key) {
+		return nil, nil // this process already runs the job for key
+	}
 	// An unreachable database fails the election instead of hanging the caller.
 	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancelLock()
 	won := time.Now()
 	conn, locked, sess, err := tryElection(lctx, g.pool, key, markReplica(lockSQL, replicaOf(ctx)), g.sessions.isDirect())
 	if err != nil {
-		return false, err
+		g.unclaim(key)
+		return nil, err
 	}
 	switch {
 	case sess.readOnly:
 		conn.Release()
-		return false, fmt.Errorf("%w: not electing %q on backend %d: a lock taken on a standby excludes nobody on the primary",
+		g.unclaim(key)
+		return nil, fmt.Errorf("%w: not electing %q on backend %d: a lock taken on a standby excludes nobody on the primary",
 			ErrReadOnly, key, sess.pid)
 	case locked == nil:
 		// Someone else holds it on this very session: code that took the key on
@@ -200,48 +229,69 @@ func (g *PostgresGuard) TryRun(ctx context.Context, key string, fn func(ctx cont
 		// Taking it again would stack and "win"; closing the session would steal
 		// their lock. Coalesce, and say so.
 		conn.Release()
+		g.unclaim(key)
 		g.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election's key is already held by the pooled session the guard was given; coalescing",
 			slog.String("key", key), slog.Uint64("pid", uint64(sess.pid)),
 			slog.String("hint", "another holder took the key on the shared pool and released the connection, "+
 				"or a transaction-pooling proxy sits between the relay and PostgreSQL"))
-		return false, nil
+		return nil, nil
 	case !*locked:
 		conn.Release()
-		return false, nil
+		g.unclaim(key)
+		return nil, nil
 	}
+	h := &heldElection{g: g, key: key, conn: conn, sess: sess}
+	h.lost, h.loseWith = context.WithCancelCause(context.Background())
+	h.w = startWatch(conn.Conn().PgConn(), sess.pid, won, won, replicaOf(ctx), h.loseWith)
+	return h, nil
+}
 
+// run runs fn as a job of the election: its ctx carries the lease and ends
+// when ctx does or when the session is lost.
+func (h *heldElection) run(ctx context.Context, fn func(ctx context.Context) error) error {
 	jobCtx, cancel := context.WithCancelCause(ctx)
-	w := startWatch(conn.Conn().PgConn(), sess.pid, won, won, replicaOf(ctx), cancel)
-	jobCtx = context.WithValue(jobCtx, leaseKey{}, w.lease)
+	defer cancel(nil)
+	stop := context.AfterFunc(h.lost, func() { cancel(context.Cause(h.lost)) })
+	defer stop()
+	return fn(context.WithValue(jobCtx, leaseKey{}, h.w.lease))
+}
 
-	// Unlock even if fn panics; the panic goes on after the lock is released.
-	defer func() {
-		cancel(nil)
-		lost := w.stop()
-		if lost != nil {
-			// The watch that saw another backend answer stopped the job; the
-			// locks are let go of once it has returned, never under a send.
-			closeSession(ctx, conn, key, sess)
-			if !errors.Is(err, ErrElectionLost) { // fn usually returns the cause already
-				err = errors.Join(err, lost)
-			}
-			return
+// usable reports whether a kept election may run another job: its session
+// not lost, its lease still trusted.
+func (h *heldElection) usable() bool {
+	return h.lost.Err() == nil && h.w.lease.valid(time.Now()) == nil
+}
+
+// release lets go of the election after its last job, whose error err was,
+// and returns err with what the release met.
+func (h *heldElection) release(ctx context.Context, err error) error {
+	defer h.g.unclaim(h.key)
+	lost := h.w.stop()
+	h.loseWith(nil)
+	conn, key, sess := h.conn, h.key, h.sess
+	if lost != nil {
+		// The watch that saw another backend answer stopped the job; the
+		// locks are let go of once it has returned, never under a send.
+		closeSession(ctx, conn, key, sess)
+		if !errors.Is(err, ErrElectionLost) { // fn usually returns the cause already
+			err = errors.Join(err, lost)
 		}
-		if errors.Is(err, ErrJobAbandoned) {
-			// fn left a job running that ignores its ctx: end the session
-			// rather than unlock on it and pool it.
-			closeConn(conn)
-			if werr := waitLockGone(ctx, g.pool, sess.pid); werr != nil {
-				g.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the abandoned job's lock session was closed, but pg_locks could not confirm the lock is gone",
-					slog.String("key", key), slog.Uint64("pid", uint64(sess.pid)), slog.String("error", werr.Error()))
-			}
-			return
+		return err
+	}
+	if errors.Is(err, ErrJobAbandoned) {
+		// fn left a job running that ignores its ctx: end the session
+		// rather than unlock on it and pool it.
+		closeConn(conn)
+		if werr := waitLockGone(ctx, h.g.pool, sess.pid); werr != nil {
+			h.g.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the abandoned job's lock session was closed, but pg_locks could not confirm the lock is gone",
+				slog.String("key", key), slog.Uint64("pid", uint64(sess.pid)), slog.String("error", werr.Error()))
 		}
-		if uerr := releaseElection(ctx, conn, key, sess, unlockSQL); uerr != nil {
-			err = errors.Join(err, uerr)
-		}
-	}()
-	return true, fn(jobCtx)
+		return err
+	}
+	if uerr := releaseElection(ctx, conn, key, sess, unlockSQL); uerr != nil {
+		err = errors.Join(err, uerr)
+	}
+	return err
 }
 
 // guardSessionEndTimeout bounds waitLockGone.
@@ -296,16 +346,17 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 		if err == nil {
 			return conn, locked, sess, nil
 		}
-		if pid != 0 {
-			closeSession(ctx, conn, key, session{pid: pid, pooled: sess.pooled})
-		}
 		if pooledStatementError(err) {
 			err = fmt.Errorf("%w: %w", ErrTransactionPooling, err)
 		}
 		// The statement may have reached the server and taken the lock:
 		// closing the connection is what makes sure it is not held.
 		dead := conn.Conn().IsClosed()
-		closeConn(conn)
+		if pid != 0 {
+			closeSession(ctx, conn, key, session{pid: pid, pooled: sess.pooled}) // closes conn
+		} else {
+			closeConn(conn)
+		}
 		if !dead || ctx.Err() != nil || attempt == guardLockAttempts {
 			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, err)
 		}

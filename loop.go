@@ -200,7 +200,18 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 	if woken {
 		kind = passElected
 	}
-	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own})
+	// The election is kept for the next pass while work keeps arriving: not
+	// after a failure, a backlog cut at drainMax, a stop, or a quiet
+	// Interval's pass that found nothing.
+	keep := func(res passResult) bool {
+		select {
+		case <-l.halt:
+			return false
+		default:
+		}
+		return res.err == nil && !res.backlog && (woken || res.processed() > 0)
+	}
+	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own, keep: keep})
 	switch n := r.failing(); {
 	case res.backlog && res.err == nil:
 		next = 0
@@ -208,6 +219,9 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 		next = wakeFollowUp
 	case n > 0:
 		next = min(r.cfg.Interval<<min(n-1, 16), max(r.cfg.Interval, loopBackoffMax))
+	}
+	if kept, idle := r.election.keeps(); kept {
+		next = min(next, idle) // the pass that lets go of it, if nothing comes
 	}
 	return next, res.coalesced()
 }

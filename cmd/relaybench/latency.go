@@ -25,7 +25,7 @@ import (
 //
 //	go run ./cmd/relaybench -scenarios latency
 //
-// Three replicas of one app run with the default configuration (Interval 1s):
+// Three replicas (-latency-replicas) of one app run with the default configuration (Interval 1s):
 // one is elected at a time, the others stand by. A producer commits one row per
 // transaction at a steady -latency-rate for -latency-duration. The latency of a
 // message is the time its Send was first called minus the time its producer's
@@ -43,6 +43,7 @@ var (
 	latencyRate     = flag.Int("latency-rate", 200, "messages per second of the latency scenario's producer")
 	latencyDuration = flag.Duration("latency-duration", 30*time.Second, "how long the latency scenario's producer writes, per round")
 	notifyDuration  = flag.Duration("notify-duration", 5*time.Second, "how long each notify-cost run lasts")
+	latencyReplicas = flag.Int("latency-replicas", 3, "replicas of the latency scenario's app (one elected, the others standbys)")
 )
 
 // latencyRound is one way of waking the relay.
@@ -59,8 +60,8 @@ var latencyRounds = []latencyRound{
 }
 
 func runLatency(ctx context.Context, srv *pgserver.Server) error {
-	fmt.Printf("\nlatency: commit → Send, %d msg/s for %s per round, 3 replicas (1 elected, 2 standbys), Interval 1s\n",
-		*latencyRate, *latencyDuration)
+	fmt.Printf("\nlatency: commit → Send, %d msg/s for %s per round, %d replicas (1 elected at a time), Interval 1s\n",
+		*latencyRate, *latencyDuration, *latencyReplicas)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "round\tmessages\tp50\tp90\tp99\tmax\t")
 	for _, round := range latencyRounds {
@@ -97,7 +98,7 @@ func latencyOnce(ctx context.Context, url string, round latencyRound) ([]time.Du
 	cfg.WakeOnCommit = round.wake
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	var relays []*relay.Relay
-	for i := range 3 {
+	for i := range *latencyReplicas {
 		pool, err := benchkit.Pool(ctx, url, fmt.Sprintf("relaybench-latency-r%d", i), 6)
 		if err != nil {
 			return nil, err

@@ -1,0 +1,148 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// The kept election (election.go): the loop keeps the election it won between
+// its passes while work keeps arriving, and lets go of it when nothing comes,
+// on Stop, and when its session is lost.
+
+// trickle writes n messages of type "t" one at a time through Enqueue (which
+// notifies), each once the previous one was sent, and returns their ids.
+func (b *bundle) trickle(t *testing.T, rec *recorder, from, n int) []int64 {
+	t.Helper()
+	var ids []int64
+	for i := from; i < from+n; i++ {
+		id, err := relay.Enqueue(context.Background(), b.pool, b.table, relay.Outgoing{Type: "t", Key: fmt.Sprint("k", i), Payload: []byte(`{}`)})
+		require.NoError(t, err)
+		ids = append(ids, id)
+		require.Eventually(t, func() bool { return rec.count() >= i+1 }, 30*time.Second, time.Millisecond, "message %d", i)
+	}
+	return ids
+}
+
+// TestKeptElectionTrickle counts, with a proxy in front of the server, the
+// round trips of a started relay fed one message at a time: its woken passes
+// run on the election kept since the first, so a message costs its select,
+// its outcome and, when it comes first, the follow-up's select — not a lock
+// and an unlock for each pass besides. Once nothing comes,
+// the relay lets go of it within keptIdle, though its Interval is an hour.
+func TestKeptElectionTrickle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, via, err := pgserver.ProxyURL(server().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	var passes passCounter
+	cfg := b.cfg
+	cfg.Interval = time.Hour
+	cfg.Observer = &passes
+	rec := newRecorder("t", nil)
+	r, err := relay.New(pgserver.Pool(t, via, pgserver.Name(t), 4), cfg, rec)
+	require.NoError(t, err)
+	startRelay(t, r)
+	require.Eventually(t, func() bool { return passes.n.Load() >= 1 }, 30*time.Second, time.Millisecond)
+	b.trickle(t, rec, 0, 1) // the election won, and kept
+
+	const n = 20
+	trips0 := proxy.RoundTrips()
+	b.trickle(t, rec, 1, n)
+	trips := proxy.RoundTrips() - trips0
+	t.Logf("%d round trips for %d messages written one at a time: %.1f each", trips, n, float64(trips)/n)
+	// 2 a message here (3 when the follow-up comes before the next message),
+	// and the heartbeats and presence beats of a slow machine; 4.2 when each
+	// pass took and released the lock.
+	require.LessOrEqual(t, float64(trips)/n, 3.6, "round trips per message")
+	require.Equal(t, n+1, rec.count(), "each message once")
+
+	require.Eventually(t, func() bool { return lockFree(t, cfg.AppName) }, 30*time.Second, 10*time.Millisecond,
+		"the election is let go of once nothing comes, not an Interval later")
+}
+
+// TestKeptElectionUntilStop: while a relay keeps its election, every message
+// of a trickle is sent under the same election (one holder, one session,
+// one start), a standby's RunIfElected coalesces, and Stop lets go of it
+// before it returns.
+func TestKeptElectionUntilStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.cfg
+	cfg.Interval = time.Hour
+	rec := newRecorder("t", nil)
+	r := b.newRelay(t, cfg, rec)
+	relay.KeepElectionForTest(r, time.Hour)
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, cfg)
+	require.NoError(t, err)
+	holder := func() relay.LockHolder {
+		t.Helper()
+		hs, err := admin.Election(context.Background())
+		require.NoError(t, err)
+		require.Len(t, hs, 1, "one holder between passes: the kept election")
+		require.True(t, hs[0].Granted)
+		return hs[0]
+	}
+	b.trickle(t, rec, 0, 1)
+	first := holder()
+	standby := b.newRelay(t, cfg, newRecorder("t", nil))
+	for i := 1; i <= 5; i++ {
+		b.trickle(t, rec, i, 1)
+		h := holder()
+		require.Equal(t, first.PID, h.PID, "the same session")
+		require.Equal(t, first.Since, h.Since, "the same election")
+		ran, err := standby.RunIfElected(context.Background())
+		require.NoError(t, err)
+		require.False(t, ran, "a standby coalesces on the kept election")
+	}
+	require.NoError(t, r.Stop(context.Background()))
+	require.True(t, lockFree(t, cfg.AppName), "Stop lets go of the kept election before it returns")
+	require.Equal(t, 6, rec.count())
+}
+
+// TestKeptElectionLostBetweenPasses: the kept election's session is ended
+// between two messages (a failover, pg_terminate_backend): the next message
+// is sent once, under an election won again on another session.
+func TestKeptElectionLostBetweenPasses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.cfg
+	cfg.Interval = time.Hour
+	rec := newRecorder("t", nil)
+	r := b.newRelay(t, cfg, rec)
+	relay.KeepElectionForTest(r, time.Hour)
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, cfg)
+	require.NoError(t, err)
+	b.trickle(t, rec, 0, 1)
+	hs, err := admin.Election(context.Background())
+	require.NoError(t, err)
+	require.Len(t, hs, 1)
+	old := hs[0].PID
+	var ended bool
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT pg_terminate_backend($1)", old).Scan(&ended))
+	require.True(t, ended)
+	require.Eventually(t, func() bool {
+		hs, err := admin.Election(context.Background())
+		return err == nil && len(hs) == 0
+	}, 30*time.Second, time.Millisecond, "the session is gone, and its lock")
+
+	ids := b.trickle(t, rec, 1, 2)
+	for _, id := range ids {
+		require.Equal(t, "SENT", b.state(t, id).Status)
+	}
+	require.Equal(t, 3, rec.count(), "each message once")
+	hs, err = admin.Election(context.Background())
+	require.NoError(t, err)
+	require.Len(t, hs, 1, "elected again, and kept")
+	require.NotEqual(t, old, hs[0].PID, "on another session")
+	require.Equal(t, 3, b.countStatus(t, "SENT"))
+}
