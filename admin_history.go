@@ -25,9 +25,12 @@ type History struct {
 	Types []TypeHistory
 	// FromID is the lowest id read besides the live rows: the first row
 	// written in the window, moved back over the rows that were still
-	// waiting at From. A row written before FromID and delivered within the
-	// window is not counted: it waited longer than every row written around
-	// it, or more than [HistoryLookbackMax]. A row that still waits is.
+	// waiting at From (in ranges of 4,096 ids, a range of live rows counting
+	// as waiting) until 1,024 ids in a row where none was (or an eighth of
+	// the way back, if more). A row written before FromID and delivered
+	// within the window is not counted: it waited longer than every row
+	// written around it, or more than [HistoryLookbackMax]. A row that still
+	// waits is.
 	FromID int64
 }
 
@@ -53,18 +56,19 @@ const (
 	HistoryLookbackMax = 24 * time.Hour
 )
 
-// historyBackChunk is the first range of ids History reads back from the
-// window's start.
-const historyBackChunk = 1024
-
 // History reads the last window of the table, in steps of step: per type,
 // the rows delivered in each step and the lag at the end of each. It reads,
-// through the primary key, the rows written in the window, whose first id it
-// finds by a binary search over created_at (a few dozen one-row index
-// lookups), and before them the rows that were still waiting when the window
-// began; and the live rows through their partial indexes: never the
-// delivered history before that. It costs in proportion to the rows of the
-// window and of the backlog it began with, not to the table.
+// in one statement, through the primary key, the rows written in the window,
+// whose first id it finds by a binary search over created_at (a few dozen
+// one-row index lookups), and before them the rows that were still waiting
+// when the window began, each row once; and the live rows through their
+// partial indexes: a range of ids that are all live is counted in the live
+// index, not read, and each type's oldest waiting row is found by a skip
+// scan. Never the delivered history before that. It costs in proportion to
+// the delivered and dead rows of the window and of the backlog it began
+// with, and to the index entries of the live ones, not to the table. On a
+// table without the relay's partial indexes (the JVM's migration), it reads
+// the live rows too.
 // window must be in (0, [HistoryWindowMax]], step at least [HistoryStepMin],
 // and window/step at most [HistoryStepsMax].
 func (a *Admin) History(ctx context.Context, window, step time.Duration) (History, error) {
@@ -76,72 +80,103 @@ func (a *Admin) History(ctx context.Context, window, step time.Duration) (Histor
 	case window/step > HistoryStepsMax:
 		return History{}, fmt.Errorf("relay: History: at most %d steps, got %s / %s", HistoryStepsMax, window, step)
 	}
-	h, err := a.repo.history(ctx, a.pool, a.maxAttempts, window, step)
+	indexed, err := historyIndexed(ctx, a.pool, a.table)
+	if err != nil {
+		return History{}, fmt.Errorf("relay: read the indexes of %s: %w", a.table, err)
+	}
+	h, err := a.repo.history(ctx, a.pool, a.maxAttempts, window, step, indexed)
 	if err != nil {
 		return h, fmt.Errorf("relay: read the history of %s: %w", a.table, err)
 	}
 	return h, nil
 }
 
-// History's statements are in sql/admin.sql (historyStart, historyBack,
-// historyRead, historyLive).
+// History's statement is in sql/admin.sql (history): one round trip.
 
-// historyBack extends the window's first id back, from first, over the rows
-// that were still waiting at from (written before it, delivered or dead
-// after it, or live): in ranges of historyBackChunk ids, doubling, until a
-// range where none was, or rows written more than HistoryLookbackMax before
-// from. Its cost follows the lag at from: a range or two when delivery keeps
-// up, the backlog's rows when it did not.
-func (r *adminRepository) historyBack(ctx context.Context, db querier, minID, first int64, from time.Time, ceiling int) (int64, error) {
-	at := float64(from.UnixMicro()) / 1e6
-	oldest := from.Add(-HistoryLookbackMax)
-	for hi, size := first, int64(historyBackChunk); hi > minID; size *= 2 {
-		lo := max(hi-size, minID)
-		var waiting *int64
-		var created *time.Time
-		if err := db.QueryRow(ctx, r.historyBackSQL, lo, hi, at, ceiling).Scan(&waiting, &created); err != nil {
-			return 0, err
-		}
-		if waiting == nil {
-			break // none of the range waited at from
-		}
-		first, hi = *waiting, lo
-		if created != nil && created.Before(oldest) {
-			break
+// The walk of History (sql/admin.sql): the ranges of ids it reads, and the
+// run of ids where no row waited at the window's start that ends it (or an
+// eighth of the distance walked below the window's first id, if more).
+const (
+	historyChunk = 4096
+	historyGap   = 1024
+)
+
+// historyIndexes are the partial indexes History reads the live rows
+// through (indexes.go): without any of them it reads them by the primary
+// key's ranges, as it reads the rest.
+var historyIndexes = []string{"_outbox", "_outbox_pending", "_outbox_error"}
+
+// historyIndexed reports whether table has the partial indexes History's
+// skip scans need.
+func historyIndexed(ctx context.Context, db querier, table string) (bool, error) {
+	missing, err := missingIndexes(ctx, db, table)
+	if err != nil {
+		return false, err
+	}
+	id, err := parseTable(table)
+	if err != nil {
+		return false, err
+	}
+	name := id[len(id)-1]
+	for _, m := range missing {
+		for _, suffix := range historyIndexes {
+			if m.Name == strings.Trim(indexName(name, suffix), `"`) {
+				return false, nil
+			}
 		}
 	}
-	return first, nil
+	return true, nil
 }
 
-// historyBatch is the window's two reads, sent together: the rows delivered
-// or dead in it (historyRead, sql/admin.sql) and the oldest live row of
-// each type (historyLive).
-func (r *adminRepository) historyBatch(first int64, fromEpoch float64, step time.Duration, steps, ceiling int, from time.Time) *pgx.Batch {
-	b := &pgx.Batch{}
-	b.Queue(r.historyReadSQL, first, fromEpoch, step.Seconds(), steps, ceiling, from)
-	b.Queue(r.historyLiveSQL, ceiling)
-	return b
-}
-
-func (r *adminRepository) history(ctx context.Context, db querier, ceiling int, window, step time.Duration) (History, error) {
+func (r *adminRepository) history(ctx context.Context, db querier, ceiling int, window, step time.Duration, indexed bool) (History, error) {
 	var h History
-	var minID, first int64
-	if err := db.QueryRow(ctx, r.historyStartSQL, window.Seconds()).Scan(&h.To, &minID, &first); err != nil {
-		return h, err
-	}
-	h.From, h.Step = h.To.Add(-window), step
 	steps := int(window / step)
 	if window%step != 0 {
 		steps++
 	}
-	first, err := r.historyBack(ctx, db, minID, first, h.From, ceiling)
+	rows, err := db.Query(ctx, r.historySQL, window.Seconds(), step.Seconds(), steps, ceiling,
+		historyChunk, historyGap, HistoryLookbackMax.Seconds(), indexed)
 	if err != nil {
 		return h, err
 	}
-	h.FromID = first
+	type group struct {
+		typ       string
+		k1, k2, d *int32
+		created   float64
+		n         int64
+	}
+	var groups, heads []group
+	var kind int32
+	var g group
+	var typ *string
+	var now *time.Time
+	var n *int64
+	var c *float64
+	_, err = pgx.ForEachRow(rows, []any{&kind, &typ, &g.k1, &g.k2, &g.d, &c, &n, &now}, func() error {
+		switch kind {
+		case 0:
+			h.To, h.FromID = *now, *n
+		case 1, 2:
+			if typ == nil || c == nil {
+				return nil // no row: nothing to count
+			}
+			g.typ, g.created, g.n = *typ, *c, 0
+			if n != nil {
+				g.n = *n
+			}
+			if kind == 1 {
+				groups = append(groups, g)
+			} else {
+				heads = append(heads, g)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return h, err
+	}
+	h.From, h.Step = h.To.Add(-window), step
 	at := float64(h.From.UnixMicro()) / 1e6
-	br := db.SendBatch(ctx, r.historyBatch(first, at, step, steps, ceiling, h.From))
-	defer br.Close()
 
 	byType := map[string]*TypeHistory{}
 	oldest := map[string][]float64{} // per type, per instant k (index k-1): the oldest row waiting then (0: none)
@@ -162,41 +197,21 @@ func (r *adminRepository) history(ctx context.Context, db querier, ceiling int, 
 			}
 		}
 	}
-	var typ string
-	var k1, k2, b *int32
-	var created float64
-	var n int64
-	rows, err := br.Query()
-	if err != nil {
-		return h, err
-	}
-	_, err = pgx.ForEachRow(rows, []any{&typ, &k1, &k2, &b, &created, &n}, func() error {
-		th := get(typ)
-		switch {
-		case b != nil: // the (type, b) set: deliveries of step b
-			if i := int(*b); i >= 0 && i < steps {
-				th.Delivered[i] += n
+	for _, g := range groups {
+		th := get(g.typ)
+		if g.d != nil { // delivered in step d
+			if i := int(*g.d); i >= 0 && i < steps {
+				th.Delivered[i] += g.n
 			}
-		case k1 != nil && k2 != nil: // the (type, k1, k2) set: rows waiting at k1..k2
-			cover(typ, int(*k1), int(*k2), created)
 		}
-		return nil
-	})
-	if err != nil {
-		return h, err
+		if g.k1 != nil && g.k2 != nil { // waiting at the instants k1..k2
+			cover(g.typ, int(*g.k1), int(*g.k2), g.created)
+		}
 	}
 	// A live row waits from its first instant to now.
-	if rows, err = br.Query(); err != nil {
-		return h, err
-	}
-	_, err = pgx.ForEachRow(rows, []any{&typ, &created}, func() error {
-		get(typ)
-		first := int(math.Ceil((created - at) / step.Seconds()))
-		cover(typ, first, steps, created)
-		return nil
-	})
-	if err != nil {
-		return h, err
+	for _, g := range heads {
+		get(g.typ)
+		cover(g.typ, int(math.Ceil((g.created-at)/step.Seconds())), steps, g.created)
 	}
 	for typ, th := range byType {
 		for k, o := range oldest[typ] {

@@ -42,40 +42,21 @@ func KeepElectionForTest(r *Relay, idle time.Duration) {
 // RetryBackoffMaxForTest is the cap of the wait before an ERROR row is retried.
 const RetryBackoffMaxForTest = retryBackoffMax
 
-// HistoryPlansForTest returns the plans (EXPLAIN ANALYZE, text) of the
-// statements Admin.History runs for window and step: the binary search, one
-// step of the search back, and the read of the window.
-func HistoryPlansForTest(ctx context.Context, a *Admin, window, step time.Duration) (search, back, read string, err error) {
-	var now time.Time
-	var lo, first int64
-	if err := a.pool.QueryRow(ctx, a.repo.historyStartSQL, window.Seconds()).Scan(&now, &lo, &first); err != nil {
-		return "", "", "", err
+// HistoryPlanForTest returns the plan (EXPLAIN ANALYZE, text) of the
+// statement Admin.History runs for window and step, and whether it read the
+// live rows through the partial indexes.
+func HistoryPlanForTest(ctx context.Context, a *Admin, window, step time.Duration) (plan string, indexed bool, err error) {
+	if indexed, err = historyIndexed(ctx, a.pool, a.table); err != nil {
+		return "", false, err
 	}
-	from := now.Add(-window)
-	at := float64(from.UnixMicro()) / 1e6
-	explain := func(sql string, args ...any) (string, error) {
-		rows, err := a.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
-		if err != nil {
-			return "", err
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		return strings.Join(lines, "\n"), err
+	steps := int(window / step)
+	rows, err := a.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+a.repo.historySQL, window.Seconds(), step.Seconds(), steps,
+		a.maxAttempts, historyChunk, historyGap, HistoryLookbackMax.Seconds(), indexed)
+	if err != nil {
+		return "", false, err
 	}
-	if search, err = explain(a.repo.historyStartSQL, window.Seconds()); err != nil {
-		return
-	}
-	if back, err = explain(a.repo.historyBackSQL, first-historyBackChunk, first, at, a.maxAttempts); err != nil {
-		return
-	}
-	if first, err = a.repo.historyBack(ctx, a.pool, lo, first, from, a.maxAttempts); err != nil {
-		return
-	}
-	if read, err = explain(a.repo.historyReadSQL, first, at, step.Seconds(), int(window/step), a.maxAttempts, from); err != nil {
-		return
-	}
-	live, err := explain(a.repo.historyLiveSQL, a.maxAttempts)
-	read += "\n" + live
-	return
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return strings.Join(lines, "\n"), indexed, err
 }
 
 // MissTransactionPoolingForTest makes r's check that its pool keeps its

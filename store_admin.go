@@ -39,10 +39,7 @@ type adminRepository struct {
 	countPurgeSQL   string
 	samplePurgeSQL  string
 
-	historyStartSQL string
-	historyBackSQL  string
-	historyReadSQL  string
-	historyLiveSQL  string
+	historySQL string
 }
 
 func newAdminRepository(table string) (*adminRepository, error) {
@@ -66,10 +63,7 @@ func newAdminRepository(table string) (*adminRepository, error) {
 		sampleSentSQL:   statements.positional("sampleSent", d),
 		countPurgeSQL:   statements.positional("countPurge", d),
 		samplePurgeSQL:  statements.positional("samplePurge", d),
-		historyStartSQL: statements.positional("historyStart", d),
-		historyBackSQL:  statements.positional("historyBack", d),
-		historyReadSQL:  statements.positional("historyRead", d),
-		historyLiveSQL:  statements.positional("historyLive", d),
+		historySQL:      statements.positional("history", d),
 	}, nil
 }
 

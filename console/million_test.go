@@ -69,8 +69,10 @@ func TestMillionRows(t *testing.T) {
 	}
 	// fresh is a new console, whose charts have read nothing yet.
 	fresh := func() string { return w.serve(t, console.Options{}).URL }
-	measure := func(state string) {
+	// measure logs every page's median and returns them by page.
+	measure := func(state string) []time.Duration {
 		t.Logf("%s:", state)
+		var medians []time.Duration
 		for _, p := range pages {
 			var times []time.Duration
 			for range 5 {
@@ -85,6 +87,7 @@ func TestMillionRows(t *testing.T) {
 			}
 			slices.Sort(times)
 			t.Logf("  %-40s median %7.1f ms  (min %.1f, max %.1f)", p.name, ms(times[2]), ms(times[0]), ms(times[4]))
+			medians = append(medians, times[2])
 		}
 		s := time.Now()
 		//lint:ignore SA1019 the exact count that reads the whole table is the baseline the pages are measured against
@@ -99,11 +102,13 @@ func TestMillionRows(t *testing.T) {
 		require.NoError(t, err)
 		rows.Close()
 		t.Logf("  %-40s        %7.1f ms", "baseline: page 81 by OFFSET", ms(time.Since(s)))
+		return medians
 	}
 
 	// In Chromium: from navigation to the load event, the page drawn.
-	inBrowser := func() {
+	inBrowser := func() []time.Duration {
 		b := browser(t)
+		var medians []time.Duration
 		for _, p := range pages[:3] {
 			var times []time.Duration
 			for range 5 {
@@ -117,14 +122,22 @@ func TestMillionRows(t *testing.T) {
 			}
 			slices.Sort(times)
 			t.Logf("  %-40s median %7.1f ms  (min %.1f, max %.1f) in Chromium", p.name, ms(times[2]), ms(times[0]), ms(times[4]))
+			medians = append(medians, times[2])
 		}
 		charts := text(t, b, "#chart-all")
 		require.Contains(t, charts, "delivered in the hour")
+		return medians
+	}
+	// ratio logs the charts page's first read (pages[1]) against the
+	// overview (pages[0]), over HTTP and in Chromium.
+	ratio := func(http, chromium []time.Duration) {
+		t.Logf("  charts page, first read / overview page: %.2f over HTTP (%.1f / %.1f ms), %.2f in Chromium (%.1f / %.1f ms)",
+			float64(http[1])/float64(http[0]), ms(http[1]), ms(http[0]),
+			float64(chromium[1])/float64(chromium[0]), ms(chromium[1]), ms(chromium[0]))
 	}
 
 	w.exec(t, "ANALYZE %s")
-	measure("after ANALYZE (as autovacuum leaves a fresh load)")
-	inBrowser()
+	ratio(measure("after ANALYZE (as autovacuum leaves a fresh load)"), inBrowser())
 
 	// What the page shows is what the table holds.
 	code, body := c.get("/")
@@ -159,8 +172,7 @@ func TestMillionRows(t *testing.T) {
 	t.Logf("  the charts read from id %d (the table's rows from 928,001 were delivered or waited in the hour)", h.FromID)
 
 	w.exec(t, "VACUUM ANALYZE %s")
-	measure("after VACUUM ANALYZE (index-only scans)")
-	inBrowser()
+	ratio(measure("after VACUUM ANALYZE (index-only scans)"), inBrowser())
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

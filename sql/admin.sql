@@ -103,12 +103,46 @@ WITH s AS (
 SELECT type, count(*) FILTER (WHERE hit), (SELECT count(DISTINCT page) FROM s) FROM s
 GROUP BY type HAVING count(*) FILTER (WHERE hit) > 0 ORDER BY type
 
--- name: historyStart @window
--- The clock, and by a binary search on the primary key the first id whose
--- row was written at or after now() - @window seconds: each step one index
--- lookup of one row, all in one statement. created_at follows the ids but
--- for transactions that overlap: near enough for a boundary, which
--- historyBack then moves back over the rows still waiting.
+-- name: history @window @step @steps @ceiling @chunk @gap @lookback @indexed
+-- Admin.History in one statement, one round trip (admin_history.go). Its
+-- rows: kind 0, one, the clock (now) and FromID (n); kind 1, a group of rows
+-- of a type that waited over the instants k1..k2 (each the end of a step,
+-- k = 1..@steps; none when k1 > k2), c the oldest created_at (seconds since
+-- the epoch) and n how many, delivered in step d (NULL: dead, not
+-- delivered); kind 2, a type's first pending or failed row, c when it was
+-- written: a live row waits from then to now.
+--
+-- b and s: the clock, and by a binary search on the primary key the first
+-- id written at or after now() - @window seconds, each step one index lookup
+-- of one row. created_at follows the ids but for transactions that overlap:
+-- near enough for a boundary, which the walk then moves back.
+--
+-- walk: the ids from the last one down, in ranges of @chunk ids, one
+-- primary-key range each, to the window's first id and on below it over the
+-- rows still waiting at the window's start (live, or delivered or dead after
+-- it), until @gap ids in a row (or an eighth of the distance walked, if more)
+-- where none was, the table's first id, or a range written more than
+-- @lookback seconds before the start. Each range reads its rows once: the
+-- SENT rows delivered in the window, grouped by (type, k1, k2, d), and the
+-- range's lowest waiting id and oldest created_at in the grouping set ().
+-- With the relay's partial indexes (@indexed), a range whose every id is in
+-- the live index (PENDING or ERROR, counted by an index-only scan) holds no
+-- SENT row and is not read: a backlog costs its index entries, not its rows;
+-- its rows count as waiting. The dead rows are then read through the error
+-- index (dead, below), each (type, attempts) from FromID by a row comparison
+-- that only that index serves; without the indexes, each range counts its
+-- dead rows itself. A row that waited at no instant and was delivered in no
+-- step (what a range reads below the walk's end) adds nothing.
+--
+-- pend and fail: each type's first pending row, and each (type, attempts)
+-- of the failed rows with its first id, by a skip scan of the pending and
+-- the error index (one index lookup per type or pair, never the whole
+-- index); without the indexes, a GROUP BY reads the live rows instead.
+--
+-- date_part is float8 arithmetic, where extract() would be numeric, several
+-- times slower; CASE WHEN q keeps it, and the steps' arithmetic, off the rows
+-- that are not counted. OFFSET 0 keeps a subquery's columns computed once, and
+-- keeps the dead rows' lateral read per (type, attempts).
 WITH RECURSIVE b AS (
   SELECT now() AS now, now() - make_interval(secs => @window::float8) AS at,
     coalesce((SELECT min(id) FROM {{.Table}}), 0) AS lo, coalesce((SELECT max(id) FROM {{.Table}}), 0) AS hi
@@ -120,56 +154,92 @@ WITH RECURSIVE b AS (
   FROM s CROSS JOIN b
   LEFT JOIN LATERAL (SELECT id, created_at FROM {{.Table}} WHERE id >= s.lo + (s.hi - s.lo) / 2 ORDER BY id LIMIT 1) p ON true
   WHERE s.lo < s.hi
-)
-SELECT b.now, b.lo, (SELECT min(lo) FROM s WHERE lo >= hi) FROM b
-
--- name: historyBack @lo @hi @from @ceiling
--- The lowest id of the rows of [@lo, @hi) that were waiting at @from
--- (seconds since the epoch): live, or delivered or dead after it; and the
--- range's oldest created_at. One primary-key range per step of the search back.
-SELECT min(id) FILTER (WHERE status IS NULL OR status = 'PENDING' OR status = 'ERROR' AND attempts < @ceiling
-    OR date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at WHEN status = 'ERROR' THEN updated_at END) > @from::float8),
-  min(created_at)
-FROM {{.Table}} WHERE id >= @lo AND id < @hi AND direction = 'OUT'
-
--- name: historyRead @first @from_epoch @step @steps @ceiling @from
--- The rows from id @first delivered or dead since @from, grouped in one read
--- of the primary key's range. @from_epoch is @from in seconds since the
--- epoch: date_part is float8 arithmetic, where extract() would be numeric,
--- several times slower. A row waits over [created_at, ended): ended is
--- sent_at for a SENT row, updated_at (when it died) for a dead one. Instant
--- k is @from + k·@step (k = 1..@steps, the end of step k-1); a row covers
--- the instants k1..k2 with created_at <= instant < ended. Grouping by (type,
--- k1, k2) keeps each group's oldest created_at; grouping by (type, b) counts
--- the deliveries of step b: hash aggregates, no sort. The live rows of the
--- range are filtered out before any arithmetic: historyLive reads the one of
--- them that matters per type.
-SELECT type, k1, k2, b, min(c), count(*) FROM (
-  SELECT type, c, greatest(ceil((c - @from_epoch::float8) / @step::float8), 1)::int AS k1,
-    least(ceil((e - @from_epoch::float8) / @step::float8) - 1, @steps::int)::int AS k2,
-    CASE WHEN sent AND e >= @from_epoch::float8
-      THEN least(floor((e - @from_epoch::float8) / @step::float8), @steps::int - 1)::int END AS b
-  FROM (
-    SELECT type, date_part('epoch', created_at) AS c, status = 'SENT' AS sent,
-      date_part('epoch', CASE WHEN status = 'SENT' THEN sent_at ELSE updated_at END) AS e
-    FROM {{.Table}}
-    WHERE id >= @first AND direction = 'OUT'
-      AND (status = 'SENT' AND sent_at >= @from OR status = 'ERROR' AND attempts >= @ceiling AND updated_at > @from)
-  ) r
-) k
-WHERE k1 <= k2 OR b IS NOT NULL
-GROUP BY GROUPING SETS ((type, k1, k2), (type, b))
-
--- name: historyLive @ceiling
--- Per type, the first live row (the lowest id, the one the relays deliver
--- first) of the pending and of the failed rows, through their partial
--- indexes (their predicates repeated word for word): the oldest row
--- waiting, which alone sets a type's lag while its rows wait.
-SELECT g.type, date_part('epoch', h.created_at) FROM (
-  SELECT type, min(id) AS head FROM {{.Table}} WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) GROUP BY type
+), w AS MATERIALIZED (
+  SELECT b.now, b.at, date_part('epoch', b.at) AS e0, b.lo AS min_id, b.hi AS max_id,
+    (SELECT min(lo) FROM s WHERE lo >= hi) AS first FROM b
+), walk(ctl, hi, f, done, type, k1, k2, d, c, n) AS (
+  SELECT true, w.max_id + 1, w.first, w.max_id < w.min_id, NULL::text, NULL::int, NULL::int, NULL::int, NULL::float8, NULL::bigint FROM w
   UNION ALL
-  SELECT type, min(id) FROM {{.Table}} WHERE direction = 'OUT' AND status = 'ERROR' AND attempts < @ceiling GROUP BY type
-) g JOIN {{.Table}} h ON h.id = g.head
+  SELECT g.ctl, l.lo, g.f,
+    l.lo <= w.min_id OR l.lo < w.first AND (g.f - l.lo >= greatest(@gap::bigint, (w.first - g.f) / 8)
+      OR coalesce(g.created < w.at - make_interval(secs => @lookback::float8), false)),
+    g.type::text, g.k1, g.k2, g.d, g.c, g.n
+  FROM walk CROSS JOIN w
+  CROSS JOIN LATERAL (SELECT greatest(walk.hi - @chunk::bigint, w.min_id) AS lo) l
+  CROSS JOIN LATERAL (SELECT count(*) AS live FROM {{.Table}}
+    WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR') AND id >= l.lo AND id < walk.hi AND @indexed::bool) c
+  CROSS JOIN LATERAL (
+    SELECT grouping(r.type) = 1 AS ctl, least(walk.f, min(r.id) FILTER (WHERE r.waiting)) AS f, min(r.created_at) AS created,
+      r.type, r.k1, r.k2, r.d, min(r.c) FILTER (WHERE r.q) AS c, count(*) FILTER (WHERE r.q) AS n
+    FROM (
+      SELECT type, id, created_at, waiting, q, c,
+        CASE WHEN q THEN greatest(ceil((c - w.e0) / @step::float8), 1)::int END AS k1,
+        CASE WHEN q THEN least(ceil((e - w.e0) / @step::float8) - 1, @steps::int)::int END AS k2,
+        CASE WHEN q AND sent THEN least(floor((e - w.e0) / @step::float8), @steps::int - 1)::int END AS d
+      FROM (
+        SELECT type, id, created_at, sent, q, waiting,
+          CASE WHEN q THEN date_part('epoch', created_at) END AS c,
+          CASE WHEN q THEN date_part('epoch', CASE WHEN sent THEN sent_at ELSE updated_at END) END AS e
+        FROM (
+          SELECT type, id, created_at, sent_at, updated_at, status = 'SENT' AS sent,
+            status = 'SENT' AND sent_at >= w.at
+              OR NOT @indexed::bool AND status = 'ERROR' AND attempts >= @ceiling AND updated_at > w.at AS q,
+            status IS NULL OR status = 'PENDING' OR status = 'ERROR' AND (attempts < @ceiling OR updated_at > w.at)
+              OR status = 'SENT' AND sent_at >= w.at AS waiting
+          FROM {{.Table}} WHERE id >= l.lo AND id < walk.hi AND direction = 'OUT' AND c.live < walk.hi - l.lo OFFSET 0
+        ) r0
+      ) r1
+    ) r
+    GROUP BY GROUPING SETS ((), (r.type, r.k1, r.k2, r.d))
+    HAVING c.live < walk.hi - l.lo AND (grouping(r.type) = 1 OR count(*) FILTER (WHERE r.q AND (r.k1 <= r.k2 OR r.d IS NOT NULL)) > 0)
+    UNION ALL
+    SELECT true, least(walk.f, l.lo), (SELECT created_at FROM {{.Table}} WHERE id >= l.lo ORDER BY id LIMIT 1),
+      NULL, NULL, NULL, NULL, NULL, 0
+    WHERE c.live >= walk.hi - l.lo
+  ) g
+  WHERE walk.ctl AND NOT walk.done
+), pend(type, id) AS (
+  (SELECT type, id FROM {{.Table}} WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) AND @indexed::bool
+    ORDER BY type, id LIMIT 1)
+  UNION ALL
+  SELECT x.type, x.id FROM pend CROSS JOIN LATERAL (SELECT type, id FROM {{.Table}}
+    WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) AND type > pend.type ORDER BY type, id LIMIT 1) x
+), fail(type, attempts, id) AS (
+  (SELECT type, attempts, id FROM {{.Table}} WHERE direction = 'OUT' AND status = 'ERROR' AND @indexed::bool
+    ORDER BY type, attempts, id LIMIT 1)
+  UNION ALL
+  SELECT x.type, x.attempts, x.id FROM fail CROSS JOIN LATERAL (SELECT type, attempts, id FROM {{.Table}}
+    WHERE direction = 'OUT' AND status = 'ERROR' AND (type, attempts) > (fail.type, fail.attempts) ORDER BY type, attempts, id LIMIT 1) x
+), v AS MATERIALIZED (
+  SELECT w.now, w.at, w.e0, (SELECT min(f) FROM walk WHERE ctl) AS from_id FROM w
+)
+SELECT 0 AS kind, NULL::text AS type, NULL::int AS k1, NULL::int AS k2, NULL::int AS d, NULL::float8 AS c, v.from_id AS n, v.now FROM v
+UNION ALL
+SELECT 1, type, k1, k2, d, c, n, NULL FROM walk WHERE type IS NOT NULL
+UNION ALL
+SELECT 1, type, k1, k2, NULL, min(c), count(*), NULL FROM (
+  SELECT x.type, x.c, greatest(ceil((x.c - v.e0) / @step::float8), 1)::int AS k1,
+    least(ceil((x.e - v.e0) / @step::float8) - 1, @steps::int)::int AS k2
+  FROM v CROSS JOIN fail CROSS JOIN LATERAL (
+    SELECT type, date_part('epoch', created_at) AS c, date_part('epoch', updated_at) AS e FROM {{.Table}}
+    WHERE direction = 'OUT' AND status = 'ERROR' AND type = fail.type AND attempts = fail.attempts
+      AND (type, attempts, id) >= (fail.type, fail.attempts, v.from_id) AND updated_at > v.at
+    OFFSET 0
+  ) x
+  WHERE fail.attempts >= @ceiling
+) dead
+WHERE k1 <= k2
+GROUP BY type, k1, k2
+UNION ALL
+SELECT 2, h.type, NULL, NULL, NULL, date_part('epoch', h.created_at), NULL, NULL FROM (
+  SELECT id FROM pend
+  UNION ALL
+  SELECT min(id) FROM fail WHERE attempts < @ceiling GROUP BY type
+  UNION ALL
+  SELECT min(id) FROM {{.Table}} WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) AND NOT @indexed::bool GROUP BY type
+  UNION ALL
+  SELECT min(id) FROM {{.Table}} WHERE direction = 'OUT' AND status = 'ERROR' AND attempts < @ceiling AND NOT @indexed::bool GROUP BY type
+) g JOIN {{.Table}} h ON h.id = g.id
 
 -- name: serverState @table
 -- What Overview reads of the server and of the table's size.
