@@ -267,18 +267,29 @@ func (e *polledElection) run(ctx context.Context, o passOpts) (res passResult) {
 	h := e.kept
 	e.kept = nil
 	e.mu.Unlock()
+	lost := false
 	if h != nil && !h.usable() {
 		// Frozen past the lease, or the session lost between passes: let go
 		// (the server may have freed the lock already) and elect anew.
 		err := h.release(ctx, leaseValid(context.WithValue(ctx, leaseKey{}, h.w.lease)))
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election kept since the last pass is no longer trusted; electing again",
 			slog.String("key", r.key), slog.Any("error", err))
-		h = nil
+		h, lost = nil, true
 	}
 	if h == nil {
 		var err error
-		if h, err = e.own.elect(withReplica(ctx, r.presence.id), r.key); h == nil || err != nil {
+		h, err = e.own.elect(withReplica(ctx, r.presence.id), r.key)
+		switch {
+		case err != nil:
 			return passResult{err: err}
+		case h == nil && lost:
+			// Most likely the lock of the session just ended, which the
+			// server frees as its backend exits: fail rather than coalesce,
+			// so that this replica does not become a standby that leaves the
+			// next wake-ups to a holder that may be gone.
+			return passResult{err: fmt.Errorf("%w: the kept election's session ended, and its lock was not free yet; electing again at the next pass", ErrElectionLost)}
+		case h == nil:
+			return passResult{}
 		}
 	}
 	keep := false

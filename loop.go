@@ -187,7 +187,7 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 // the election. A woken pass that delivered, or a follow-up of one that
 // delivered, is followed up wakeFollowUp later: Enqueues that came densely
 // did not all notify (wake.go), and the follow-ups find their rows until one
-// finds nothing.
+// finds nothing. A pass that lost its election is followed at once, once.
 func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Duration, coalesced bool) {
 	next = r.cfg.Interval
 	defer func() {
@@ -217,6 +217,12 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 		next = 0
 	case (woken || res.woken) && res.processed() > 0 && res.err == nil:
 		next = wakeFollowUp
+	case n <= 1 && errors.Is(res.err, ErrElectionLost):
+		// The election was lost (its session ended, its lease ran out), not
+		// the database (a loss does not count as a failure in a row): elect
+		// again at once, so that the rows this pass took from a wake-up do
+		// not wait an Interval. A loss after a failure backs off as any other.
+		next = 0
 	case n > 0:
 		next = min(r.cfg.Interval<<min(n-1, 16), max(r.cfg.Interval, loopBackoffMax))
 	}
