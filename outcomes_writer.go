@@ -34,6 +34,10 @@ func (rc *recorder) newWriter(ctx context.Context) (*writer, error) {
 	w := &writer{rc: rc, conn: heldConn{pool: rc.r.pool}, in: make(chan submission, 2*rc.pipeline),
 		slots: make(chan struct{}, rc.pipeline), done: make(chan struct{})}
 	if err := rc.hold(ctx, &w.conn); err != nil {
+		// The pass failed meanwhile (another worker's outcome could not be
+		// written), or the connection could not be had: no writer, and
+		// nothing held for it.
+		w.conn.release()
 		return nil, err
 	}
 	go w.run()

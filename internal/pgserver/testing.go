@@ -153,6 +153,26 @@ func Pool(t testing.TB, url, app string, maxConns int32, configure ...func(*pgxp
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() { closePool(t, pool, app) })
 	return pool
+}
+
+// poolCloseWait bounds how long a test's cleanup waits for its pool's Close,
+// which waits for every acquired connection to be given back: a connection
+// that never is, a leak, fails the test that leaked it and names the count,
+// instead of hanging the package until its timeout.
+const poolCloseWait = time.Minute
+
+func closePool(t testing.TB, pool *pgxpool.Pool, app string) {
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		pool.Close()
+	}()
+	select {
+	case <-closed:
+	case <-time.After(poolCloseWait):
+		t.Errorf("pgserver: pool %q: %d connection(s) still acquired %s after its Close began: a connection was never given back",
+			app, pool.Stat().AcquiredConns(), poolCloseWait)
+	}
 }
