@@ -91,7 +91,7 @@ func (r *Relay) chooseElection(guard Guard) (election, error) {
 	case !onPool:
 		return guardElection{r: r, guard: guard}, nil
 	}
-	return &polledElection{guardElection: guardElection{r: r, guard: own}, own: own, keptIdle: keptIdle}, nil
+	return &polledElection{r: r, own: own, keptIdle: keptIdle}, nil
 }
 
 // pass runs one pass of kind: it takes the pass slot (waiting for it, or
@@ -199,7 +199,7 @@ func (e guardElection) tryRun(ctx context.Context, fn func(ctx context.Context) 
 // Passes that are not the loop's (RunIfElected) run on the kept election if
 // there is one, and let go of it.
 type polledElection struct {
-	guardElection
+	r   *Relay
 	own *PostgresGuard
 
 	mu       sync.Mutex
@@ -212,10 +212,23 @@ type polledElection struct {
 // of it if it finds nothing.
 const keptIdle = time.Second
 
+func (*polledElection) waits() bool { return false }
+func (*polledElection) begin()      {}
+
 func (e *polledElection) keeps() (bool, time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.kept != nil, e.keptIdle
+}
+
+// take takes the kept election out, if there is one: the pass that runs on
+// it, or the loop's end, lets go of it or keeps it again.
+func (e *polledElection) take() *heldElection {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h := e.kept
+	e.kept = nil
+	return h
 }
 
 func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, work bool) {
@@ -263,15 +276,12 @@ func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, 
 // it afterwards when o.keep says the loop goes on with work arriving.
 func (e *polledElection) run(ctx context.Context, o passOpts) (res passResult) {
 	r := e.r
-	e.mu.Lock()
-	h := e.kept
-	e.kept = nil
-	e.mu.Unlock()
+	h := e.take()
 	lost := false
 	if h != nil && !h.usable() {
 		// Frozen past the lease, or the session lost between passes: let go
 		// (the server may have freed the lock already) and elect anew.
-		err := h.release(ctx, leaseValid(context.WithValue(ctx, leaseKey{}, h.w.lease)))
+		err := h.release(ctx, h.w.lease.valid(time.Now()))
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election kept since the last pass is no longer trusted; electing again",
 			slog.String("key", r.key), slog.Any("error", err))
 		h, lost = nil, true
@@ -312,10 +322,7 @@ func (e *polledElection) run(ctx context.Context, o passOpts) (res passResult) {
 }
 
 func (e *polledElection) end(ctx context.Context) {
-	e.mu.Lock()
-	h := e.kept
-	e.kept = nil
-	e.mu.Unlock()
+	h := e.take()
 	if h == nil {
 		return
 	}
