@@ -71,3 +71,6 @@ func MissTransactionPoolingForTest(r *Relay) {
 	defer r.sessions.mu.Unlock()
 	r.sessions.miss = true
 }
+
+// PresenceBeatForTest is how often an idle relay's own session is kept alive.
+const PresenceBeatForTest = presenceBeat

@@ -45,6 +45,11 @@ import (
 //     none taken until the last of them is released, so that two counts,
 //     whose partitions do not nest, never deliver at once.
 //
+// In the same round trip, the loop's member asks whether the partitions it
+// held before have anything to deliver (partitionWork): when they have not,
+// and its share is the same, the pass ends there, so that an idle member
+// makes one round trip per Interval on its membership's session.
+//
 // A member lets go of a partition only between passes, with nothing of it
 // in flight, and another takes it at its own next rebalance: at most one
 // replica delivers a key at any time. Partitioned passes drain for at most
@@ -98,7 +103,15 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 			return false, err
 		}
 	}
-	st, err := m.rebalance(ctx)
+	// The loop's member asks, in the rebalance's round trip, whether its
+	// partitions have anything to deliver: an idle one then makes no select,
+	// nor its pooled connection's ping.
+	before := m.held
+	var check *workCheck
+	if m.stay && len(before) > 0 && m.r.tableKnown() {
+		check = m.r.repo.partitionWork(m.r.cfg.MaxAttempts, m.r.types, m.n, before)
+	}
+	st, err := m.rebalance(ctx, check)
 	if err != nil {
 		return false, err
 	}
@@ -108,6 +121,9 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 		return false, nil
 	}
 	m.r.stats.setPartitions(m.held)
+	if check != nil && check.ran && !check.work && slices.Equal(before, m.held) {
+		return true, nil // an idle pass: nothing waits in the partitions it held, and holds
+	}
 
 	pctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -169,7 +185,7 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 // rebalance takes free partitions up to this member's share and lets go of
 // those above it (see the top of the file). The watch is paused while it
 // runs; a failure ends the membership.
-func (m *membership) rebalance(ctx context.Context) (partitionState, error) {
+func (m *membership) rebalance(ctx context.Context, check *workCheck) (partitionState, error) {
 	r := m.r
 	if err := m.pause(); err != nil {
 		m.drop(err)
@@ -178,7 +194,7 @@ func (m *membership) rebalance(ctx context.Context) (partitionState, error) {
 	rctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	sent := time.Now()
-	st, err := rebalanceStatement(withReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start, m.sess.pid)
+	st, err := rebalanceStatement(withReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start, m.sess.pid, check)
 	if err != nil {
 		m.drop(err)
 		return partitionState{}, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)

@@ -554,3 +554,49 @@ func TestPartitionsZombieMember(t *testing.T) {
 	require.Empty(t, recv.check(t, append(before, after...)), "nothing was in flight at the cut: nothing repeated")
 	require.True(t, lockFree(t, b.cfg.AppName), "no lock left behind")
 }
+
+// TestPartitionsIdleMemberFindsRows: an idle member learns in its rebalance's
+// round trip that its partitions have nothing to deliver, and makes no select
+// then (session_test.go counts it); rows written without a NOTIFY, later, are
+// found by that same check and delivered, in key order, by both members. A
+// check that fails (the table renamed away under the members) is no verdict:
+// the passes fail on the select, as before, and deliver again once the table
+// is back.
+func TestPartitionsIdleMemberFindsRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := partitionedConfig(b, 4)
+	cfg.WakeOnCommit = false // only the timer's passes, whose rebalance carries the check
+	recv := newOrderReceiver()
+	var passes [2]passCounter
+	var replicas []*replica
+	for i := range passes {
+		c := cfg
+		c.Observer = &passes[i]
+		replicas = append(replicas, b.startReplica(t, fmt.Sprint("r", i), c, recv.sender("t")))
+	}
+	require.Eventually(t, func() bool { return settled(replicas, 4) }, 30*time.Second, 10*time.Millisecond)
+	idle := func() { // a few passes more on each, with nothing to deliver
+		n0, n1 := passes[0].n.Load(), passes[1].n.Load()
+		require.Eventually(t, func() bool { return passes[0].n.Load() >= n0+3 && passes[1].n.Load() >= n1+3 },
+			30*time.Second, 10*time.Millisecond)
+	}
+	idle()
+	var keys []string
+	for i := range 40 {
+		keys = append(keys, fmt.Sprintf("k%02d", i%10))
+	}
+	ids := b.insert(t, "t", keys...)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
+	require.Empty(t, recv.check(t, ids), "each row delivered once")
+
+	away := pgx.Identifier{b.table + "_away"}.Sanitize()
+	b.exec(t, "ALTER TABLE %s RENAME TO "+away)
+	idle()
+	_, err := b.pool.Exec(context.Background(), "ALTER TABLE "+away+" RENAME TO "+pgx.Identifier{b.table}.Sanitize())
+	require.NoError(t, err)
+	more := b.insert(t, "t", keys[:10]...)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
+	require.Empty(t, recv.check(t, append(ids, more...)))
+	require.True(t, settled(replicas, 4), "the members kept their partitions")
+}

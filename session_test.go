@@ -44,3 +44,35 @@ func TestIdleReplicaOneRoundTripPerInterval(t *testing.T) {
 	// The count may catch one poll of the next pass already on its way.
 	require.LessOrEqual(t, trips, idle+1, "one round trip per idle pass")
 }
+
+// TestIdlePartitionedMemberOneRoundTripPerPass: an idle member of the
+// partitioned election (Partitions 16, the only member, so every partition is
+// its) makes one round trip to the server per pass: its rebalance, which asks
+// in the same round trip whether its partitions have anything to deliver, and
+// then no select, nor the ping pgxpool makes of a connection idle over a
+// second. Beside it, the presence keepalive of its own session every
+// presenceBeat, which an idle single-key replica's poll stands for (the
+// member's rebalance runs on the membership's session, not that one). Before:
+// 14 round trips over 4 idle passes.
+func TestIdlePartitionedMemberOneRoundTripPerPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, via, err := pgserver.ProxyURL(server().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	var passes passCounter
+	cfg := b.cfg
+	cfg.Partitions = 16
+	cfg.Interval = 1100 * time.Millisecond // past pgxpool's 1s: a pooled select would be pinged first
+	cfg.Observer = &passes
+	r, err := relay.New(pgserver.Pool(t, via, pgserver.Name(t), 4), cfg, newRecorder("t", nil))
+	require.NoError(t, err)
+	startRelay(t, r)
+	require.Eventually(t, func() bool { return passes.n.Load() >= 2 }, 30*time.Second, 10*time.Millisecond)
+	trips0, passes0, start := proxy.RoundTrips(), passes.n.Load(), time.Now()
+	require.Eventually(t, func() bool { return passes.n.Load() >= passes0+4 }, 60*time.Second, 10*time.Millisecond)
+	trips, idle, beats := proxy.RoundTrips()-trips0, passes.n.Load()-passes0, int64(time.Since(start)/relay.PresenceBeatForTest)+1
+	t.Logf("%d round trips over %d idle passes (%d presence keepalives at most)", trips, idle, beats)
+	// The count may catch one rebalance of the next pass already on its way.
+	require.LessOrEqual(t, trips, idle+beats+1, "one round trip per idle pass, beside the presence keepalive")
+}

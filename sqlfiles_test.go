@@ -208,6 +208,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 				}
 				_, _ = r.states(ctx, q, []int64{1})
 				_, _, _, _, _ = r.poll(ctx, q, "", 3, []string{"t"}, "app")
+				_, _ = rebalanceStatement(ctx, q, "app", 4, 1, 7, r.partitionWork(3, []string{"t"}, 4, []int{1}))
 				_, _ = r.probe(ctx, q)
 			}
 		}
@@ -243,7 +244,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		_, _, _, _ = unlockStatement(ctx, q, stmt, "app", nil, 7)
 	}
 	_ = letGoStatement(ctx, q, "app", 7)
-	_, _ = rebalanceStatement(ctx, q, "app", 4, 1, 7)
+	_, _ = rebalanceStatement(ctx, q, "app", 4, 1, 7, nil)
 	_, _ = releasePartitionsStatement(ctx, q, "app", 4, []int{1}, true, 7)
 	_, _ = markStatement(ctx, q, "app", 4, 7)
 	_, _ = databaseNow(ctx, q)

@@ -2,11 +2,13 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The elections' statements, in sql/election.sql: the guard's lock of one
@@ -87,21 +89,47 @@ type partitionState struct {
 	excluded bool // (join) an exclusive holder keeps this replica out
 }
 
+// workCheck is a statement sent in the rebalance's round trip, after it: is
+// there anything to deliver in the partitions the member held before?
+// (repository.partitionWork)
+type workCheck struct {
+	sql  string
+	args []any
+	ran  bool // it answered, and work is its answer
+	work bool
+}
+
 // rebalanceStatement takes the configuration lock and runs rebalanceSQL, in
-// one round trip and one transaction.
-func rebalanceStatement(ctx context.Context, db querier, key string, n, start int, pid uint32) (partitionState, error) {
+// one round trip and one transaction, followed by check when it is set. A
+// check that fails (the table gone) leaves check.ran false and the
+// rebalance as it was: the session-level locks it took do not follow the
+// transaction's rollback, and the pass's select meets the failure.
+func rebalanceStatement(ctx context.Context, db querier, key string, n, start int, pid uint32, check *workCheck) (partitionState, error) {
 	var st partitionState
 	var foreign *int32
 	var held []int32
 	var ran uint32
+	rebalanced := false
 	b := &pgx.Batch{}
 	b.Queue(markReplica(partitionConfigSQL, replicaOf(ctx)), key)
 	b.Queue(markReplica(rebalanceSQL.sql, replicaOf(ctx)), rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start, "pid": pid})...).
 		QueryRow(func(row pgx.Row) error {
-			return row.Scan(&ran, &st.members, &foreign, &st.waiter, &st.fewest, &held)
+			err := row.Scan(&ran, &st.members, &foreign, &st.waiter, &st.fewest, &held)
+			rebalanced = err == nil
+			return err
 		})
+	if check != nil {
+		b.Queue(markReplica(check.sql, replicaOf(ctx)), check.args...).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&check.work)
+			check.ran = err == nil
+			return err
+		})
+	}
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
-		return partitionState{}, err
+		var pgErr *pgconn.PgError
+		if !rebalanced || check == nil || check.ran || !errors.As(err, &pgErr) {
+			return partitionState{}, err
+		}
 	}
 	if ran != pid {
 		return partitionState{}, sessionMoved("the rebalance", pid, ran)

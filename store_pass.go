@@ -62,6 +62,7 @@ type repository struct {
 	fetchSQL     namedSQL // every partition
 	fetchPartSQL namedSQL // this replica's partitions
 	pollSQL      namedSQL
+	partWorkSQL  namedSQL // the partitioned member's check for work, in its rebalance's round trip
 	payloadSQL   string
 	sentSQL      string
 	errorSQL     string
@@ -99,6 +100,8 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 	d.Headers = false
 	r.headersAddedSQL = statements.positional("headersAdded", d)
 	r.pollSQL = statements.named("poll", d)
+	part.Headers = false
+	r.partWorkSQL = statements.named("partitionWork", part)
 	r.payloadSQL = statements.positional("payload", d)
 	r.probeSQL = statements.positional("probe", d)
 	r.sentSQL = statements.positional("outcomeSent", d)
@@ -329,6 +332,13 @@ func (r *repository) poll(ctx context.Context, db querier, mark string, maxAttem
 		"backoff": r.backoff, "cap": r.backoffMax, "key": key})
 	err = db.QueryRow(ctx, mark+r.pollSQL.sql, args...).Scan(&readOnly, &won, &work, &pid)
 	return readOnly, won, work, pid, err
+}
+
+// partitionWork is the check, sent in a member's rebalance round trip, for
+// rows to deliver in the partitions parts of n.
+func (r *repository) partitionWork(maxAttempts int, types []string, n int, parts []int) *workCheck {
+	return &workCheck{sql: r.partWorkSQL.sql, args: r.partWorkSQL.args(map[string]any{"max": maxAttempts, "types": types,
+		"limit": 1, "after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax, "n": n, "parts": parts})}
 }
 
 // tableInfo is what the relay learns of its table before the first pass.

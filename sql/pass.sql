@@ -98,6 +98,14 @@ FROM (SELECT r.read_only, NOT r.read_only AND pg_try_advisory_xact_lock(hashtext
   FROM (SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool AS read_only OFFSET 0) r
   OFFSET 0) l
 
+-- name: partitionWork
+-- Sent in a partitioned member's rebalance round trip, after it (partitions.go):
+-- is anything deliverable in the partitions @parts of @n, those the member
+-- held before? An idle member then makes no select. @limit is 1. The
+-- session's last statement, it carries the election's mark, which
+-- pg_stat_activity.query shows (Admin.Election).
+{{template "electionMark"}} SELECT EXISTS ({{template "candidates" .}})
+
 -- name: payload @id @room @chunk
 -- A large payload, measured before it is sent, and read in chunks of @chunk
 -- bytes: pgx reads each row into a buffer of its size, so a payload that came
