@@ -505,6 +505,35 @@ func TestPassCostIgnoresDeadAndForeignRows(t *testing.T) {
 		require.Equal(t, 10, plan[0].Plan.Rows)
 		t.Logf("backoff %s: the select touched %d buffers for 10 rows beside 40,000 dead and foreign ones", backoff, plan[0].Plan.Hit+plan[0].Plan.Read)
 		require.Less(t, plan[0].Plan.Hit+plan[0].Plan.Read, 100, "backoff %s", backoff)
+
+		// The same under a generic plan, as the relay runs it (genericPlans):
+		// one made without the arguments' values, which EXPLAIN of a
+		// prepared statement shows under force_generic_plan.
+		err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "PREPARE select_batch AS "+sql); err != nil {
+				return err
+			}
+			literals := make([]string, len(args))
+			for i, a := range args {
+				if types, ok := a.([]string); ok {
+					literals[i] = "ARRAY['" + strings.Join(types, "','") + "']::text[]"
+				} else {
+					literals[i] = fmt.Sprint(a)
+				}
+			}
+			if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE select_batch("+strings.Join(literals, ", ")+")").Scan(&plan); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "DEALLOCATE select_batch") // prepared for the session, not the transaction
+			return err
+		})
+		require.NoError(t, err)
+		require.Equal(t, 10, plan[0].Plan.Rows)
+		t.Logf("backoff %s, generic plan: %d buffers", backoff, plan[0].Plan.Hit+plan[0].Plan.Read)
+		require.Less(t, plan[0].Plan.Hit+plan[0].Plan.Read, 100, "backoff %s, generic plan", backoff)
 	}
 }
 

@@ -2,8 +2,10 @@ package relay
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -66,4 +68,41 @@ func TestIndexNamesOfLongTablesStayApart(t *testing.T) {
 	require.NotEqual(t, a, b, "two long tables with one beginning")
 	require.LessOrEqual(t, len(a)-2, 63, "quotes aside, within PostgreSQL's identifier length")
 	require.LessOrEqual(t, len(b)-2, 63)
+}
+
+// TestSelectRunsOnItsGenericPlan: the select of a batch runs on the plan
+// PostgreSQL makes once per connection (genericPlans), never on one made
+// anew at each execution, and leaves the pooled session's plan_cache_mode as
+// it found it. Planning was most of the select's work on the server, and
+// what made the tail under CPU load (docs/performance.md).
+func TestSelectRunsOnItsGenericPlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgserver.Shared().URL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table := pgserver.Name(t)
+	require.NoError(t, CreateTable(ctx, pool, table))
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+	_, err = pool.Exec(ctx, "INSERT INTO "+table+" (type, natural_key, payload) SELECT 't', 'k' || g, '{}' FROM generate_series(1, 20) g")
+	require.NoError(t, err)
+	repo, err := newRepository(table, 2*time.Second, false)
+	require.NoError(t, err)
+	c, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	for i := range 8 {
+		f, err := repo.fetch(ctx, c, fetchArgs{maxAttempts: 10, types: []string{"t"}, limit: 5, maxBytes: 1 << 20,
+			after: math.MinInt64, preflight: i == 0, headers: true, source: table})
+		require.NoError(t, err)
+		require.Len(t, f.rows, 5)
+	}
+	var generic, custom int64
+	require.NoError(t, c.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)
+		FROM pg_prepared_statements WHERE statement LIKE '%m.id = ANY(ARRAY(SELECT c.id%'`).Scan(&generic, &custom))
+	require.GreaterOrEqual(t, generic, int64(8), "every select on its generic plan")
+	require.Zero(t, custom, "no plan made for one execution")
+	var mode string
+	require.NoError(t, c.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode))
+	require.Equal(t, "auto", mode, "the session keeps its own setting")
 }

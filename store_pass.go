@@ -81,6 +81,9 @@ type repository struct {
 // preflightSQL is sent with the first select of a pass (sql/pass.sql).
 var preflightSQL = statements.positional("preflight", sqlData{})
 
+// genericPlansSQL is sent first with every select (sql/pass.sql).
+var genericPlansSQL = statements.positional("genericPlans", sqlData{})
+
 // newRepository builds the statements of the pass and its outcomes for
 // table, once: the select with and without partitions, the idle poll, the
 // fenced outcomes with or without AsyncCommit.
@@ -155,6 +158,7 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 	args := sql.args(map[string]any{"max": a.maxAttempts, "types": a.types, "limit": a.limit, "after": a.after,
 		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts})
 	b := &pgx.Batch{}
+	b.Queue(genericPlansSQL)
 	if a.preflight {
 		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.readOnly, &f.now) })
 		if !a.headers {

@@ -13,6 +13,16 @@
 -- producers' own now().
 SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, clock_timestamp()
 
+-- name: genericPlans
+-- Sent first in the select's round trip (the same implicit transaction):
+-- the select then runs on its generic plan, made once per connection,
+-- instead of a plan made anew at each Bind, which is most of the select's
+-- work on the server (docs/performance.md, the loaded tail). is_local: the
+-- setting ends with the batch's transaction, and the adopter's pooled
+-- session keeps its own. plan_cache_mode is PostgreSQL 12's.
+SELECT CASE WHEN current_setting('server_version_num')::int >= 120000
+  THEN set_config('plan_cache_mode', 'force_generic_plan', true) END
+
 -- name: fetch
 -- One batch: the deliverable rows (candidates), in id order. A payload up to
 -- InlinePayloadMax stored bytes (pg_column_size, perhaps compressed) comes
@@ -44,13 +54,17 @@ ORDER BY m.id
 -- "ORDER BY id", which the primary key would offer at the price of walking
 -- every row (the planner cannot see that few rows of a busy table are this
 -- type's waiting ones); and OFFSET 0 keeps it from trading the failed rows'
--- range for a walk in id order.
+-- range for a walk in id order. The failed rows' attempts are a range with
+-- a lower bound that excludes nothing: a generic plan (genericPlans), which
+-- does not know @max, then estimates it as a narrow range (PostgreSQL's
+-- default for a range of unknown bounds) instead of a third of the rows,
+-- and keeps to the (type, attempts, id) index rather than walk every id.
 {{/* starts on a line of its own */}}
   SELECT p.id FROM unnest(@types::text[]) AS ty(type) CROSS JOIN LATERAL (
     SELECT m.id FROM {{.Table}} m
     WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
       AND coalesce(m.attempts, 0) < @max AND m.id > @after{{template "inPartitions" .}}{{template "heldBack" .}}
-    ORDER BY m.type, m.id LIMIT @limit) p{{template "failed" (.Failing "m.attempts < @max")}}{{template "failed" (.Failing "m.attempts IS NULL")}}
+    ORDER BY m.type, m.id LIMIT @limit) p{{template "failed" (.Failing "m.attempts >= (-9223372036854775807 - 1) AND m.attempts < @max")}}{{template "failed" (.Failing "m.attempts IS NULL")}}
 
 -- name: failed
 -- The failed rows of candidates whose attempts match .Attempts, that wait out
