@@ -15,18 +15,26 @@ import (
 	"github.com/xadm/relay/internal/pgserver"
 )
 
+// internalTable is a pool on the shared server and a table of the test's
+// name on it, dropped at its end.
+func internalTable(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgserver.Shared().URL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table := pgserver.Name(t)
+	require.NoError(t, CreateTable(context.Background(), pool, table))
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+	return pool, table
+}
+
 // TestAsyncCommitIsLocalToTheOutcome shows that AsyncCommit's statements turn
 // synchronous_commit off for their own transaction, whose commit then does not
 // wait for its WAL flush, and leave the pooled session as they found it.
 func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgserver.Shared().URL)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	table := pgserver.Name(t)
-	require.NoError(t, CreateTable(ctx, pool, table))
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+	pool, table := internalTable(t)
 
 	for _, async := range []bool{false, true} {
 		repo, err := newRepository(table, 0, async)
@@ -78,13 +86,8 @@ func TestIndexNamesOfLongTablesStayApart(t *testing.T) {
 func TestSelectRunsOnItsGenericPlan(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgserver.Shared().URL)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	table := pgserver.Name(t)
-	require.NoError(t, CreateTable(ctx, pool, table))
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
-	_, err = pool.Exec(ctx, "INSERT INTO "+table+" (type, natural_key, payload) SELECT 't', 'k' || g, '{}' FROM generate_series(1, 20) g")
+	pool, table := internalTable(t)
+	_, err := pool.Exec(ctx, "INSERT INTO "+table+" (type, natural_key, payload) SELECT 't', 'k' || g, '{}' FROM generate_series(1, 20) g")
 	require.NoError(t, err)
 	repo, err := newRepository(table, 2*time.Second, false)
 	require.NoError(t, err)

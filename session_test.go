@@ -17,6 +17,28 @@ type passCounter struct{ n atomic.Int64 }
 func (c *passCounter) PassDone(relay.PassReport)       { c.n.Add(1) }
 func (c *passCounter) MessageDone(relay.MessageReport) {}
 
+// idleRoundTrips starts a relay of cfg (its Interval 1.1 s: past pgxpool's
+// 1s, so that a pooled statement would be pinged first) behind a proxy that
+// counts round trips to the server, and returns how many it made over four
+// idle passes past its start, and for how long.
+func idleRoundTrips(t *testing.T, cfg relay.Config) (trips, idle int64, took time.Duration) {
+	t.Helper()
+	proxy, via, err := pgserver.ProxyURL(server().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	var passes passCounter
+	cfg.Interval = 1100 * time.Millisecond
+	cfg.Observer = &passes
+	r, err := relay.New(pgserver.Pool(t, via, pgserver.Name(t), 4), cfg, newRecorder("t", nil))
+	require.NoError(t, err)
+	startRelay(t, r)
+	// Past the start (the listener's LISTEN and probe, presence, the first pass).
+	require.Eventually(t, func() bool { return passes.n.Load() >= 2 }, 30*time.Second, 10*time.Millisecond)
+	trips0, passes0, start := proxy.RoundTrips(), passes.n.Load(), time.Now()
+	require.Eventually(t, func() bool { return passes.n.Load() >= passes0+4 }, 60*time.Second, 10*time.Millisecond)
+	return proxy.RoundTrips() - trips0, passes.n.Load() - passes0, time.Since(start)
+}
+
 // TestIdleReplicaOneRoundTripPerInterval counts, with a proxy in front of the
 // server, the round trips of an idle started relay: one per Interval, its
 // idle poll on its own session — no ping of pgxpool's before it (the pool
@@ -24,22 +46,7 @@ func (c *passCounter) MessageDone(relay.MessageReport) {}
 // presence keepalive beside it.
 func TestIdleReplicaOneRoundTripPerInterval(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	proxy, via, err := pgserver.ProxyURL(server().URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = proxy.Close() })
-	var passes passCounter
-	cfg := b.cfg
-	cfg.Interval = 1100 * time.Millisecond // past pgxpool's 1s: a pooled poll would be pinged first
-	cfg.Observer = &passes
-	r, err := relay.New(pgserver.Pool(t, via, pgserver.Name(t), 4), cfg, newRecorder("t", nil))
-	require.NoError(t, err)
-	startRelay(t, r)
-	// Past the start (the listener's LISTEN and probe, presence, the first pass).
-	require.Eventually(t, func() bool { return passes.n.Load() >= 2 }, 30*time.Second, 10*time.Millisecond)
-	trips0, passes0 := proxy.RoundTrips(), passes.n.Load()
-	require.Eventually(t, func() bool { return passes.n.Load() >= passes0+4 }, 60*time.Second, 10*time.Millisecond)
-	trips, idle := proxy.RoundTrips()-trips0, passes.n.Load()-passes0
+	trips, idle, _ := idleRoundTrips(t, setup(t).cfg)
 	t.Logf("%d round trips over %d idle passes", trips, idle)
 	// The count may catch one poll of the next pass already on its way.
 	require.LessOrEqual(t, trips, idle+1, "one round trip per idle pass")
@@ -56,22 +63,10 @@ func TestIdleReplicaOneRoundTripPerInterval(t *testing.T) {
 // 14 round trips over 4 idle passes.
 func TestIdlePartitionedMemberOneRoundTripPerPass(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	proxy, via, err := pgserver.ProxyURL(server().URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = proxy.Close() })
-	var passes passCounter
-	cfg := b.cfg
+	cfg := setup(t).cfg
 	cfg.Partitions = 16
-	cfg.Interval = 1100 * time.Millisecond // past pgxpool's 1s: a pooled select would be pinged first
-	cfg.Observer = &passes
-	r, err := relay.New(pgserver.Pool(t, via, pgserver.Name(t), 4), cfg, newRecorder("t", nil))
-	require.NoError(t, err)
-	startRelay(t, r)
-	require.Eventually(t, func() bool { return passes.n.Load() >= 2 }, 30*time.Second, 10*time.Millisecond)
-	trips0, passes0, start := proxy.RoundTrips(), passes.n.Load(), time.Now()
-	require.Eventually(t, func() bool { return passes.n.Load() >= passes0+4 }, 60*time.Second, 10*time.Millisecond)
-	trips, idle, beats := proxy.RoundTrips()-trips0, passes.n.Load()-passes0, int64(time.Since(start)/relay.PresenceBeatForTest)+1
+	trips, idle, took := idleRoundTrips(t, cfg)
+	beats := int64(took/relay.PresenceBeatForTest) + 1
 	t.Logf("%d round trips over %d idle passes (%d presence keepalives at most)", trips, idle, beats)
 	// The count may catch one rebalance of the next pass already on its way.
 	require.LessOrEqual(t, trips, idle+beats+1, "one round trip per idle pass, beside the presence keepalive")
