@@ -108,7 +108,7 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 	// nor its pooled connection's ping.
 	before := m.held
 	var check *workCheck
-	if m.stay && len(before) > 0 && m.r.tableKnown() {
+	if m.stay && len(before) > 0 {
 		check = m.r.repo.partitionWork(m.r.cfg.MaxAttempts, m.r.types, m.n, before)
 	}
 	st, err := m.rebalance(ctx, check)

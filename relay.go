@@ -361,13 +361,6 @@ func (r *Relay) table() tableInfo {
 	return r.tableInfo
 }
 
-// tableKnown reports whether the table was learnt, and not forgotten since.
-func (r *Relay) tableKnown() bool {
-	r.tableMu.Lock()
-	defer r.tableMu.Unlock()
-	return r.tableOK
-}
-
 // forgetTable makes the next pass learn the table again.
 func (r *Relay) forgetTable() {
 	r.tableMu.Lock()
