@@ -346,13 +346,18 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 		if err == nil {
 			return conn, locked, sess, nil
 		}
+		tookNothing := lockTookNothing(err)
 		if pooledStatementError(err) {
 			err = fmt.Errorf("%w: %w", ErrTransactionPooling, err)
 		}
 		// The statement may have reached the server and taken the lock:
-		// closing the connection is what makes sure it is not held.
+		// closing the connection is what makes sure it is not held. Behind
+		// a pooler, backend pid may be another holder's session (the pooler
+		// answered the pid's question from a server connection that holds
+		// an election), so its locks are let go of only when this statement
+		// may have taken one there.
 		dead := conn.Conn().IsClosed()
-		if pid != 0 {
+		if pid != 0 && !tookNothing {
 			closeSession(ctx, conn, key, session{pid: pid, pooled: sess.pooled}) // closes conn
 		} else {
 			closeConn(conn)

@@ -194,6 +194,16 @@ func pooledStatementError(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "26000" || pe.Code == "42P05")
 }
 
+// lockTookNothing reports whether err, a lock statement's failure, says it
+// took no lock: the server ended the session that ran it (FATAL: whatever it
+// took ends with it; a pooler's own FATAL says it ran nowhere or its server
+// connection is gone), or a pooler's server connection did not know the
+// statement pgx prepared (it never ran).
+func lockTookNothing(err error) bool {
+	var pe *pgconn.PgError
+	return pooledStatementError(err) || errors.As(err, &pe) && (pe.Severity == "FATAL" || pe.Severity == "PANIC")
+}
+
 // sessionMoved is the error of a statement that should have run on the
 // lock's session, backend pid, and ran on backend got.
 func sessionMoved(what string, pid, got uint32) error {

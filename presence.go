@@ -146,10 +146,12 @@ func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 	return nil
 }
 
-// release lets go of the presence locks on conn before it is closed, so that
-// they are gone when Stop returns (closing alone frees them a moment later).
-func (p *presence) release(conn *pgx.Conn) {
+// release lets go of the presence locks on conn, backend pid, before it is
+// closed, so that they are gone when Stop returns (closing alone frees them a
+// moment later). It lets go of those locks only, and only on pid: see
+// presenceRelease in sql/presence.sql.
+func (p *presence) release(conn *pgx.Conn, pid uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), guardUnlockTimeout)
 	defer cancel()
-	_ = presenceReleaseStatement(ctx, conn)
+	_, _ = presenceReleaseStatement(ctx, conn, p.args, pid)
 }

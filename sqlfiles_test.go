@@ -253,7 +253,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	p := newPresence(DefaultConfig(), []string{"t"})
 	_, _, _ = presenceTakeStatement(ctx, q, "", p.args, presenceLease)
 	_, _ = presenceBeatStatement(ctx, q, "")
-	_ = presenceReleaseStatement(ctx, q)
+	_, _ = presenceReleaseStatement(ctx, q, p.args, 7)
 	_, _ = replicasStatement(ctx, q, "app", []string{"t"})
 	return built
 }

@@ -37,10 +37,14 @@ func presenceBeatStatement(ctx context.Context, db querier, mark string) (pid ui
 	return pid, err
 }
 
-// presenceReleaseStatement lets go of the presence locks.
-func presenceReleaseStatement(ctx context.Context, db execer) error {
-	_, err := db.Exec(ctx, presenceReleaseSQL)
-	return err
+// presenceReleaseStatement lets go of the presence locks of args (those of
+// presenceTakeStatement) on backend pid; released is false when the
+// statement ran on another backend, or a lock was not held.
+func presenceReleaseStatement(ctx context.Context, db querier, args []any, pid uint32) (released bool, err error) {
+	var ok *bool
+	var ran uint32
+	err = db.QueryRow(ctx, presenceReleaseSQL, append(append([]any{}, args...), pid)...).Scan(&ok, &ran)
+	return err == nil && ran == pid && ok != nil && *ok, err
 }
 
 // replicaRow is one session of replicasSQL.

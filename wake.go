@@ -203,7 +203,7 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 			// the session): clear what one may have set, so that the release
 			// is sent and answered, and Stop returns with the replica gone.
 			_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
-			r.presence.release(conn)
+			r.presence.release(conn, pid)
 		}
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Close(closeCtx)
@@ -249,7 +249,7 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 		// Through a transaction-pooling proxy the next statement may answer
 		// from another backend: then the locks are not this session's.
 		if err := r.presence.beat(pctx, conn, pid); err != nil {
-			r.presence.release(conn) // a stop meanwhile: gone before Stop returns
+			r.presence.release(conn, pid) // a stop meanwhile: gone before Stop returns
 			return fail(err)
 		}
 		return conn, pid, nil

@@ -29,10 +29,15 @@ FROM (SELECT pg_backend_pid() AS pid, coalesce(bool_and(pg_try_advisory_lock_sha
 -- still the backend that took the locks.
 SELECT pg_backend_pid()
 
--- name: presenceRelease
--- Lets go of the presence locks before the session is closed (the session
--- holds no other advisory lock).
-SELECT pg_advisory_unlock_all()
+-- name: presenceRelease @app @replica @max_attempts @partitions @types @pid
+-- Lets go of the presence locks before the session is closed: these locks
+-- only, and only on backend @pid, the one that took them. Through a pooler
+-- that does not keep sessions (a missed check, pooling.go) the statement
+-- may run on a server connection that holds another replica's election,
+-- which an unlock of every lock would take from under its passes. The
+-- first column is NULL on another backend, the second says where it ran.
+SELECT bool_and(pg_advisory_unlock_shared(k.a, k.b)), pg_backend_pid()
+FROM ({{template "presenceKeys"}}) k WHERE pg_backend_pid() = @pid::int
 
 -- name: replicas @app @names
 -- The sessions holding the app's presence key, with their other presence
