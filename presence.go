@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // This file is presence: every started relay (single key or partitioned)
@@ -149,9 +150,24 @@ func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 // release lets go of the presence locks on conn, backend pid, before it is
 // closed, so that they are gone when Stop returns (closing alone frees them a
 // moment later). It lets go of those locks only, and only on pid: see
-// presenceRelease in sql/presence.sql.
-func (p *presence) release(conn *pgx.Conn, pid uint32) {
+// presenceRelease in sql/presence.sql. It reports whether it did.
+func (p *presence) release(conn *pgx.Conn, pid uint32) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), guardUnlockTimeout)
 	defer cancel()
-	_, _ = presenceReleaseStatement(ctx, conn, p.args, pid)
+	released, _ := presenceReleaseStatement(ctx, conn, p.args, pid)
+	return released
+}
+
+// gone returns once backend pid, whose session was closed without its
+// release answered, holds no lock of this replica's presence: it ends the
+// backend if it still holds it (one in a statement notices its client has
+// gone only at the statement's end), and waits for its exit, within
+// guardSessionEndTimeout.
+func (p *presence) gone(pool *pgxpool.Pool, pid uint32) error {
+	ctx, cancel := context.WithTimeout(context.Background(), guardSessionEndTimeout)
+	defer cancel()
+	if err := presenceStrandedStatement(ctx, pool, p.app, p.num, pid); err != nil {
+		return fmt.Errorf("relay: end the presence session, backend %d: %w", pid, err)
+	}
+	return waitLockGone(ctx, pool, pid)
 }

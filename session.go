@@ -22,8 +22,9 @@ import (
 type ownSession struct {
 	jobs chan sessionJob // at most one waiting
 
-	mu   sync.Mutex
-	conn *pgx.Conn // nil while no session is held
+	mu      sync.Mutex
+	conn    *pgx.Conn // nil while no session is held
+	waiting bool      // the holder waits for notifications: a job cuts the wait short
 }
 
 // sessionJob is a statement to run on the session, and where its answer goes.
@@ -58,10 +59,14 @@ func (s *ownSession) do(ctx context.Context, fn func(ctx context.Context, conn *
 		return errNoSession // another is waiting: never queue behind it
 	}
 	// Cut the holder's wait short: its read deadline passes now, which leaves
-	// the connection usable, and it then takes the job. Under mu, so that no
-	// deadline is set once the holder has let go (release): its last
-	// statements (presence's release, in wake.go) must not meet one.
-	_ = conn.PgConn().Conn().SetReadDeadline(time.Now())
+	// the connection usable, and it then takes the job. Only while it waits
+	// (under mu, which startWait and endWait take too): a deadline that
+	// passed in a statement (a job taken meanwhile, the presence keepalive,
+	// presence's release) would cut that statement short and close the
+	// session.
+	if s.waiting {
+		_ = conn.PgConn().Conn().SetReadDeadline(time.Now())
+	}
 	s.mu.Unlock()
 	select {
 	case err := <-job.done:
@@ -91,6 +96,27 @@ func (s *ownSession) release() {
 			return
 		}
 	}
+}
+
+// startWait says the holder is about to wait for notifications on the
+// session; false when a job came meanwhile, to be served first.
+func (s *ownSession) startWait() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.jobs) > 0 {
+		return false
+	}
+	s.waiting = true
+	return true
+}
+
+// endWait says the holder's wait has ended, and clears the read deadline a
+// job may have set to end it.
+func (s *ownSession) endWait(conn *pgx.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting = false
+	_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
 }
 
 // serve runs the job waiting, if any, and reports whether it did.

@@ -177,7 +177,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	}
 	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL, sessionLocksHeldSQL,
 		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
-		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, replicasSQL, tableIndexesSQL)
+		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, tableIndexesSQL)
 	pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
 	failedState, three := pgtype.Text{String: statusError, Valid: true}, pgtype.Int8{Int64: 3, Valid: true}
 	for _, table := range []string{"outbox", "billing." + strings.Repeat("x", 63)} {
@@ -254,6 +254,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	_, _, _ = presenceTakeStatement(ctx, q, "", p.args, presenceLease)
 	_, _ = presenceBeatStatement(ctx, q, "")
 	_, _ = presenceReleaseStatement(ctx, q, p.args, 7)
+	_ = presenceStrandedStatement(ctx, q, "app", 7, 7)
 	_, _ = replicasStatement(ctx, q, "app", []string{"t"})
 	return built
 }

@@ -11,11 +11,12 @@ import (
 // table's indexes (indexes.go).
 
 var (
-	presenceTakeSQL    = statements.positional("presenceTake", sqlData{})
-	presenceBeatSQL    = statements.positional("presenceBeat", sqlData{})
-	presenceReleaseSQL = statements.positional("presenceRelease", sqlData{})
-	replicasSQL        = statements.positional("replicas", sqlData{})
-	tableIndexesSQL    = statements.positional("tableIndexes", sqlData{})
+	presenceTakeSQL     = statements.positional("presenceTake", sqlData{})
+	presenceBeatSQL     = statements.positional("presenceBeat", sqlData{})
+	presenceReleaseSQL  = statements.positional("presenceRelease", sqlData{})
+	presenceStrandedSQL = statements.positional("presenceStranded", sqlData{})
+	replicasSQL         = statements.positional("replicas", sqlData{})
+	tableIndexesSQL     = statements.positional("tableIndexes", sqlData{})
 )
 
 // presenceTakeStatement takes the presence locks of args (app, replica id,
@@ -45,6 +46,13 @@ func presenceReleaseStatement(ctx context.Context, db querier, args []any, pid u
 	var ran uint32
 	err = db.QueryRow(ctx, presenceReleaseSQL, append(append([]any{}, args...), pid)...).Scan(&ok, &ran)
 	return err == nil && ran == pid && ok != nil && *ok, err
+}
+
+// presenceStrandedStatement ends backend pid while it holds the presence
+// lock of replica num of app.
+func presenceStrandedStatement(ctx context.Context, db execer, app string, num int32, pid uint32) error {
+	_, err := db.Exec(ctx, presenceStrandedSQL, app, num, pid)
+	return err
 }
 
 // replicaRow is one session of replicasSQL.

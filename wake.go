@@ -198,16 +198,27 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 		}
 		wait, reconnect = time.Second, true
 		err = r.waitForWakeUps(ctx, conn, l, pid)
+		released := false
 		if !conn.IsClosed() {
 			// No job can cut a wait short any more (waitForWakeUps let go of
 			// the session): clear what one may have set, so that the release
 			// is sent and answered, and Stop returns with the replica gone.
 			_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
-			r.presence.release(conn, pid)
+			released = r.presence.release(conn, pid)
 		}
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Close(closeCtx)
 		cancel()
+		if !released && !errors.Is(err, errPresenceMoved) {
+			// A statement on the session was cut short (by Stop, say), which
+			// closed it unreleased, and its backend, busy in it, may hold the
+			// replica's presence until it ends: the replica is gone when
+			// Stop returns, and listed once after a reconnection. (Moved: a
+			// pooler's server connection holds it, whose pid is no guide.)
+			if err := r.presence.gone(r.pool, pid); err != nil {
+				r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: an earlier session's presence may outlive it a moment", slog.String("error", err.Error()))
+			}
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -301,8 +312,11 @@ func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop, pid
 			last = time.Now()
 			continue
 		}
+		if !l.own.startWait() { // one came just now: serve it first
+			continue
+		}
 		n, err := conn.WaitForNotification(ctx)
-		_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
+		l.own.endWait(conn)
 		switch {
 		case err != nil && ctx.Err() == nil && pgconn.Timeout(err):
 			if l.own.serve(ctx, conn, pid) {

@@ -39,6 +39,17 @@ SELECT pg_backend_pid()
 SELECT bool_and(pg_advisory_unlock_shared(k.a, k.b)), pg_backend_pid()
 FROM ({{template "presenceKeys"}}) k WHERE pg_backend_pid() = @pid::int
 
+-- name: presenceStranded @app @replica @pid
+-- Ends backend @pid while it holds this replica's presence lock: its session
+-- was closed without the release answered (Stop cut its keepalive, or a
+-- statement handed to it, short), and a backend busy in a statement notices
+-- that its client has gone only when the statement ends. The replica's lock
+-- is this relay's own: no other session takes it.
+SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.pid = @pid::int AND l.objsubid = 2
+  AND l.classid = (hashtext('relay_presence_replica:' || @app)::bigint & 4294967295)::oid
+  AND l.objid = (@replica::int::bigint & 4294967295)::oid
+
 -- name: replicas @app @names
 -- The sessions holding the app's presence key, with their other presence
 -- locks, and the hashes of @names (type names to recognise), in order.
