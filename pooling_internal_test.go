@@ -95,18 +95,22 @@ func TestLockStatementOfAnEndedSessionLetsGoOfNothing(t *testing.T) {
 	require.Zero(t, tr.statements("pg_advisory_unlock_all"), "nothing was let go of on the ended statement's backend, which took nothing")
 }
 
+// sharedConn is a connection of its own to the shared server, closed at the
+// test's end.
+func sharedConn(t *testing.T) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), pgserver.Shared().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
 func TestLockTookNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgserver.Shared().URL
-	conn, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	other, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	defer other.Close(ctx)
+	conn, other := sharedConn(t), sharedConn(t)
 
-	_, err = conn.Exec(ctx, "SELECT 1/0")
+	_, err := conn.Exec(ctx, "SELECT 1/0")
 	require.Error(t, err)
 	require.False(t, lockTookNothing(err), "an ERROR: the statement ran, and may have taken a lock before it")
 
@@ -129,10 +133,7 @@ func TestLockTookNothing(t *testing.T) {
 func TestPresenceReleaseLetsGoOfItsOwnLocksOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgserver.Shared().URL
-	conn, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
+	conn := sharedConn(t)
 	cfg := DefaultConfig()
 	cfg.AppName = pgserver.Name(t)
 	p := newPresence(cfg, []string{"a", "b"})
