@@ -44,6 +44,12 @@ type enqueueVariant struct {
 	write func(ctx context.Context, tx pgx.Tx, i int) error
 }
 
+// enqueueStatement is Enqueue's insert without the wake-up, as
+// sql/producer.sql renders it for relaybench's table, without its RETURNING.
+const enqueueStatement = `INSERT INTO "relaybench_enqueue" (direction, type, natural_key, payload, status, attempts)
+SELECT 'OUT', $1, $2, $3::jsonb, 'PENDING', 0
+FROM (SELECT pg_advisory_xact_lock(hashtext('relay:' || $4), hashtext($2))) AS key_order`
+
 func runEnqueue(ctx context.Context, url string, admin *pgxpool.Pool) error {
 	const table = "relaybench_enqueue"
 	payload := []byte(`{"n":1}`)
@@ -66,6 +72,17 @@ func runEnqueue(ctx context.Context, url string, admin *pgxpool.Pool) error {
 		}},
 		{"INSERT + the key's order lock", raw(`INSERT INTO ` + table + ` (type, natural_key, payload)
 SELECT $1, $2, $3::jsonb FROM (SELECT pg_advisory_xact_lock(hashtext('relay:` + table + `'), hashtext($2))) k`)},
+		// Enqueue's statement (WithoutWakeUp) sent by plain pgx, with and
+		// without reading its id back: what the id costs, and what
+		// Enqueue's Go side costs beside the QueryRow variant.
+		{"Enqueue's statement by plain pgx, QueryRow (RETURNING id)", func(ctx context.Context, tx pgx.Tx, i int) error {
+			var id int64
+			return tx.QueryRow(ctx, enqueueStatement+"\nRETURNING id", benchType, key(i), string(payload), table).Scan(&id)
+		}},
+		{"Enqueue's statement by plain pgx, Exec (no id back)", func(ctx context.Context, tx pgx.Tx, i int) error {
+			_, err := tx.Exec(ctx, enqueueStatement, benchType, key(i), string(payload), table)
+			return err
+		}},
 		{"INSERT + NOTIFY in every transaction", raw(`INSERT INTO ` + table + ` (type, natural_key, payload)
 SELECT $1, $2, $3::jsonb FROM (SELECT pg_notify('relay:` + table + `', $1)) k`)},
 		{"Enqueue's statement before issue 21 (every transaction tries the token)", func(ctx context.Context, tx pgx.Tx, i int) error {
