@@ -201,23 +201,17 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 		released := false
 		if !conn.IsClosed() {
 			// No job can cut a wait short any more (waitForWakeUps let go of
-			// the session): clear what one may have set, so that the release
-			// is sent and answered, and Stop returns with the replica gone.
+			// the session): clear the keepalive's deadline it may have left,
+			// so that the release is sent and answered, and Stop returns with
+			// the replica gone.
 			_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
 			released = r.presence.release(conn, pid)
 		}
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Close(closeCtx)
 		cancel()
-		if !released && !errors.Is(err, errPresenceMoved) {
-			// A statement on the session was cut short (by Stop, say), which
-			// closed it unreleased, and its backend, busy in it, may hold the
-			// replica's presence until it ends: the replica is gone when
-			// Stop returns, and listed once after a reconnection. (Moved: a
-			// pooler's server connection holds it, whose pid is no guide.)
-			if err := r.presence.gone(r.pool, pid); err != nil {
-				r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: an earlier session's presence may outlive it a moment", slog.String("error", err.Error()))
-			}
+		if !released {
+			r.presenceGone(pid, err)
 		}
 		if ctx.Err() != nil {
 			return
@@ -229,6 +223,22 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 		}
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the wake-up listener's connection was lost; connecting again",
 			slog.String("channel", channel), slog.String("error", err.Error()))
+	}
+}
+
+// presenceGone makes sure the presence session of backend pid, closed or
+// about to be without its release answered (why: what ended it), holds no
+// presence lock any more: a statement on it was cut short (by Stop, say),
+// and its backend, busy in it, would hold the replica's presence until it
+// ends, so that Stop would return with the replica still listed, or the
+// replica be listed twice after a reconnection. Not when the session moved:
+// then a pooler's server connection holds the locks, whose pid is no guide.
+func (r *Relay) presenceGone(pid uint32, why error) {
+	if errors.Is(why, errPresenceMoved) {
+		return
+	}
+	if err := r.presence.gone(r.pool, pid); err != nil {
+		r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: an earlier session's presence may outlive it a moment", slog.String("error", err.Error()))
 	}
 }
 
@@ -260,7 +270,9 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 		// Through a transaction-pooling proxy the next statement may answer
 		// from another backend: then the locks are not this session's.
 		if err := r.presence.beat(pctx, conn, pid); err != nil {
-			r.presence.release(conn, pid) // a stop meanwhile: gone before Stop returns
+			if !r.presence.release(conn, pid) { // a stop meanwhile: gone before Stop returns
+				r.presenceGone(pid, err)
+			}
 			return fail(err)
 		}
 		return conn, pid, nil
