@@ -158,6 +158,19 @@ func (p *presence) release(conn *pgx.Conn, pid uint32) bool {
 	return released
 }
 
+// leave lets go of the presence on conn, backend pid, whose session ended
+// for why: by its release when the session still answers, or else (a
+// statement on it was cut short, by Stop say, which closed it) by gone, so
+// that Stop does not return with the replica still listed, nor is it listed
+// twice after a reconnection. Not when the session moved: then a pooler's
+// server connection holds the locks, whose pid is no guide.
+func (p *presence) leave(conn *pgx.Conn, pool *pgxpool.Pool, pid uint32, why error) error {
+	if !conn.IsClosed() && p.release(conn, pid) || errors.Is(why, errPresenceMoved) {
+		return nil
+	}
+	return p.gone(pool, pid)
+}
+
 // gone returns once backend pid, whose session was closed without its
 // release answered, holds no lock of this replica's presence: it ends the
 // backend if it still holds it (one in a statement notices its client has

@@ -198,21 +198,15 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 		}
 		wait, reconnect = time.Second, true
 		err = r.waitForWakeUps(ctx, conn, l, pid)
-		released := false
-		if !conn.IsClosed() {
-			// No job can cut a wait short any more (waitForWakeUps let go of
-			// the session): clear the keepalive's deadline it may have left,
-			// so that the release is sent and answered, and Stop returns with
-			// the replica gone.
-			_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
-			released = r.presence.release(conn, pid)
-		}
+		// No job can cut a wait short any more (waitForWakeUps let go of the
+		// session): clear the keepalive's deadline it may have left, so that
+		// the release is sent and answered, and Stop returns with the
+		// replica gone.
+		_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
+		r.leavePresence(conn, pid, err)
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Close(closeCtx)
 		cancel()
-		if !released {
-			r.presenceGone(pid, err)
-		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -226,18 +220,11 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 	}
 }
 
-// presenceGone makes sure the presence session of backend pid, closed or
-// about to be without its release answered (why: what ended it), holds no
-// presence lock any more: a statement on it was cut short (by Stop, say),
-// and its backend, busy in it, would hold the replica's presence until it
-// ends, so that Stop would return with the replica still listed, or the
-// replica be listed twice after a reconnection. Not when the session moved:
-// then a pooler's server connection holds the locks, whose pid is no guide.
-func (r *Relay) presenceGone(pid uint32, why error) {
-	if errors.Is(why, errPresenceMoved) {
-		return
-	}
-	if err := r.presence.gone(r.pool, pid); err != nil {
+// leavePresence lets go of the presence on conn, backend pid, before it
+// is closed (why: what ended its session), and logs when it may outlive it
+// a moment (presence.leave).
+func (r *Relay) leavePresence(conn *pgx.Conn, pid uint32, why error) {
+	if err := r.presence.leave(conn, r.pool, pid, why); err != nil {
 		r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: an earlier session's presence may outlive it a moment", slog.String("error", err.Error()))
 	}
 }
@@ -270,9 +257,7 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 		// Through a transaction-pooling proxy the next statement may answer
 		// from another backend: then the locks are not this session's.
 		if err := r.presence.beat(pctx, conn, pid); err != nil {
-			if !r.presence.release(conn, pid) { // a stop meanwhile: gone before Stop returns
-				r.presenceGone(pid, err)
-			}
+			r.leavePresence(conn, pid, err) // a stop meanwhile: gone before Stop returns
 			return fail(err)
 		}
 		return conn, pid, nil
