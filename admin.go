@@ -40,6 +40,8 @@ type Admin struct {
 	repo        *adminRepository
 	types       []string // AdminTypes; nil: the live replicas' (or all, with allTypes)
 	allTypes    bool
+
+	afterRead func() // a test's, run after each read of the replicas
 }
 
 // AdminOption configures an [Admin] at [NewAdmin].

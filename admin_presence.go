@@ -73,6 +73,9 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	return reps, nil
 }
 
+// replicasReads bounds the reads of one Replicas call (see replicas).
+const replicasReads = 4
+
 // replicas reads the presence of the app's relays; names are type names to
 // recognise besides those the replicas' own statements carry.
 func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error) {
@@ -92,29 +95,37 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 			hashes[i], nameHashes = x.typeHashes, x.nameHashes
 			reps = append(reps, r)
 		}
+		if a.afterRead != nil {
+			a.afterRead()
+		}
 		return reps, hashes, nameHashes, nil
 	}
-	reps, _, _, err := read(names)
-	if err != nil || len(reps) == 0 {
-		return reps, err
-	}
 	// The names are trusted only as far as the locks bear them out: hash every
-	// name heard of and keep, per replica, those it holds a lock for.
-	all := slices.Clone(names)
-	for _, r := range reps {
-		all = append(all, r.Types...)
+	// name heard of and keep, per replica, those it holds a lock for. A
+	// replica that came up after a read brings names that read did not hash:
+	// read again, a few times at most (a rolling deploy is brief).
+	hashed := names
+	reps, hashes, nameHashes, err := read(hashed)
+	for reads := 1; err == nil; reads++ {
+		all := slices.Clone(hashed)
+		for _, r := range reps {
+			all = append(all, r.Types...)
+		}
+		slices.Sort(all)
+		if all = slices.Compact(all); len(all) == len(hashed) || reads == replicasReads {
+			break
+		}
+		hashed = all
+		reps, hashes, nameHashes, err = read(hashed)
 	}
-	slices.Sort(all)
-	all = slices.Compact(all)
-	reps, hashes, nameHashes, err := read(all)
 	if err != nil {
 		return nil, err
 	}
 	for i := range reps {
 		var named []string
 		for j, h := range nameHashes {
-			if slices.Contains(hashes[i], h) && !slices.Contains(named, all[j]) {
-				named = append(named, all[j])
+			if slices.Contains(hashes[i], h) && !slices.Contains(named, hashed[j]) {
+				named = append(named, hashed[j])
 			}
 		}
 		slices.Sort(named)

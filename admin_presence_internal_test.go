@@ -1,0 +1,64 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay/internal/pgserver"
+)
+
+// TestReplicasNamesAReplicaThatCameBetweenReads: Replicas reads the presence
+// once for the replicas and the names their statements carry, and again to
+// hash those names. A replica that comes up between two reads is seen by the
+// second, with names it did not hash: it was listed with an unnamed type
+// (TestPresenceListsLiveReplicas, about once in 50 runs under load). It is
+// named now, by a read more.
+func TestReplicasNamesAReplicaThatCameBetweenReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, table := internalTable(t)
+	cfg := DefaultConfig()
+	cfg.AppName, cfg.Table = pgserver.Name(t), table
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	noop := func(context.Context, Message) error { return nil }
+	start := func(types ...string) *Relay {
+		var senders []Sender
+		for _, typ := range types {
+			senders = append(senders, SenderFunc(typ, noop))
+		}
+		r, err := New(pool, cfg, senders...)
+		require.NoError(t, err)
+		require.NoError(t, r.Start(ctx))
+		t.Cleanup(func() { _ = r.Stop(context.Background()) })
+		require.Eventually(t, func() bool { // its presence taken
+			var held bool
+			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+				AND classid = (hashtext('relay_presence_replica:' || $1)::bigint & 4294967295)::oid
+				AND objid = ($2::int::bigint & 4294967295)::oid AND granted)`, cfg.AppName, r.presence.num).Scan(&held))
+			return held
+		}, time.Minute, 10*time.Millisecond)
+		return r
+	}
+	start("order")
+
+	admin, err := NewAdmin(pool, cfg)
+	require.NoError(t, err)
+	reads := 0
+	admin.afterRead = func() {
+		if reads++; reads == 1 {
+			start("invoice", "order") // after the first read, before the next
+		}
+	}
+	reps, err := admin.Replicas(ctx)
+	require.NoError(t, err)
+	require.Len(t, reps, 2)
+	for _, r := range reps {
+		require.Zero(t, r.UnnamedTypes, "replica %s: %v", r.ID, r.Types)
+	}
+	require.ElementsMatch(t, [][]string{{"order"}, {"invoice", "order"}}, [][]string{reps[0].Types, reps[1].Types})
+	require.Equal(t, 3, reads, "the replicas, their names hashed, then the newcomer's")
+}
