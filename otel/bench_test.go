@@ -3,8 +3,8 @@ package otelrelay_test
 // The cost of the instrumentation: a drain of benchRows rows with
 // relay.DefaultConfig() (Default) and with GroupOutcomes 100 (G100, as
 // relaybench's g100), and a sender that does nothing, bare and with
-// WrapSender (the SDK's tracer, every span sampled, batched to an exporter
-// that drops them) and NewObserver (the SDK's meter), in the same run and
+// WrapSender (the SDK's tracer, every span sampled, or one trace in a hundred
+// in the -1pct runs, batched to an exporter that drops them) and NewObserver (the SDK's meter), in the same run and
 // interleaved, iteration by iteration, so that the machine's load weighs on
 // both alike; a third drain, interleaved too, makes only the SDK's span around
 // each send (floorSender), whose floor-ratio is the best an instrumented
@@ -95,15 +95,18 @@ func (d *benchDrain) drain(b *testing.B) time.Duration {
 }
 
 func BenchmarkDrainCost(b *testing.B) {
-	b.Run("Default", func(b *testing.B) { benchDrainCost(b, 0) })
-	b.Run("G100", func(b *testing.B) { benchDrainCost(b, 100) })
+	all, onePct := sdktrace.AlwaysSample(), sdktrace.TraceIDRatioBased(0.01)
+	b.Run("Default", func(b *testing.B) { benchDrainCost(b, 0, all) })
+	b.Run("G100", func(b *testing.B) { benchDrainCost(b, 100, all) })
+	b.Run("Default-1pct", func(b *testing.B) { benchDrainCost(b, 0, onePct) })
+	b.Run("G100-1pct", func(b *testing.B) { benchDrainCost(b, 100, onePct) })
 }
 
-func benchDrainCost(b *testing.B, groupOutcomes int) {
+func benchDrainCost(b *testing.B, groupOutcomes int, sampler sdktrace.Sampler) {
 	name := pgserver.Name(b)
 	pool := pgserver.Pool(b, pgserver.Shared().URL, name, 8)
 
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()),
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler),
 		sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
