@@ -2,13 +2,10 @@ package relay
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/xadm/relay/internal/pgserver"
 )
 
 // TestReplicasNamesAReplicaThatCameBetweenReads: Replicas reads the presence
@@ -20,10 +17,7 @@ import (
 func TestReplicasNamesAReplicaThatCameBetweenReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, table := internalTable(t)
-	cfg := DefaultConfig()
-	cfg.AppName, cfg.Table = pgserver.Name(t), table
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	pool, cfg := internalConfig(t)
 	noop := func(context.Context, Message) error { return nil }
 	start := func(types ...string) *Relay {
 		var senders []Sender
@@ -34,13 +28,7 @@ func TestReplicasNamesAReplicaThatCameBetweenReads(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, r.Start(ctx))
 		t.Cleanup(func() { _ = r.Stop(context.Background()) })
-		require.Eventually(t, func() bool { // its presence taken
-			var held bool
-			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
-				AND classid = (hashtext('relay_presence_replica:' || $1)::bigint & 4294967295)::oid
-				AND objid = ($2::int::bigint & 4294967295)::oid AND granted)`, cfg.AppName, r.presence.num).Scan(&held))
-			return held
-		}, time.Minute, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return presencePID(t, pool, r) != 0 }, time.Minute, 10*time.Millisecond, "its presence taken")
 		return r
 	}
 	start("order")

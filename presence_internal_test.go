@@ -3,14 +3,12 @@ package relay
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-
-	"github.com/xadm/relay/internal/pgserver"
 )
 
 // TestStopCuttingTheOwnSessionShortLeavesNoPresence: Stop cancels what runs
@@ -22,22 +20,13 @@ import (
 func TestStopCuttingTheOwnSessionShortLeavesNoPresence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, table := internalTable(t)
-	cfg := DefaultConfig()
-	cfg.AppName, cfg.Table = pgserver.Name(t), table
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	pool, cfg := internalConfig(t)
 	r, err := New(pool, cfg, SenderFunc("t", func(context.Context, Message) error { return nil }))
 	require.NoError(t, err)
 	require.NoError(t, r.Start(ctx))
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 
-	presence := func() (pid uint32) {
-		err := pool.QueryRow(ctx, `SELECT coalesce(min(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
-			AND classid = (hashtext('relay_presence_replica:' || $1)::bigint & 4294967295)::oid
-			AND objid = ($2::int::bigint & 4294967295)::oid`, cfg.AppName, r.presence.num).Scan(&pid)
-		require.NoError(t, err)
-		return pid
-	}
+	presence := func() uint32 { return presencePID(t, pool, r) }
 	var pid uint32
 	require.Eventually(t, func() bool { pid = presence(); return pid != 0 }, time.Minute, 10*time.Millisecond)
 
@@ -66,4 +55,15 @@ func TestStopCuttingTheOwnSessionShortLeavesNoPresence(t *testing.T) {
 	require.NoError(t, r.Stop(ctx))
 	require.Zero(t, presence(), "the stopped replica's presence is gone when Stop returns")
 	require.Error(t, <-ran, "the statement was cut short")
+}
+
+// presencePID is the backend that holds r's presence (its replica's lock), 0
+// when none does.
+func presencePID(t *testing.T, pool *pgxpool.Pool, r *Relay) (pid uint32) {
+	t.Helper()
+	err := pool.QueryRow(context.Background(), `SELECT coalesce(min(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+		AND classid = (hashtext('relay_presence_replica:' || $1)::bigint & 4294967295)::oid
+		AND objid = ($2::int::bigint & 4294967295)::oid AND granted`, r.cfg.AppName, r.presence.num).Scan(&pid)
+	require.NoError(t, err)
+	return pid
 }

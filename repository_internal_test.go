@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"strings"
 	"testing"
@@ -26,6 +27,17 @@ func internalTable(t *testing.T) (*pgxpool.Pool, string) {
 	require.NoError(t, CreateTable(context.Background(), pool, table))
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
 	return pool, table
+}
+
+// internalConfig is internalTable's pool, and a relay configuration for its
+// table, with the test's name as app and a logger that drops everything.
+func internalConfig(t *testing.T) (*pgxpool.Pool, Config) {
+	t.Helper()
+	pool, table := internalTable(t)
+	cfg := DefaultConfig()
+	cfg.AppName, cfg.Table = pgserver.Name(t), table
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	return pool, cfg
 }
 
 // TestAsyncCommitIsLocalToTheOutcome shows that AsyncCommit's statements turn
