@@ -3,10 +3,10 @@ package otelrelay_test
 // The cost of the instrumentation: a drain of benchRows rows with
 // relay.DefaultConfig() (Default) and with GroupOutcomes 100 (G100, as
 // relaybench's g100), and a sender that does nothing, bare and with
-// WrapSender (the SDK's tracer, every span sampled, or one trace in a hundred
-// in the -1pct runs, batched to an exporter that drops them) and NewObserver (the SDK's meter), in the same run and
-// interleaved, iteration by iteration, so that the machine's load weighs on
-// both alike; a third drain, interleaved too, makes only the SDK's span around
+// WrapSender (the SDK's tracer, every span sampled, or one trace in a
+// hundred in the -1pct runs, batched to an exporter that drops them) and
+// NewObserver (the SDK's meter), in the same run and interleaved, iteration
+// by iteration, so that the machine's load weighs on both alike; a third drain, interleaved too, makes only the SDK's span around
 // each send (floorSender), whose floor-ratio is the best an instrumented
 // drain can reach with that provider:
 //
