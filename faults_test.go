@@ -296,11 +296,14 @@ func TestAtLeastOnceWhenTheOutcomeIsLost(t *testing.T) {
 		pool := relayPool(t)
 		l := newLedger()
 		var calls atomic.Int32
-		var phase atomic.Int32 // 0 before the fault, 1 after it (first pass), 2 later passes
+		var phase atomic.Int32    // 0 before the fault, 1 after it (first pass), 2 later passes
+		var inFlight atomic.Int32 // sends not yet returned, an abandoned one included
 		cfg := b.cfg
 		cfg.Observer = l
 		cfg.Concurrency = concurrency
 		r, err := relay.New(pool, cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
+			inFlight.Add(1)
+			defer inFlight.Add(-1)
 			return l.send(ctx, m, func(ctx context.Context, m relay.Message) error {
 				if phase.Load() == 1 {
 					// A destination that stalls after the fault: nothing started
@@ -336,6 +339,9 @@ func TestAtLeastOnceWhenTheOutcomeIsLost(t *testing.T) {
 		phase.Store(2)
 		// What the first pass did: the messages the destination accepted, and
 		// the outcomes the relay recorded (some on sessions opened after the fault).
+		// A send the relay abandoned (the one that ended the election, slow to
+		// see its context end on a loaded machine) counts once it returns.
+		require.Eventually(t, func() bool { return inFlight.Load() == 0 }, 10*time.Second, 5*time.Millisecond)
 		acceptedFirst, recordedFirst := l.accepted(), l.recordedSent()
 		for _, id := range ids {
 			if s := b.state(t, id); s.Status != "SENT" {
