@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -116,7 +114,8 @@ func (w *batchSender) SendBatch(ctx context.Context, ms []relay.Message) (errs [
 //
 // It runs once per message, so what does not change from one message to the
 // next is built once (kindOf); what only a recorded span keeps (the message's
-// id and attempt) is built only when the sampler kept the span.
+// id and attempt) is built only when the sampler kept the span; and the W3C
+// propagator's headers are read and written directly (tracecontext.go).
 func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Context, span trace.Span, out relay.Message) {
 	defer func() {
 		if recover() != nil {
@@ -124,12 +123,18 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 		}
 	}()
 	prop := w.c.propagatorOf()
+	w3c := isTraceContext(prop)
 	k := w.kindOf(m.Type)
 	parent, opts := ctx, k.opts
 	if len(m.Headers) > 0 {
 		// The producer's span, read into an empty context: a span the relay's
 		// own ctx carries is no producer.
-		producer := trace.SpanContextFromContext(prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
+		var producer trace.SpanContext
+		if w3c {
+			producer = extractTraceContext(m.Headers)
+		} else {
+			producer = trace.SpanContextFromContext(prop.Extract(context.Background(), headerCarrier(m.Headers)))
+		}
 		if producer.IsValid() {
 			if w.c.child {
 				parent = trace.ContextWithRemoteSpanContext(ctx, producer)
@@ -144,31 +149,55 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	}
 
 	// The send span's context replaces the producer's in a copy of the
-	// headers, whatever the case of the names the producer wrote; headers
-	// the senders would refuse are never handed over.
-	injected := &pairs{}
-	prop.Inject(sctx, injected)
-	headers := maps.Clone(m.Headers) // a copy of the map as a whole, not header by header
-	if headers == nil {
-		headers = make(map[string]string, injected.n)
+	// headers, whatever the case of the names the producer wrote, and the
+	// producer's tracestate goes with its traceparent: it belongs to the
+	// producer's trace, not to the send span's (which may have none). The
+	// producer's other headers (its baggage too) travel. Headers the senders
+	// would refuse are never handed over.
+	var injected pairs // on the stack, unless an interface's Inject gets it
+	if w3c {
+		injectTraceContext(span.SpanContext(), &injected)
+	} else {
+		carrier := &pairs{}
+		prop.Inject(sctx, carrier)
+		injected = *carrier
+	}
+	staleState := injected.Get(traceparentHeader) != "" && injected.Get(tracestateHeader) == ""
+	headers := make(map[string]string, len(m.Headers)+injected.n)
+	for name, value := range m.Headers {
+		if !injected.named(name) && !(staleState && strings.EqualFold(name, tracestateHeader)) {
+			headers[name] = value
+		}
 	}
 	for _, kv := range injected.all() {
-		if _, ok := headers[kv[0]]; !ok {
-			for name := range headers { // the producer's, in another case
-				if strings.EqualFold(name, kv[0]) {
-					delete(headers, name)
-				}
-			}
-		}
 		headers[kv[0]] = kv[1]
 	}
-	if err := relay.ValidateHeaders(headers); err != nil { // too many, or too large, with the propagator's
+	if err := validate(headers, w3c); err != nil { // too many, or too large, with the propagator's
 		span.SetAttributes(attribute.String("relay.propagation.error", err.Error()))
 		return sctx, span, m
 	}
 	out = m
 	out.Headers = headers
 	return sctx, span, out
+}
+
+// validate checks the headers start hands to the sender. What the W3C
+// propagator wrote is valid by its making (lower-case hex, and a tracestate
+// whose members trace.TraceState checked), and the relay checked the rest of
+// every message it read (a message with headers that break the rules is
+// never sent), so for it only the count and the size can be new; the
+// headers of any other propagator are checked in full.
+func validate(headers map[string]string, w3c bool) error {
+	if w3c {
+		size := 0
+		for name, value := range headers {
+			size += len(name) + len(value)
+		}
+		if len(headers) <= relay.HeadersMax && size <= relay.HeadersBytesMax {
+			return nil
+		}
+	}
+	return relay.ValidateHeaders(headers)
 }
 
 // spanKind is what the send spans of one message type share: their name,
@@ -212,6 +241,17 @@ func (p *pairs) all() [][2]string {
 		return p.kv[:p.n]
 	}
 	return p.more
+}
+
+// named reports whether name is, whatever its case, one of p's names: a
+// header of the producer's trace context, which the send span's replaces.
+func (p *pairs) named(name string) bool {
+	for _, kv := range p.all() {
+		if strings.EqualFold(name, kv[0]) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *pairs) Get(key string) string {

@@ -272,24 +272,55 @@ VALUES ('OUT', 'order', 'from-the-jvm', '{}', 'PENDING', 0, now(), now())`)
 
 // TestSendReplacesProducerContextWhateverItsCase: the send span's trace
 // context replaces the producer's in the headers the sender gets, even when
-// the producer wrote the name in another case; the other headers travel, and
-// the message the relay holds keeps its own.
+// the producer wrote the names in another case; the producer's tracestate
+// goes with its trace (dropped from a linked send span's headers, inherited
+// by a child's), the other headers travel (its baggage too, whatever the
+// propagator), and the message the relay holds
+// keeps its own. The same with propagation.TraceContext, which the wrapper
+// reads and writes directly, and with a propagator it knows only by its
+// interface.
 func TestSendReplacesProducerContextWhateverItsCase(t *testing.T) {
 	t.Parallel()
-	w := setup(t)
-	var got relay.Message
-	s := otelrelay.WrapSender(relay.SenderFunc("order", func(_ context.Context, m relay.Message) error {
-		got = m
-		return nil
-	}), otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(w.prop))
-	old := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	in := relay.Message{ID: 7, Type: "order", Key: "k", Payload: []byte(`{}`),
-		Headers: map[string]string{"TraceParent": old, "X-Tenant": "acme"}}
-	require.NoError(t, s.Send(context.Background(), in))
+	for _, c := range []struct {
+		name  string
+		prop  propagation.TextMapPropagator
+		child bool
+	}{
+		{"TraceContext", propagation.TraceContext{}, false},
+		{"TraceContextChild", propagation.TraceContext{}, true},
+		{"Composite", propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}), false},
+		{"CompositeChild", propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			w := setup(t)
+			var got relay.Message
+			opts := []otelrelay.Option{otelrelay.WithTracerProvider(w.tp), otelrelay.WithPropagator(c.prop)}
+			if c.child {
+				opts = append(opts, otelrelay.AsChild())
+			}
+			s := otelrelay.WrapSender(relay.SenderFunc("order", func(_ context.Context, m relay.Message) error {
+				got = m
+				return nil
+			}), opts...)
+			old := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+			in := relay.Message{ID: 7, Type: "order", Key: "k", Payload: []byte(`{}`),
+				Headers: map[string]string{"TraceParent": old, "TraceState": "congo=t61rcWkgMzE", "X-Tenant": "acme", "baggage": "tier=gold"}}
+			require.NoError(t, s.Send(context.Background(), in))
 
-	send := w.span(t, "send order")
-	require.Len(t, got.Headers, 2, "%v", got.Headers)
-	require.Equal(t, "acme", got.Headers["X-Tenant"])
-	require.Contains(t, got.Headers["traceparent"], send.SpanContext().SpanID().String())
-	require.Equal(t, map[string]string{"TraceParent": old, "X-Tenant": "acme"}, in.Headers, "the relay's copy is left alone")
+			send := w.span(t, "send order")
+			want := map[string]string{"X-Tenant": "acme", "baggage": "tier=gold", "traceparent": "00-" + send.SpanContext().TraceID().String() + "-" +
+				send.SpanContext().SpanID().String() + "-01"}
+			if c.child {
+				require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", send.SpanContext().TraceID().String())
+				want["tracestate"] = "congo=t61rcWkgMzE"
+			} else {
+				require.Len(t, send.Links(), 1)
+				require.Equal(t, "congo=t61rcWkgMzE", send.Links()[0].SpanContext.TraceState().String(), "the link keeps the producer's tracestate")
+			}
+			require.Equal(t, want, got.Headers)
+			require.Equal(t, map[string]string{"TraceParent": old, "TraceState": "congo=t61rcWkgMzE", "X-Tenant": "acme", "baggage": "tier=gold"}, in.Headers,
+				"the relay's copy is left alone")
+		})
+	}
 }

@@ -1,0 +1,140 @@
+package otelrelay
+
+import (
+	"strings"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The W3C trace context read from a message's headers and written into them
+// without the propagator's interfaces, when the propagator is
+// propagation.TraceContext (the one a service sets most often, and the one
+// WithPropagator names in the docs). It reads and writes exactly what
+// TraceContext's Extract and Inject do (TestTraceContextAsThePropagator and
+// its fuzz test hold them to it), without the context, the carrier and the
+// checks of a header that any propagator could have set: a wrapped send's
+// cost is mostly its propagation, and this halves it (docs/tracing.md).
+
+const (
+	traceparentHeader = "traceparent"
+	tracestateHeader  = "tracestate"
+)
+
+// isTraceContext reports whether p is propagation.TraceContext itself.
+func isTraceContext(p propagation.TextMapPropagator) bool {
+	_, ok := p.(propagation.TraceContext)
+	return ok
+}
+
+// extractTraceContext is the span context that propagation.TraceContext's
+// Extract reads from h (through a headerCarrier, so whatever the names'
+// case); an invalid one when traceparent is missing or malformed. A
+// malformed tracestate is dropped, and the traceparent kept, as the
+// specification asks.
+func extractTraceContext(h map[string]string) trace.SpanContext {
+	p := headerCarrier(h).Get(traceparentHeader)
+	var version, flags [1]byte
+	var scc trace.SpanContextConfig
+	if !hexPart(version[:], &p) || version[0] == 0xff ||
+		!hexPart(scc.TraceID[:], &p) || !hexPart(scc.SpanID[:], &p) || !hexPart(flags[:], &p) {
+		return trace.SpanContext{}
+	}
+	if version[0] == 0 && (p != "" || flags[0] > 3) { // version 00 has neither more fields nor other flags
+		return trace.SpanContext{}
+	}
+	scc.TraceFlags = trace.TraceFlags(flags[0]) & (trace.FlagsSampled | trace.FlagsRandom)
+	scc.TraceState, _ = trace.ParseTraceState(headerCarrier(h).Get(tracestateHeader))
+	scc.Remote = true
+	sc := trace.NewSpanContext(scc)
+	if !sc.IsValid() {
+		return trace.SpanContext{}
+	}
+	return sc
+}
+
+// hexPart decodes the next '-'-separated field of *p into dst, which it must
+// fill exactly, in lower-case hex, and leaves the rest in *p.
+func hexPart(dst []byte, p *string) bool {
+	part, rest, _ := strings.Cut(*p, "-")
+	*p = rest
+	if len(part) != 2*len(dst) {
+		return false
+	}
+	invalid := byte(0) // any digit's value above 0xf, which none has
+	for i := range dst {
+		hi, lo := unhex(part[2*i]), unhex(part[2*i+1])
+		dst[i] = hi<<4 | lo
+		invalid |= hi | lo
+	}
+	return invalid <= 0xf
+}
+
+// unhex is c's value as a lower-case hex digit; above 0xf when it is none.
+func unhex(c byte) byte { return unhexTable[c] }
+
+// unhexTable is unhex's answer for each byte.
+var unhexTable = func() (t [256]byte) {
+	for c := range t {
+		switch {
+		case '0' <= c && c <= '9':
+			t[c] = byte(c - '0')
+		case 'a' <= c && c <= 'f':
+			t[c] = byte(c - 'a' + 10)
+		default:
+			t[c] = 0xff
+		}
+	}
+	return t
+}()
+
+// injectTraceContext sets in set what propagation.TraceContext's Inject
+// writes for sc: tracestate when sc has one, then traceparent; nothing when
+// sc is not valid.
+func injectTraceContext(sc trace.SpanContext, set *pairs) {
+	if !sc.IsValid() {
+		return
+	}
+	if ts := sc.TraceState().String(); ts != "" {
+		set.Set(tracestateHeader, ts)
+	}
+	const digits = "0123456789abcdef"
+	var b [55]byte // 00-<trace id>-<span id>-<flags>
+	tid, sid := sc.TraceID(), sc.SpanID()
+	flags := byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))
+	n := copy(b[:], "00")
+	for _, part := range [][]byte{tid[:], sid[:], {flags}} {
+		b[n] = '-'
+		n++
+		for _, c := range part {
+			b[n], b[n+1] = digits[c>>4], digits[c&0xf]
+			n += 2
+		}
+	}
+	set.Set(traceparentHeader, string(b[:n]))
+}
+
+// headerCarrier is a message's headers as a propagator reads them: by name,
+// whatever its case, as HTTP reads headers (a producer may have written
+// TraceParent; the relay's rules keep names unique whatever their case).
+type headerCarrier map[string]string
+
+// Get is the value of the header named key, whatever its case.
+func (h headerCarrier) Get(key string) string {
+	if v, ok := h[key]; ok {
+		return v
+	}
+	for name, v := range h {
+		if strings.EqualFold(name, key) {
+			return v
+		}
+	}
+	return ""
+}
+
+// Set does nothing: a headerCarrier is only read (by Extract), and the
+// headers it reads are the relay's, never to be changed in place.
+func (headerCarrier) Set(string, string) {}
+
+// Keys are the headers' names.
+func (h headerCarrier) Keys() []string { return propagation.MapCarrier(h).Keys() }
