@@ -33,7 +33,7 @@ func isTraceContext(p propagation.TextMapPropagator) bool {
 // malformed tracestate is dropped, and the traceparent kept, as the
 // specification asks.
 func extractTraceContext(h map[string]string) trace.SpanContext {
-	p := headerCarrier(h).Get(traceparentHeader)
+	p, state := traceHeaders(h)
 	var version, flags [1]byte
 	var scc trace.SpanContextConfig
 	if !hexPart(version[:], &p) || version[0] == 0xff ||
@@ -44,13 +44,33 @@ func extractTraceContext(h map[string]string) trace.SpanContext {
 		return trace.SpanContext{}
 	}
 	scc.TraceFlags = trace.TraceFlags(flags[0]) & (trace.FlagsSampled | trace.FlagsRandom)
-	scc.TraceState, _ = trace.ParseTraceState(headerCarrier(h).Get(tracestateHeader))
+	scc.TraceState, _ = trace.ParseTraceState(state)
 	scc.Remote = true
 	sc := trace.NewSpanContext(scc)
 	if !sc.IsValid() {
 		return trace.SpanContext{}
 	}
 	return sc
+}
+
+// traceHeaders is h's traceparent and tracestate, as a headerCarrier reads
+// them (a name in its exact case first, else in any case), in one walk of h.
+func traceHeaders(h map[string]string) (parent, state string) {
+	var exactParent, exactState bool
+	for name, v := range h {
+		switch {
+		case len(name) != len(traceparentHeader) && len(name) != len(tracestateHeader):
+		case name == traceparentHeader:
+			parent, exactParent = v, true
+		case name == tracestateHeader:
+			state, exactState = v, true
+		case !exactParent && strings.EqualFold(name, traceparentHeader):
+			parent = v
+		case !exactState && strings.EqualFold(name, tracestateHeader):
+			state = v
+		}
+	}
+	return parent, state
 }
 
 // hexPart decodes the next '-'-separated field of *p into dst, which it must

@@ -36,20 +36,23 @@ var traceContextSeeds = [][2]string{
 }
 
 // checkTraceContextAsThePropagator fails t unless extractTraceContext reads
-// from traceparent and tracestate what propagation.TraceContext's Extract
-// reads, and injectTraceContext writes for it what its Inject writes.
+// from traceparent and tracestate (named in their case, and in others) what
+// propagation.TraceContext's Extract reads through a headerCarrier, and injectTraceContext writes for it what its Inject writes.
 func checkTraceContextAsThePropagator(t *testing.T, traceparent, tracestate string) {
 	t.Helper()
-	h := map[string]string{}
-	if traceparent != "" {
-		h[traceparentHeader] = traceparent
+	var got trace.SpanContext
+	for _, names := range [][2]string{{traceparentHeader, tracestateHeader}, {"TraceParent", "TRACESTATE"}} {
+		h := map[string]string{"X-Tenant": "acme"}
+		if traceparent != "" {
+			h[names[0]] = traceparent
+		}
+		if tracestate != "" {
+			h[names[1]] = tracestate
+		}
+		want := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), headerCarrier(h)))
+		got = extractTraceContext(h)
+		require.True(t, want.Equal(got), "%v: the propagator reads %v, extractTraceContext %v", h, want, got)
 	}
-	if tracestate != "" {
-		h[tracestateHeader] = tracestate
-	}
-	want := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), headerCarrier(h)))
-	got := extractTraceContext(h)
-	require.True(t, want.Equal(got), "%q %q: the propagator reads %v, extractTraceContext %v", traceparent, tracestate, want, got)
 
 	for _, sc := range []trace.SpanContext{got, got.WithRemote(false), got.WithTraceFlags(0xff), got.WithTraceState(trace.TraceState{})} {
 		wantH := propagation.MapCarrier{}
