@@ -185,7 +185,7 @@ func parseHeaders(text []byte) (map[string]string, bool) {
 	if i == len(s) || s[i] != '{' {
 		return nil, false
 	}
-	h := make(map[string]string, strings.Count(s, ":")) // at most one header a colon
+	h := make(map[string]string, min(strings.Count(s, ":"), HeadersMax)) // at most a header a colon; more than HeadersMax is refused after
 	i = skipSpace(s, i+1)
 	if i < len(s) && s[i] == '}' {
 		return h, skipSpace(s, i+1) == len(s)
