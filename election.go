@@ -231,6 +231,15 @@ func (e *polledElection) take() *heldElection {
 	return h
 }
 
+// errLockNotFreeYet is the failure of a pass that found the election taken
+// just after this relay lost it (passOpts.afterLoss), or let go of a kept one
+// it no longer trusted: most likely its own old session's lock, which the
+// server frees only as that backend exits (or a server going down that still
+// answers). Coalescing then would make a standby of this replica, leaving
+// the next wake-ups to a holder that may be gone; the loop backs off and
+// elects again.
+var errLockNotFreeYet = fmt.Errorf("%w: the election's last session ended, and its lock was not free yet; electing again at the next pass", ErrElectionLost)
+
 func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, work bool) {
 	if kept, _ := e.keeps(); kept {
 		return passResult{ran: true}, true // the kept election's pass looks for work itself
@@ -266,6 +275,8 @@ func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, 
 		return passResult{err: fmt.Errorf("relay: poll %s for work: %w", r.cfg.Table, err)}, false
 	case readOnly:
 		return passResult{err: fmt.Errorf("%w: not electing %q on it: a lock taken on a standby excludes nobody on the primary", ErrReadOnly, r.key)}, false
+	case !won && o.afterLoss:
+		return passResult{err: errLockNotFreeYet}, false
 	case !won:
 		return passResult{}, false // coalesced
 	}
@@ -292,12 +303,12 @@ func (e *polledElection) run(ctx context.Context, o passOpts) (res passResult) {
 		switch {
 		case err != nil:
 			return passResult{err: err}
-		case h == nil && lost:
+		case h == nil && (lost || o.afterLoss):
 			// Most likely the lock of the session just ended, which the
 			// server frees as its backend exits: fail rather than coalesce,
 			// so that this replica does not become a standby that leaves the
 			// next wake-ups to a holder that may be gone.
-			return passResult{err: fmt.Errorf("%w: the kept election's session ended, and its lock was not free yet; electing again at the next pass", ErrElectionLost)}
+			return passResult{err: errLockNotFreeYet}
 		case h == nil:
 			return passResult{}
 		}

@@ -30,6 +30,11 @@ type passOpts struct {
 	// its last messages has it select again at once, beside their outcomes'
 	// writes, instead of after the pass. nil: none (Run, RunIfElected).
 	wake <-chan struct{}
+	// afterLoss says the loop's last pass lost its election: a lock found
+	// taken now is most likely that election's own, whose session's backend
+	// has not exited yet (or a server going down answered), so the pass
+	// fails rather than coalesces (polledElection).
+	afterLoss bool
 }
 
 // drainMax bounds how long one pass keeps draining a backlog before it lets go

@@ -37,6 +37,9 @@ type loop struct {
 	attempted chan struct{} // closed once the listener's first LISTEN has succeeded or failed (at once without one)
 	done      chan struct{} // closed when the loop has returned: its last pass unwound
 	own       *ownSession   // the relay's own session, for the idle poll (session.go)
+	// afterLoss: the last pass lost its election, and this one, at once,
+	// elects again; only the loop's goroutine reads and writes it.
+	afterLoss bool
 }
 
 func (l *loop) stop() { l.halted.Do(func() { close(l.halt) }) }
@@ -211,7 +214,8 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 		}
 		return res.err == nil && !res.backlog && (woken || res.woken || res.processed() > 0)
 	}
-	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own, keep: keep, wake: l.wake})
+	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own, keep: keep, wake: l.wake, afterLoss: l.afterLoss})
+	l.afterLoss = false
 	switch n := r.failing(); {
 	case res.backlog && res.err == nil:
 		next = 0
@@ -222,7 +226,7 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 		// the database (a loss does not count as a failure in a row): elect
 		// again at once, so that the rows this pass took from a wake-up do
 		// not wait an Interval. A loss after a failure backs off as any other.
-		next = 0
+		next, l.afterLoss = 0, true
 	case n > 0:
 		next = min(r.cfg.Interval<<min(n-1, 16), max(r.cfg.Interval, loopBackoffMax))
 	}

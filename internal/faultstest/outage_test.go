@@ -334,14 +334,19 @@ func testOutage(t *testing.T, asyncCommit bool) {
 	// Failed passes back off: Interval (20ms) doubles with each failure in a
 	// row, so the sixth comes at least 20ms×2^4 = 320ms after the fifth.
 	var failedAt []time.Time
+	var failures []string // the log from the first failure to the sixth, for the message
 	for _, rec := range logs.records(t) {
 		if rec["msg"] == "relay: pass failed" {
 			at, err := time.Parse(time.RFC3339Nano, rec["time"].(string))
 			require.NoError(t, err)
 			failedAt = append(failedAt, at)
 		}
+		if len(failedAt) > 0 && len(failedAt) <= 6 {
+			failures = append(failures, fmt.Sprint(rec))
+		}
 	}
-	require.GreaterOrEqual(t, failedAt[5].Sub(failedAt[4]), 300*time.Millisecond, "failed passes back off")
+	require.GreaterOrEqual(t, failedAt[5].Sub(failedAt[4]), 300*time.Millisecond, "failed passes back off:\n%s",
+		strings.Join(failures, "\n"))
 	require.Equal(t, 1, logs.count(t, "relay: passes succeed again", "INFO"), "one recovery line")
 	require.Equal(t, bits.Len(uint(failed)), errorLines,
 		"Error lines for the 1st, 2nd, 4th, 8th… failure only (%d failed passes)", failed)

@@ -1,0 +1,40 @@
+package relay
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestAPassAfterALossFailsRatherThanCoalesces: right after the loop's pass
+// lost its election, the election found taken (here by another session, as
+// the lost session's backend holds it until it exits, and a server going
+// down may still say so) fails the pass with ErrElectionLost, so that the
+// replica backs off and elects again instead of becoming a standby; any
+// other pass coalesces as before. TestOutage met it under load: the poll
+// after the loss coalesced while the server went down, and the streak of
+// failures restarted in the middle of the outage.
+func TestAPassAfterALossFailsRatherThanCoalesces(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, cfg := internalConfig(t)
+	r, err := New(pool, cfg, SenderFunc("t", func(context.Context, Message) error { return nil }))
+	require.NoError(t, err)
+	holder, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, cfg.lockKey())
+	require.NoError(t, err)
+	defer func() { _, _ = holder.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1))`, cfg.lockKey()) }()
+
+	for _, kind := range []passKind{passTimed, passElected} {
+		res := r.pass(ctx, kind, passOpts{})
+		require.NoError(t, res.err, "kind %v", kind)
+		require.True(t, res.coalesced(), "kind %v: another holds the election", kind)
+
+		res = r.pass(ctx, kind, passOpts{afterLoss: true})
+		require.ErrorIs(t, res.err, ErrElectionLost, "kind %v", kind)
+		require.False(t, res.ran, "kind %v", kind)
+	}
+}
