@@ -29,7 +29,7 @@ func isTraceContext(p propagation.TextMapPropagator) bool {
 }
 
 // extractTraceContext is the span context that propagation.TraceContext's
-// Extract reads from h (through a headerCarrier, so whatever the names'
+// Extract reads from h (as a headerCarrier reads them, whatever the names'
 // case); an invalid one when traceparent is missing or malformed. A
 // malformed tracestate is dropped, and the traceparent kept, as the
 // specification asks.
