@@ -334,7 +334,7 @@ func testOutage(t *testing.T, asyncCommit bool) {
 	// Failed passes back off: Interval (20ms) doubles with each failure in a
 	// row, so the sixth comes at least 20ms×2^4 = 320ms after the fifth.
 	var failedAt []time.Time
-	var failures []string // the log from the first failure to the sixth, for the message
+	var failures []string // the log from the first failure up to the seventh, for the message
 	for _, rec := range logs.records(t) {
 		if rec["msg"] == "relay: pass failed" {
 			at, err := time.Parse(time.RFC3339Nano, rec["time"].(string))
