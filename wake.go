@@ -175,9 +175,10 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 			r.logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
 				slog.String("replica", r.presence.id))
 			return
-		case errors.Is(err, errListenUnreachable):
+		case errors.Is(err, errListenUnreachable) && r.dropsSessions(ctx):
 			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: wake-ups on commit are off: a notification to this session never came back "+
-				"(a transaction-pooling proxy?); passes run every Interval", slog.String("channel", channel), durationAttr("interval", r.cfg.Interval))
+				"(the pool does not keep its sessions: a transaction-pooling proxy); passes run every Interval",
+				slog.String("channel", channel), durationAttr("interval", r.cfg.Interval))
 			return
 		case err != nil:
 			if ctx.Err() != nil {
@@ -229,8 +230,26 @@ func (r *Relay) leavePresence(conn *pgx.Conn, pid uint32, why error) {
 	}
 }
 
-// errListenUnreachable says the listener's own notification did not come back.
-var errListenUnreachable = errors.New("relay: notifications do not reach the listening session")
+// errListenUnreachable says the listener's own notification did not come
+// back in time. Through a transaction-pooling proxy it never does; on a pool
+// that keeps its sessions it was late (a loaded server), and the listener
+// connects again, as after any other failure, rather than leave the replica
+// without wake-ups and presence for its life.
+var errListenUnreachable = fmt.Errorf("relay: the listener's own test notification did not come back within %s", listenProbeTimeout)
+
+// dropsSessions reports whether the relay's pool was found not to keep its
+// sessions (a transaction-pooling proxy), by the election's check when it has
+// one, else by the same probe; false when it keeps them or the probe could
+// not tell.
+func (r *Relay) dropsSessions(ctx context.Context) bool {
+	if r.sessions != nil {
+		return errors.Is(r.sessions.verify(ctx, r.pool, r.logger), ErrTransactionPooling)
+	}
+	cctx, cancel := context.WithTimeout(ctx, sessionCheckTimeout)
+	defer cancel()
+	_, err := probeSessions(cctx, r.pool)
+	return errors.Is(err, ErrTransactionPooling)
+}
 
 // openListener takes a connection out of the pool, LISTENs on it and checks
 // that a notification comes back (only when wake), and takes the relay's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,6 +213,61 @@ func TestWakeUpsBehindATransactionPooler(t *testing.T) {
 	require.Eventually(t, func() bool { return rec.count() == 2 }, 10*time.Second, 5*time.Millisecond, "polling delivers")
 	require.NoError(t, r.Stop(ctx))
 	require.Equal(t, 1, strings.Count(logs.String(), "wake-ups on commit are off"), "said once")
+}
+
+// lateProbe is a tracer that holds the answer to the first wake-up probe
+// (the listener's own test notification, sent on a pooled connection) until
+// the probe's deadline has passed: a server too loaded to answer the LISTEN,
+// the probe and its notification within the listener's two seconds.
+type lateProbe struct{ held atomic.Bool }
+
+type lateProbeKey struct{}
+
+func (p *lateProbe) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "pg_notify(") && p.held.CompareAndSwap(false, true) {
+		return context.WithValue(ctx, lateProbeKey{}, true)
+	}
+	return ctx
+}
+
+func (p *lateProbe) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(lateProbeKey{}) != nil {
+		<-ctx.Done()
+	}
+}
+
+// TestListenerProbeLate: on a pool that keeps its sessions, the listener's
+// own test notification comes back after its deadline (a loaded server). The
+// relay connects again, as after any failure, and then listens: the replica
+// is listed, and a commit wakes it. Before, it took a late probe for a
+// transaction-pooling proxy and, for the rest of its life, polled with
+// neither wake-ups nor presence (relayctl who and the console did not list it).
+func TestListenerProbeLate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	probe := &lateProbe{}
+	pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = probe })
+	var logs logBuffer
+	cfg := b.cfg
+	cfg.Interval = time.Hour // past its first pass, only a wake-up makes it pass
+	cfg.Logger = logs.Logger()
+	rec := newRecorder("t", nil)
+	r, err := relay.New(pool, cfg, rec)
+	require.NoError(t, err)
+	startRelay(t, r)
+
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 30*time.Second, 10*time.Millisecond,
+		"the replica is listed once its listener is back")
+	require.True(t, probe.held.Load(), "the first probe came back late")
+	require.Contains(t, logs.String(), "did not come back", "the late probe is logged")
+	require.NotContains(t, logs.String(), "wake-ups on commit are off")
+
+	_, err = relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{"n": 1}`)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return rec.count() == 1 }, 30*time.Second, 10*time.Millisecond, "a commit wakes it")
 }
 
 // TestIdleCost: three idle replicas, one statement per pass each (the idle
