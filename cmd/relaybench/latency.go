@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -44,6 +45,8 @@ var (
 	latencyDuration = flag.Duration("latency-duration", 30*time.Second, "how long the latency scenario's producer writes, per round")
 	notifyDuration  = flag.Duration("notify-duration", 5*time.Second, "how long each notify-cost run lasts")
 	latencyReplicas = flag.Int("latency-replicas", 3, "replicas of the latency scenario's app (one elected, the others standbys)")
+	latencyDump     = flag.String("latency-dump", "", "write each message of the wake-on-commit round to this file, in commit order: "+
+		"its place, its id and its latency in ms (where the slow ones lie in time; each round overwrites it)")
 )
 
 // latencyRound is one way of waking the relay.
@@ -179,7 +182,27 @@ func latencyOnce(ctx context.Context, url string, round latencyRound) ([]time.Du
 	for id, at := range committed {
 		lat = append(lat, max(sent[id].Sub(at), 0))
 	}
+	if *latencyDump != "" && round.wake && round.notify {
+		if err := dumpLatencies(*latencyDump, committed, sent); err != nil {
+			return nil, err
+		}
+	}
 	return lat, nil
+}
+
+// dumpLatencies writes each message's place in commit order, its id and its
+// latency in milliseconds, one a line.
+func dumpLatencies(path string, committed, sent map[int64]time.Time) error {
+	ids := make([]int64, 0, len(committed))
+	for id := range committed {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids) // one producer, one row a transaction: id order is commit order
+	var b strings.Builder
+	for i, id := range ids {
+		fmt.Fprintf(&b, "%d %d %.3f\n", i, id, float64(max(sent[id].Sub(committed[id]), 0))/float64(time.Millisecond))
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // notifyVariant is one way producers write in the notify-cost scenario.
