@@ -252,9 +252,9 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 // pool keeps them idle. Without it, an idle relay's polls run on its own
 // session and open none, so the first pass after the start opened them on its
 // first message's path, a new server backend each: the first message of a
-// quiet machine took 36 ms from its commit instead of 18 (docs/performance.md).
-// What cannot be opened now (a full pool, the database away) is left to that
-// pass, as before; a stop cuts it short.
+// quiet machine took 37 ms from its commit instead of 19 (medians,
+// docs/performance.md). What cannot be opened now (a full pool, the database
+// away) is left to that pass, as before; a stop cuts it short.
 func (r *Relay) warm(ctx context.Context, halt <-chan struct{}) {
 	st := r.pool.Stat()
 	n := min(warmConns, int(st.MaxConns()-st.AcquiredConns()))

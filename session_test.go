@@ -96,7 +96,8 @@ func (c *connectCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuer
 // a writer's) before its first pass, so that the first message after an idle
 // start waits for no new server backend. Before, its idle polls ran on its own
 // session and opened none, and the first message's pass opened them: on a
-// quiet machine it reached its Sender 36 ms after its commit instead of 18.
+// quiet machine it reached its Sender 37 ms after its commit instead of 19
+// (medians, docs/performance.md).
 func TestFirstMessageOpensNoConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
