@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/benchkit"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
@@ -75,22 +75,6 @@ func TestIdlePartitionedMemberOneRoundTripPerPass(t *testing.T) {
 	require.LessOrEqual(t, trips, idle+beats+1, "one round trip per idle pass, beside the presence keepalive")
 }
 
-// connectCounter counts the connections a pool opens.
-type connectCounter struct{ n atomic.Int64 }
-
-func (c *connectCounter) TraceConnectStart(ctx context.Context, _ pgx.TraceConnectStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *connectCounter) TraceConnectEnd(context.Context, pgx.TraceConnectEndData) {}
-
-func (c *connectCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return ctx
-}
-
-func (c *connectCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // TestFirstMessageOpensNoConnection: a started relay opens the pooled
 // connections its first message's path takes (the election's, the select's,
 // a writer's) before its first pass, so that the first message after an idle
@@ -102,8 +86,8 @@ func TestFirstMessageOpensNoConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
-	var connects connectCounter
-	pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 6, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = &connects })
+	var trips benchkit.Tracer
+	pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 6, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = &trips })
 	var passes passCounter
 	cfg := b.cfg
 	cfg.Observer = &passes
@@ -113,9 +97,9 @@ func TestFirstMessageOpensNoConnection(t *testing.T) {
 	startRelay(t, r)
 	require.Eventually(t, func() bool { return passes.n.Load() >= 2 }, 30*time.Second, 10*time.Millisecond, "idle passes")
 
-	before := connects.n.Load()
+	before := trips.Connects.Load()
 	_, err = relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{"n": 1}`)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return rec.count() == 1 }, 30*time.Second, 10*time.Millisecond)
-	require.Equal(t, before, connects.n.Load(), "the first message's pass opened no connection")
+	require.Equal(t, before, trips.Connects.Load(), "the first message's pass opened no connection")
 }

@@ -25,11 +25,12 @@ import (
 )
 
 // Tracer is a pgx tracer that counts what a pool's connections send:
-// queries, batches and prepares. Each query and each batch is one round trip
-// (a cached prepared statement is one Bind/Execute/Sync). OnQuery, if set, is
-// called at the start of every query, OnBatch at the start of every batch.
+// queries, batches and prepares, and the connections the pool opens. Each
+// query and each batch is one round trip (a cached prepared statement is one
+// Bind/Execute/Sync). OnQuery, if set, is called at the start of every query,
+// OnBatch at the start of every batch.
 type Tracer struct {
-	Queries, Batches, Prepares atomic.Int64
+	Queries, Batches, Prepares, Connects atomic.Int64
 
 	OnQuery func(pgx.TraceQueryStartData)
 	OnBatch func()
@@ -60,6 +61,11 @@ func (t *Tracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.Trace
 	return ctx
 }
 func (t *Tracer) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+func (t *Tracer) TraceConnectStart(ctx context.Context, _ pgx.TraceConnectStartData) context.Context {
+	t.Connects.Add(1)
+	return ctx
+}
+func (t *Tracer) TraceConnectEnd(context.Context, pgx.TraceConnectEndData) {}
 
 // Pool opens a pool of at most maxConns connections to url, its sessions
 // named name (application_name; "" keeps the URL's), then changed by each
