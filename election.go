@@ -347,9 +347,17 @@ func (e *polledElection) end(ctx context.Context) {
 // lasts between passes; otherwise each pass joins and leaves.
 type memberElection struct{ m *membership }
 
-func (memberElection) waits() bool                                       { return false }
-func (memberElection) keeps() (bool, time.Duration)                      { return false, 0 }
-func (memberElection) poll(context.Context, passOpts) (passResult, bool) { return passResult{}, true }
+func (memberElection) waits() bool                  { return false }
+func (memberElection) keeps() (bool, time.Duration) { return false, 0 }
+
+// poll is idleCheck: after an idle pass that rebalanced, the next timer pass
+// looks for work on the relay's own session and is over when it finds none.
+func (e *memberElection) poll(ctx context.Context, o passOpts) (passResult, bool) {
+	if e.m.idleCheck(ctx, o.own) {
+		return passResult{}, true
+	}
+	return passResult{ran: true}, false
+}
 
 func (e *memberElection) begin() {
 	e.m.turn.Lock()

@@ -39,6 +39,17 @@ func KeepElectionForTest(r *Relay, idle time.Duration) {
 	panic("relay: KeepElectionForTest: not the relay's own election")
 }
 
+// IdleCheckNextForTest reports whether r's partitioned membership will look
+// for work on the relay's own session at its next timer pass, instead of
+// rebalancing (membership.idleCheck): its last pass was an idle one that
+// rebalanced.
+func IdleCheckNextForTest(r *Relay) bool {
+	m := r.election.(*memberElection).m
+	m.turn.Lock()
+	defer m.turn.Unlock()
+	return m.idle
+}
+
 // RetryBackoffMaxForTest is the cap of the wait before an ERROR row is retried.
 const RetryBackoffMaxForTest = retryBackoffMax
 
@@ -71,6 +82,3 @@ func MissTransactionPoolingForTest(r *Relay) {
 	defer r.sessions.mu.Unlock()
 	r.sessions.miss = true
 }
-
-// PresenceBeatForTest is how often an idle relay's own session is kept alive.
-const PresenceBeatForTest = presenceBeat

@@ -242,7 +242,7 @@ func (g *PostgresGuard) elect(ctx context.Context, key string) (*heldElection, e
 	}
 	h := &heldElection{g: g, key: key, conn: conn, sess: sess}
 	h.lost, h.loseWith = context.WithCancelCause(context.Background())
-	h.w = startWatch(conn.Conn().PgConn(), sess.pid, won, won, replicaOf(ctx), h.loseWith)
+	h.w = startWatch(conn.Conn().PgConn(), sess.pid, won, won, guardHeartbeat, replicaOf(ctx), h.loseWith)
 	return h, nil
 }
 

@@ -29,6 +29,15 @@ const (
 	// stops at least guardLease - guardLeaseTrusted (3 s) before it.
 	guardLeaseTrusted = 7 * time.Second
 
+	// idleHeartbeat is the keepalive of a session that holds locks while
+	// nothing runs under them: the relay's own session (presence.go), and a
+	// partitioned member's between idle passes (partitions.go). It is longer
+	// than two Intervals of the default 1 s: an idle member's timer passes
+	// look for work on these two sessions in turn, one round trip each, and
+	// each of those is the session's keepalive, so that neither needs one of
+	// its own.
+	idleHeartbeat = 3 * time.Second
+
 	// TCP keepalives and tcp_user_timeout of the lock session on PostgreSQL
 	// 13, which has no idle_session_timeout: about guardLease to end a
 	// partitioned holder on a direct connection (not a frozen one, nor one
@@ -88,11 +97,13 @@ func leaseValid(ctx context.Context) error {
 
 // watch owns the lock's connection while the job runs. It blocks reading it, so
 // the server's FATAL message when the session is terminated (or the socket's
-// end) arrives at once, and every guardHeartbeat it checks the session answers
+// end) arrives at once, and every guardHeartbeat (idleHeartbeat between an
+// idle member's passes) it checks the session answers
 // as the same backend, which renews the lease on both sides.
 type watch struct {
 	conn  *pgconn.PgConn
 	pid   uint32
+	every time.Duration // the heartbeat's period: guardHeartbeat, or idleHeartbeat
 	lease *lease
 	beat  string      // the heartbeat, marked with the election's start
 	lost  func(error) // called once, with why, when the session is lost
@@ -106,9 +117,10 @@ type watch struct {
 
 // startWatch watches conn, the session of backend pid that holds the
 // election since won, with a lease from answered, when the session last
-// answered a statement sent then. Its heartbeat names replica (markReplica).
-func startWatch(conn *pgconn.PgConn, pid uint32, won, answered time.Time, replica string, lost func(error)) *watch {
-	w := &watch{conn: conn, pid: pid, lease: newLease(answered), lost: lost, done: make(chan struct{}),
+// answered a statement sent then, and a heartbeat every every. Its heartbeat
+// names replica (markReplica).
+func startWatch(conn *pgconn.PgConn, pid uint32, won, answered time.Time, every time.Duration, replica string, lost func(error)) *watch {
+	w := &watch{conn: conn, pid: pid, every: every, lease: newLease(answered), lost: lost, done: make(chan struct{}),
 		beat: markReplica(heartbeatSQL(won), replica)}
 	go w.run()
 	return w
@@ -126,7 +138,7 @@ func (w *watch) run() {
 			return
 		}
 		w.reading = true
-		_ = w.conn.Conn().SetReadDeadline(time.Now().Add(guardHeartbeat))
+		_ = w.conn.Conn().SetReadDeadline(time.Now().Add(w.every))
 		w.mu.Unlock()
 
 		err := w.conn.WaitForNotification(context.Background())

@@ -30,4 +30,10 @@ func TestLeaseClocks(t *testing.T) {
 
 	require.Less(t, guardLeaseTrusted+time.Second, guardLease, "the holder stops well before the server frees the lock")
 	require.Less(t, guardHeartbeat+guardHeartbeatTimeout, guardLease)
+	// An idle session's keepalive, late by its whole timeout, still comes
+	// before the server ends the session; and it is longer than two of the
+	// default Intervals, so that an idle member's passes, taking the two
+	// sessions in turn, stand for both keepalives.
+	require.Less(t, idleHeartbeat+guardHeartbeatTimeout, guardLease)
+	require.Greater(t, idleHeartbeat, 2*intervalDefault+500*time.Millisecond)
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -47,8 +48,13 @@ import (
 //
 // In the same round trip, the loop's member asks whether the partitions it
 // held before have anything to deliver (partitionWork): when they have not,
-// and its share is the same, the pass ends there, so that an idle member
-// makes one round trip per Interval on its membership's session.
+// and its share is the same, the pass ends there. The loop's next timer pass
+// then asks the same on the relay's own session and does not rebalance
+// (idleCheck), the one after rebalances again, and so on: an idle member
+// makes one round trip per pass, and each of its two sessions, the
+// membership's and the relay's own (presence), gets one every other pass,
+// which stands for its keepalive. An idle member thus rebalances every other
+// Interval; a woken pass always rebalances first.
 //
 // A member lets go of a partition only between passes, with nothing of it
 // in flight, and another takes it at its own next rebalance: at most one
@@ -74,6 +80,12 @@ type membership struct {
 	// stay keeps the membership between passes: set while the loop runs.
 	// Without it, each RunIfElected joins, passes and leaves.
 	stay bool
+	// idle: the last pass was an idle one of the loop's, which rebalanced;
+	// the next timer pass looks for work on the relay's own session instead
+	// (idleCheck).
+	idle bool
+	// left is the election's state as the last rebalance left it.
+	left partitionLook
 
 	// announced logs each condition that keeps partitions unheld once per streak.
 	announced string
@@ -111,7 +123,8 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 	if m.stay && len(before) > 0 {
 		check = m.r.repo.partitionWork(m.r.cfg.MaxAttempts, m.r.types, m.n, before)
 	}
-	st, err := m.rebalance(ctx, check)
+	m.idle = false
+	st, idle, err := m.rebalance(ctx, check, before)
 	if err != nil {
 		return false, err
 	}
@@ -121,8 +134,9 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 		return false, nil
 	}
 	m.r.stats.setPartitions(m.held)
-	if check != nil && check.ran && !check.work && slices.Equal(before, m.held) {
-		return true, nil // an idle pass: nothing waits in the partitions it held, and holds
+	if idle {
+		m.idle = true // the next timer pass looks on the relay's own session (idleCheck)
+		return true, nil
 	}
 
 	pctx, cancel := context.WithCancelCause(ctx)
@@ -140,6 +154,50 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 	}()
 	pctx = context.WithValue(pctx, leaseKey{}, m.w.lease)
 	return true, fn(pctx, m.held)
+}
+
+// idleCheck is the loop's timer pass after an idle pass that rebalanced: it
+// looks for work in this member's partitions on the relay's own session
+// (session.go), in one round trip that is that session's keepalive too, and
+// does not rebalance; the pass after it does. So an idle member's timer passes
+// take its two sessions in turn, each pass one round trip, and each session's
+// round trip every other pass stands for its keepalive (idleHeartbeat). It
+// looks at the election's state in the same round trip too. It reports
+// whether the pass goes on, to the rebalance: the check found work, or could
+// not run (no own session, a failure); the election is not as the last
+// rebalance left it (a member came or went, a partition was let go of, an
+// exclusive request waits); the watch lost the membership meanwhile; or the
+// last pass was not such an idle one.
+func (m *membership) idleCheck(ctx context.Context, own *ownSession) (work bool) {
+	m.turn.Lock()
+	defer m.turn.Unlock()
+	if !m.idle || !m.stay || m.conn == nil || len(m.held) == 0 {
+		return true
+	}
+	m.idle = false // the next timer pass rebalances
+	m.mu.Lock()
+	lost := m.lost
+	m.mu.Unlock()
+	if lost != nil {
+		return true
+	}
+	r := m.r
+	check := r.repo.partitionWork(r.cfg.MaxAttempts, r.types, m.n, m.held)
+	var look partitionLook
+	cctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+	defer cancel()
+	err := own.do(cctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+		var got uint32
+		var err error
+		look, got, err = idleLookStatement(ctx, conn, r.presence.mark, check, r.key, m.n)
+		if err == nil && got != pid {
+			err = errPresenceMoved
+		}
+		return err
+	})
+	// A member came or went, a partition was let go of, or a pause waits:
+	// the rebalance takes it into account now, as it would have.
+	return err != nil || !check.ran || check.work || look != m.left
 }
 
 // join tries the shared hold of the app's key on a connection of its own.
@@ -183,13 +241,14 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 }
 
 // rebalance takes free partitions up to this member's share and lets go of
-// those above it (see the top of the file). The watch is paused while it
-// runs; a failure ends the membership.
-func (m *membership) rebalance(ctx context.Context, check *workCheck) (partitionState, error) {
+// those above it (see the top of the file), and reports whether the pass is
+// idle: check found nothing in the partitions held before, which it still
+// holds. The watch is paused while it runs; a failure ends the membership.
+func (m *membership) rebalance(ctx context.Context, check *workCheck, before []int) (_ partitionState, idle bool, err error) {
 	r := m.r
 	if err := m.pause(); err != nil {
 		m.drop(err)
-		return partitionState{}, err
+		return partitionState{}, false, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
@@ -197,14 +256,14 @@ func (m *membership) rebalance(ctx context.Context, check *workCheck) (partition
 	st, err := rebalanceStatement(withReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start, m.sess.pid, check)
 	if err != nil {
 		m.drop(err)
-		return partitionState{}, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)
+		return partitionState{}, false, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)
 	}
 	m.held = st.held
 	var release []int
 	switch floor, ceil := m.n/st.members, (m.n+st.members-1)/st.members; {
 	case st.waiter:
 		m.leave(ctx)
-		return st, nil
+		return st, false, nil
 	case len(m.held) > ceil:
 		release = m.held[ceil:]
 	case len(m.held) > floor && st.fewest < floor:
@@ -218,12 +277,20 @@ func (m *membership) rebalance(ctx context.Context, check *workCheck) (partition
 		}
 		if err != nil {
 			m.drop(err)
-			return partitionState{}, fmt.Errorf("relay: release partitions %v of %q: %w", release, r.key, err)
+			return partitionState{}, false, fmt.Errorf("relay: release partitions %v of %q: %w", release, r.key, err)
 		}
 		m.held = slices.Clone(m.held[:len(m.held)-len(release)])
 	}
-	m.resume(sent)
-	return st, nil
+	m.left = partitionLook{members: st.members, held: st.others + len(m.held)}
+	idle = check != nil && check.ran && !check.work && slices.Equal(before, m.held)
+	// Between idle passes the watch's heartbeat waits idleHeartbeat, past the
+	// next rebalance; a pass that delivers runs under the election's.
+	every := guardHeartbeat
+	if idle {
+		every = idleHeartbeat
+	}
+	m.resume(sent, every)
+	return st, idle, nil
 }
 
 // pause stops the watch, so that this goroutine can use the session, and
@@ -238,12 +305,12 @@ func (m *membership) pause() error {
 }
 
 // resume watches the session again, with a lease from at, when the session
-// last answered.
-func (m *membership) resume(at time.Time) {
+// last answered, and a heartbeat every every.
+func (m *membership) resume(at time.Time, every time.Duration) {
 	if m.conn == nil || m.w != nil {
 		return
 	}
-	m.w = startWatch(m.conn.Conn().PgConn(), m.sess.pid, m.since, at, m.r.presence.id, func(err error) {
+	m.w = startWatch(m.conn.Conn().PgConn(), m.sess.pid, m.since, at, every, m.r.presence.id, func(err error) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.lost = err

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,6 +186,73 @@ func TestPartitionsShareOut(t *testing.T) {
 		}
 	}
 	require.Equal(t, len(replicas), delivering, "every replica delivered its partitions' rows")
+}
+
+// passPartitions is an Observer that records, for each pass of its relay,
+// when it started and how many partitions the relay held when it ended.
+type passPartitions struct {
+	r      atomic.Pointer[relay.Relay]
+	mu     sync.Mutex
+	passes []passHeld
+}
+
+type passHeld struct {
+	start time.Time
+	held  int
+}
+
+func (p *passPartitions) PassDone(rep relay.PassReport) {
+	if r := p.r.Load(); r != nil {
+		held := len(r.Stats().Partitions)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.passes = append(p.passes, passHeld{start: time.Now().Add(-rep.Duration), held: held})
+	}
+}
+
+func (p *passPartitions) MessageDone(relay.MessageReport) {}
+
+// firstAfter returns the first pass that started after t, once one has ended.
+func (p *passPartitions) firstAfter(t time.Time) (passHeld, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, ph := range p.passes {
+		if ph.start.After(t) {
+			return ph, true
+		}
+	}
+	return passHeld{}, false
+}
+
+// TestPartitionsIdleMemberTakesFreedAtItsNextPass: an idle member's timer
+// passes rebalance every other pass, and look for work on the relay's own
+// session in between; that look sees the election too, so partitions a
+// member let go of are taken at the very next pass, as when every pass
+// rebalanced. Here the next pass is such a look when the other member stops.
+func TestPartitionsIdleMemberTakesFreedAtItsNextPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := partitionedConfig(b, 4)
+	cfg.Interval = time.Second // a wide window between the look and the stop
+	var passes passPartitions
+	acfg := cfg
+	acfg.Observer = &passes
+	a := b.startReplica(t, "a", acfg, newRecorder("t", nil))
+	passes.r.Store(a.r)
+	other := b.startReplica(t, "b", cfg, newRecorder("t", nil))
+	require.Eventually(t, func() bool { return settled([]*replica{a, other}, 4) }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return relay.IdleCheckNextForTest(a.r) }, 30*time.Second, 10*time.Millisecond,
+		"a's next timer pass looks instead of rebalancing")
+
+	require.NoError(t, other.r.Stop(context.Background()))
+	stopped := time.Now()
+	var next passHeld
+	require.Eventually(t, func() bool {
+		var ok bool
+		next, ok = passes.firstAfter(stopped)
+		return ok
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, 4, next.held, "the first pass after the stop took the partitions let go of")
 }
 
 // TestPartitionsExcludeJVM: a JVM relay's exclusive hold of the app's key

@@ -45,9 +45,10 @@ import (
 // lets go of the locks before it returns; a reconnected listener takes them
 // again.
 
-// Timings of presence: the lease of the election (lease.go).
+// Timings of presence: the lease of the election, and the keepalive of a
+// session that holds locks for nothing in flight (lease.go).
 const (
-	presenceBeat  = guardHeartbeat
+	presenceBeat  = idleHeartbeat
 	presenceLease = guardLease
 )
 

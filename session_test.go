@@ -22,9 +22,9 @@ func (c *passCounter) MessageDone(relay.MessageReport) {}
 
 // idleRoundTrips starts a relay of cfg (its Interval 1.1 s: past pgxpool's
 // 1s, so that a pooled statement would be pinged first) behind a proxy that
-// counts round trips to the server, and returns how many it made over four
-// idle passes past its start, and for how long.
-func idleRoundTrips(t *testing.T, cfg relay.Config) (trips, idle int64, took time.Duration) {
+// counts round trips to the server, and returns how many it made over n
+// idle passes past its start.
+func idleRoundTrips(t *testing.T, cfg relay.Config, n int64) (trips, idle int64) {
 	t.Helper()
 	proxy, via, err := pgserver.ProxyURL(server().URL)
 	require.NoError(t, err)
@@ -35,11 +35,13 @@ func idleRoundTrips(t *testing.T, cfg relay.Config) (trips, idle int64, took tim
 	r, err := relay.New(pgserver.Pool(t, via, pgserver.Name(t), 4), cfg, newRecorder("t", nil))
 	require.NoError(t, err)
 	startRelay(t, r)
-	// Past the start (the listener's LISTEN and probe, presence, the first pass).
-	require.Eventually(t, func() bool { return passes.n.Load() >= 2 }, 30*time.Second, 10*time.Millisecond)
-	trips0, passes0, start := proxy.RoundTrips(), passes.n.Load(), time.Now()
-	require.Eventually(t, func() bool { return passes.n.Load() >= passes0+4 }, 60*time.Second, 10*time.Millisecond)
-	return proxy.RoundTrips() - trips0, passes.n.Load() - passes0, time.Since(start)
+	// Past the start: the listener's LISTEN and probe, presence, the first
+	// pass, and the first of each idle statement, which pgx prepares (its
+	// own round trip, once per session).
+	require.Eventually(t, func() bool { return passes.n.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
+	trips0, passes0 := proxy.RoundTrips(), passes.n.Load()
+	require.Eventually(t, func() bool { return passes.n.Load() >= passes0+n }, 60*time.Second, 10*time.Millisecond)
+	return proxy.RoundTrips() - trips0, passes.n.Load() - passes0
 }
 
 // TestIdleReplicaOneRoundTripPerInterval counts, with a proxy in front of the
@@ -49,7 +51,7 @@ func idleRoundTrips(t *testing.T, cfg relay.Config) (trips, idle int64, took tim
 // presence keepalive beside it.
 func TestIdleReplicaOneRoundTripPerInterval(t *testing.T) {
 	t.Parallel()
-	trips, idle, _ := idleRoundTrips(t, setup(t).cfg)
+	trips, idle := idleRoundTrips(t, setup(t).cfg, 4)
 	t.Logf("%d round trips over %d idle passes", trips, idle)
 	// The count may catch one poll of the next pass already on its way.
 	require.LessOrEqual(t, trips, idle+1, "one round trip per idle pass")
@@ -57,22 +59,23 @@ func TestIdleReplicaOneRoundTripPerInterval(t *testing.T) {
 
 // TestIdlePartitionedMemberOneRoundTripPerPass: an idle member of the
 // partitioned election (Partitions 16, the only member, so every partition is
-// its) makes one round trip to the server per pass: its rebalance, which asks
-// in the same round trip whether its partitions have anything to deliver, and
-// then no select, nor the ping pgxpool makes of a connection idle over a
-// second. Beside it, the presence keepalive of its own session every
-// presenceBeat, which an idle single-key replica's poll stands for (the
-// member's rebalance runs on the membership's session, not that one). Before:
-// 14 round trips over 4 idle passes.
+// its) makes one round trip to the server per pass, its two sessions in turn:
+// its rebalance on the membership's session, which asks in the same round
+// trip whether its partitions have anything to deliver, then that question
+// alone on the relay's own session (presence), and so on. Each stands for its
+// session's keepalive, and there is no select, nor the ping pgxpool makes of
+// a connection idle over a second. Before: 14 round trips over 4 idle passes;
+// then 6 (the rebalance every pass, and the presence keepalive every 2 s).
 func TestIdlePartitionedMemberOneRoundTripPerPass(t *testing.T) {
 	t.Parallel()
 	cfg := setup(t).cfg
 	cfg.Partitions = 16
-	trips, idle, took := idleRoundTrips(t, cfg)
-	beats := int64(took/relay.PresenceBeatForTest) + 1
-	t.Logf("%d round trips over %d idle passes (%d presence keepalives at most)", trips, idle, beats)
-	// The count may catch one rebalance of the next pass already on its way.
-	require.LessOrEqual(t, trips, idle+beats+1, "one round trip per idle pass, beside the presence keepalive")
+	// Eight passes: long enough for a keepalive of either session (every
+	// idleHeartbeat, 3 s) to be counted if a pass did not stand for it.
+	trips, idle := idleRoundTrips(t, cfg, 8)
+	t.Logf("%d round trips over %d idle passes", trips, idle)
+	// The count may catch one round trip of the next pass already on its way.
+	require.LessOrEqual(t, trips, idle+1, "one round trip per idle pass")
 }
 
 // TestFirstMessageOpensNoConnection: a started relay opens the pooled

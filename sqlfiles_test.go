@@ -176,7 +176,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 		}
 	}
 	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL, sessionLocksHeldSQL,
-		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
+		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, partitionLookSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
 		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, tableIndexesSQL)
 	pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
 	failedState, three := pgtype.Text{String: statusError, Valid: true}, pgtype.Int8{Int64: 3, Valid: true}
@@ -209,6 +209,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 				_, _ = r.states(ctx, q, []int64{1})
 				_, _, _, _, _ = r.poll(ctx, q, "", 3, []string{"t"}, "app")
 				_, _ = rebalanceStatement(ctx, q, "app", 4, 1, 7, r.partitionWork(3, []string{"t"}, 4, []int{1}))
+				_, _, _ = idleLookStatement(ctx, q, "", r.partitionWork(3, []string{"t"}, 4, []int{1}), "app", 4)
 				_, _ = r.probe(ctx, q)
 			}
 		}

@@ -75,6 +75,7 @@ func sessionLocksHeld(ctx context.Context, db querier, pid uint32) (held bool, e
 var (
 	markSQL              = statements.positional("partitionMark", sqlData{})
 	partitionConfigSQL   = statements.positional("partitionConfig", sqlData{})
+	partitionLookSQL     = statements.positional("partitionLook", sqlData{})
 	rebalanceSQL         = statements.named("rebalance", sqlData{})
 	releasePartitionsSQL = statements.named("releasePartitions", sqlData{})
 )
@@ -85,8 +86,18 @@ type partitionState struct {
 	foreignN int  // 0, or the count of partitions held with another N
 	waiter   bool // an exclusive request waits for the app's key
 	fewest   int  // the fewest partitions a member holds
+	others   int  // how many partitions of this N the other members hold
 	held     []int
 	excluded bool // (join) an exclusive holder keeps this replica out
+}
+
+// partitionLook is the election's state as an idle member sees it between
+// two rebalances (partitionLookSQL): while it is what the last rebalance
+// left, another would change nothing.
+type partitionLook struct {
+	members int  // members running with this N
+	held    int  // partitions of this N held, by any member
+	waiter  bool // an exclusive request waits for the app's key
 }
 
 // workCheck is a statement sent in the rebalance's round trip, after it: is
@@ -114,7 +125,7 @@ func rebalanceStatement(ctx context.Context, db querier, key string, n, start in
 	b.Queue(markReplica(partitionConfigSQL, replicaOf(ctx)), key)
 	b.Queue(markReplica(rebalanceSQL.sql, replicaOf(ctx)), rebalanceSQL.args(map[string]any{"key": key, "n": n, "start": start, "pid": pid})...).
 		QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&ran, &st.members, &foreign, &st.waiter, &st.fewest, &held)
+			err := row.Scan(&ran, &st.members, &foreign, &st.waiter, &st.fewest, &st.others, &held)
 			rebalanced = err == nil
 			return err
 		})
@@ -142,6 +153,26 @@ func rebalanceStatement(ctx context.Context, db querier, key string, n, start in
 	}
 	slices.Sort(st.held)
 	return st, nil
+}
+
+// idleLookStatement is an idle member's look between two of its rebalances,
+// on the relay's own session (membership.idleCheck): check, then the
+// election's state (partitionLookSQL), then the presence keepalive, in one
+// round trip. All three carry mark, the presence comment Admin reads from the
+// session's statement. It sets check's answer, and returns the state and the
+// backend that answered.
+func idleLookStatement(ctx context.Context, db querier, mark string, check *workCheck, key string, n int) (look partitionLook, pid uint32, err error) {
+	b := &pgx.Batch{}
+	b.Queue(mark+check.sql, check.args...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&check.work)
+		check.ran = err == nil
+		return err
+	})
+	b.Queue(mark+partitionLookSQL, key, n).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&look.members, &look.held, &look.waiter)
+	})
+	b.Queue(mark + presenceBeatSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&pid) })
+	return look, pid, db.SendBatch(ctx, b).Close()
 }
 
 // releasePartitionsStatement releases the partitions release of n, and the

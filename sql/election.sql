@@ -105,11 +105,11 @@ CASE WHEN pg_backend_pid() <> @pid::int AND EXISTS (SELECT 1 FROM pg_locks
 -- member holds after it took free ones, up to its share, ceil(@n / members),
 -- starting from @start so that members spread, and none while a member holds
 -- fewer than floor(@n / members) and this one does not: those are left for
--- it. It takes nothing unless it runs on the membership's backend @pid; its
--- first column says where it ran. pg_locks is read before any lock is tried
+-- it; and how many partitions of @n others hold. It takes nothing unless it
+-- runs on the membership's backend @pid; its first column says where it ran. pg_locks is read before any lock is tried
 -- (the lateral row comes first), and the CASE keeps a partition this session
 -- holds from being locked twice (session locks stack).
-{{template "electionMark"}} SELECT pg_backend_pid(), st.members, st.foreign_n, st.waiter, st.fewest, st.mine || coalesce((
+{{template "electionMark"}} SELECT pg_backend_pid(), st.members, st.foreign_n, st.waiter, st.fewest, cardinality(st.taken), st.mine || coalesce((
     SELECT array_agg(x.p) FROM (
       SELECT c.p FROM (SELECT (@start::int + g) % @n::int AS p FROM generate_series(0, @n::int - 1) g) c
       WHERE CASE WHEN pg_backend_pid() <> @pid::int OR st.foreign_n IS NOT NULL OR st.waiter OR c.p = ANY(st.taken) OR c.p = ANY(st.mine) THEN false
@@ -117,13 +117,7 @@ CASE WHEN pg_backend_pid() <> @pid::int AND EXISTS (SELECT 1 FROM pg_locks
       LIMIT CASE WHEN cardinality(st.mine) >= @n::int / st.members AND st.fewest < @n::int / st.members THEN 0
         ELSE greatest((@n::int + st.members - 1) / st.members - cardinality(st.mine), 0) END) x), '{}')
 FROM (
-  WITH l AS (SELECT pid, mode, granted, objsubid, classid, objid::bigint AS objid FROM pg_locks
-      WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
-    app AS (SELECT * FROM l WHERE objsubid = 1
-      AND classid = ((hashtext(@key)::bigint >> 32) & 4294967295)::oid
-      AND objid = hashtext(@key)::bigint & 4294967295),
-    mine AS (SELECT * FROM l WHERE granted AND objsubid = 2 AND classid = (hashtext(@key)::bigint & 4294967295)::oid
-      AND objid <> 4294967295),
+  {{template "partitionLocks"}},
     marks AS (SELECT DISTINCT pid FROM mine WHERE objid & 65535 = 65535 AND objid >> 16 = @n::int
       UNION SELECT pg_backend_pid()),
     parts AS (SELECT pid, (objid >> 16)::int AS n, (objid & 65535)::int AS p FROM mine WHERE objid & 65535 <> 65535)
@@ -135,6 +129,30 @@ FROM (
     (SELECT coalesce(array_agg(p), '{}') FROM parts WHERE n = @n::int AND pid <> pg_backend_pid()) AS taken,
     (SELECT coalesce(array_agg(p ORDER BY p), '{}') FROM parts WHERE n = @n::int AND pid = pg_backend_pid()) AS mine
   OFFSET 0) st
+
+-- name: partitionLocks
+-- A fragment: the partitioned election @key's advisory locks in this
+-- database (l), the app key's holders and requests (app), and the granted
+-- two-int locks of the election (mine): the member marks (second int
+-- @n << 16 | 65535) and partitions (@n << 16 | p), which hold with count @n.
+WITH l AS (SELECT pid, mode, granted, objsubid, classid, objid::bigint AS objid FROM pg_locks
+      WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+    app AS (SELECT * FROM l WHERE objsubid = 1
+      AND classid = ((hashtext(@key)::bigint >> 32) & 4294967295)::oid
+      AND objid = hashtext(@key)::bigint & 4294967295),
+    mine AS (SELECT * FROM l WHERE granted AND objsubid = 2 AND classid = (hashtext(@key)::bigint & 4294967295)::oid
+      AND objid <> 4294967295)
+
+-- name: partitionLook @key @n
+-- An idle member's look at the election between two of its rebalances, from
+-- the relay's own session, which holds none of its locks: how many members
+-- run with @n (their marks), how many partitions of @n are held, and whether
+-- an exclusive request waits for the app's key. While these are what its last
+-- rebalance left, another would change nothing.
+{{template "partitionLocks"}}
+SELECT (SELECT count(DISTINCT pid)::int FROM mine WHERE objid & 65535 = 65535 AND objid >> 16 = @n::int),
+  (SELECT count(*)::int FROM mine WHERE objid & 65535 <> 65535 AND objid >> 16 = @n::int),
+  EXISTS (SELECT 1 FROM app WHERE NOT granted AND mode = 'ExclusiveLock')
 
 -- name: releasePartitions
 -- Lets go of the partitions @release of @n, and of the member mark too when
