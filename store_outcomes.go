@@ -67,17 +67,26 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 }
 
 // staleOf reads the ids a grouped outcome returned, and returns those of ids
-// it did not: the rows whose fence found them moved on.
+// it did not: the rows whose fence found them moved on. The statement returns
+// only ids of ids, each once, so when it returned as many as ids none is
+// stale: the common case builds no set.
 func staleOf(rows pgx.Rows, ids []int64) (map[int64]bool, error) {
-	recorded, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
+	recorded := make([]int64, 0, len(ids))
+	var id int64
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+		recorded = append(recorded, id)
+		return nil
+	}); err != nil {
 		return nil, err
 	}
-	stale := make(map[int64]bool, len(ids)-len(recorded))
+	if len(recorded) == len(ids) {
+		return nil, nil
+	}
 	done := make(map[int64]bool, len(recorded))
 	for _, id := range recorded {
 		done[id] = true
 	}
+	stale := make(map[int64]bool, len(ids)-len(recorded))
 	for _, id := range ids {
 		if !done[id] {
 			stale[id] = true

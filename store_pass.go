@@ -168,20 +168,24 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 	b.Queue(sql.sql, args...).Query(func(rows pgx.Rows) error {
 		f.rows = make([]row, 0, min(a.limit, 1024))
 		budget := a.maxBytes
+		// The scan's targets, once per batch: handed to Scan as pointers, they
+		// live on the heap, and a row's own copy goes into f.rows (pgx gives
+		// each row's bytes a slice of their own).
+		var (
+			m       row
+			typ     string
+			key     pgtype.Text
+			created pgtype.Timestamptz
+			stored  pgtype.Int4
+			payload []byte
+			headers []byte
+		)
+		dest := []any{&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload, &headers}
+		if !a.headers {
+			dest = dest[:len(dest)-1]
+		}
 		for rows.Next() {
-			var (
-				m       row
-				typ     string
-				key     pgtype.Text
-				created pgtype.Timestamptz
-				stored  pgtype.Int4
-				payload []byte
-				headers []byte
-			)
-			dest := []any{&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload}
-			if a.headers {
-				dest = append(dest, &headers)
-			}
+			m, created, headers = row{}, pgtype.Timestamptz{}, nil
 			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
