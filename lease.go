@@ -98,8 +98,8 @@ func leaseValid(ctx context.Context) error {
 // watch owns the lock's connection while the job runs. It blocks reading it, so
 // the server's FATAL message when the session is terminated (or the socket's
 // end) arrives at once, and every guardHeartbeat (idleHeartbeat between an
-// idle member's passes) it checks the session answers
-// as the same backend, which renews the lease on both sides.
+// idle member's passes) it checks the session answers as the same backend,
+// which renews the lease on both sides.
 type watch struct {
 	conn  *pgconn.PgConn
 	pid   uint32
