@@ -99,98 +99,23 @@ func senderType(s Sender) (typ string, err error) {
 // sendGrace is how long a sender whose context ended may take to return.
 const sendGrace = 100 * time.Millisecond
 
-// send calls s.Send under SendTimeout on a goroutine of its own, so that a
-// panic becomes an error and a sender that ignores its context cannot hold
-// the pass past SendTimeout: such a sender is abandoned, and the log says so.
-// What it returns is made safe to use with sendFailure. The goroutine is the
-// caller's, reused from one message to the next; nil makes one for this send.
-func (r *Relay) send(ctx context.Context, c *caller, s Sender, m Message) error {
-	sctx, cancel := context.WithTimeoutCause(ctx, r.cfg.SendTimeout, r.sendTimedOut)
-	defer cancel()
-	if c == nil {
-		c = r.newCaller()
-		defer c.close()
-	}
-	if c.jobs == nil { // abandoned: its goroutine is still in a Send
-		c.start()
-	}
-	c.jobs <- sendJob{ctx: sctx, s: s, m: m}
-	select {
-	case err := <-c.done:
-		return err
-	case <-sctx.Done():
-		select {
-		case err := <-c.done: // it answered just in time
-			return err
-		case <-time.After(sendGrace):
-		}
-		r.logger.LogAttrs(ctx, slog.LevelError, "relay: sender did not return after its context ended; abandoned",
-			slog.Int64("id", m.ID), slog.String("type", m.Type))
-		c.abandon()
-		return context.Cause(sctx)
-	}
-}
-
-// caller is the goroutine a worker's sends run on, kept from one message to
-// the next rather than started for each.
-type caller struct {
-	r    *Relay
-	jobs chan sendJob
-	done chan error
-}
-
-type sendJob struct {
-	ctx context.Context
-	s   Sender
-	m   Message
-}
-
-func (r *Relay) newCaller() *caller {
-	c := &caller{r: r}
-	c.start()
-	return c
-}
-
-func (c *caller) start() {
-	jobs, done := make(chan sendJob), make(chan error, 1)
-	c.jobs, c.done = jobs, done
-	go func() {
-		for j := range jobs {
-			done <- c.call(j)
-		}
-	}()
-}
-
-// call runs one Send under a recover.
-func (c *caller) call(j sendJob) (err error) {
+// callSend runs one Send under a recover, on the calling goroutine (a
+// worker's: worker.go, which also bounds it by SendTimeout). What it returns
+// is made safe to use with sendFailure.
+func (r *Relay) callSend(ctx context.Context, s Sender, m Message) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			c.r.logger.LogAttrs(j.ctx, slog.LevelError, "relay: sender panicked",
-				slog.Int64("id", j.m.ID), slog.String("type", j.m.Type), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+			r.logger.LogAttrs(ctx, slog.LevelError, "relay: sender panicked",
+				slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 			err = fmt.Errorf("sender panicked: %v", p)
 		}
 	}()
-	return sendFailure(j.s.Send(j.ctx, j.m))
+	return sendFailure(s.Send(ctx, m))
 }
 
-// abandon leaves the goroutine to its Send: it ends when the Send returns;
-// the next send starts another.
-func (c *caller) abandon() {
-	close(c.jobs)
-	c.jobs, c.done = nil, nil
-}
-
-// close ends the goroutine once its Send, if any, has returned.
-func (c *caller) close() {
-	if c.jobs != nil {
-		close(c.jobs)
-		c.jobs, c.done = nil, nil
-	}
-}
-
-// sendBatch calls s.SendBatch as send calls Send: in its own goroutine, under
-// SendTimeout and a recover. A panic, an abandoned call or a result of the
-// wrong length fails every message of the call.
+// sendBatch calls s.SendBatch in a goroutine of its own, under SendTimeout
+// and a recover. A panic, an abandoned call or a result of the wrong length
+// fails every message of the call.
 func (r *Relay) sendBatch(ctx context.Context, s BatchSender, ms []Message) []error {
 	sctx, cancel := context.WithTimeoutCause(ctx, r.cfg.SendTimeout, r.sendTimedOut)
 	defer cancel()

@@ -3,7 +3,6 @@ package relay
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -369,82 +368,6 @@ func (r *Relay) plan(rows []row, busy map[string]bool, blocked map[string]bool, 
 	return tasks, skipped
 }
 
-// worker takes tasks until the pass ends. Its writer holds the connection its
-// outcomes are written on from before its first send, and writes each
-// outcome while the worker sends the next message.
-func (e *engine) worker() {
-	defer e.workers.Done()
-	var w *writer
-	c := e.r.newCaller()
-	defer func() {
-		if w != nil {
-			w.close()
-		}
-		c.close()
-	}()
-	for t := range e.work {
-		if w == nil {
-			var err error
-			if w, err = e.rec.newWriter(e.ctx); err != nil {
-				w = nil
-			}
-		}
-		var failed bool
-		switch {
-		case w == nil: // no connection for the outcomes: send nothing
-		case t.rounds:
-			failed = e.deliverRounds(t.groups, w)
-		default:
-			for _, g := range t.groups {
-				if e.halted() {
-					break
-				}
-				failed = e.deliverKey(g, w, c) || failed
-			}
-		}
-		if failed {
-			select {
-			case e.failed <- struct{}{}:
-			default:
-			}
-		}
-		keys := make([]string, len(t.groups))
-		for i, g := range t.groups {
-			keys[i] = g[0].Key
-		}
-		if w != nil {
-			w.finish(keys, e.done) // once the task's outcomes are recorded
-		} else {
-			e.done <- keys
-		}
-	}
-}
-
-// deliverKey delivers the messages of one natural key, in id order, one at a
-// time, and records each outcome. It stops at the first message that is not
-// sent: the rest of that key wait for a later pass instead of overtaking it.
-// It reports whether a message failed.
-func (e *engine) deliverKey(g group, w *writer, c *caller) (failed bool) {
-	for i, m := range g {
-		if e.halted() {
-			return false
-		}
-		d := e.deliverOne(m, c)
-		if d.out == outcomeInterrupted {
-			e.halt()
-			return false
-		}
-		more := i < len(g)-1 && (d.out == outcomeSent || m.bad != "")
-		if w.record([]delivery{d}, more) != nil {
-			return false
-		}
-		if d.out != outcomeSent && m.bad == "" {
-			return true
-		}
-	}
-	return false
-}
-
 // deliverRounds delivers the keys of one [BatchSender]'s type: each round
 // sends the next message of every key still going in one SendBatch call, and
 // a key whose message failed goes no further in this pass. A round starts
@@ -489,17 +412,6 @@ func (e *engine) deliverRounds(t []group, w *writer) (failed bool) {
 			return failed
 		}
 	}
-}
-
-// deliverOne sends one message, or marks it dead unsent when it cannot be
-// delivered, and says what became of it; recording it is the recorder's job.
-func (e *engine) deliverOne(m *row, c *caller) delivery {
-	if m.bad != "" {
-		return delivery{m: m, out: outcomeDead, sendErr: errors.New(m.bad)}
-	}
-	start := time.Now()
-	err := e.r.send(e.ctx, c, e.r.senders[m.Type], m.Message)
-	return e.r.outcomeOf(e.ctx, m, err, time.Since(start))
 }
 
 // deliverMany sends ms through one SendBatch call.

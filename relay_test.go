@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -297,6 +298,32 @@ func TestRun(t *testing.T) {
 			require.NotNil(t, s.LastError)
 			require.Contains(t, *s.LastError, want)
 		}
+	})
+
+	t.Run("SenderThatEndsItsGoroutineFailsOnlyItsRow", func(t *testing.T) {
+		// t.FailNow in a Sender ends the goroutine that calls it: the relay
+		// takes its worker over at once, the message fails, the rest go.
+		t.Parallel()
+		b := setup(t)
+		ids := b.insert(t, "t", "ok1", "exit", "ok2")
+		cfg := b.cfg
+		cfg.SendTimeout = time.Hour // waiting it out would hang the test
+		rec := newRecorder("t", func(ctx context.Context, m relay.Message) error {
+			if m.Key == "exit" {
+				runtime.Goexit()
+			}
+			return nil
+		})
+		n, err := b.newRelay(t, cfg, rec).Run(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+		require.Equal(t, "SENT", b.state(t, ids[0]).Status)
+		require.Equal(t, "SENT", b.state(t, ids[2]).Status)
+		s := b.state(t, ids[1])
+		require.Equal(t, "ERROR", s.Status)
+		require.Equal(t, 1, s.Attempts)
+		require.NotNil(t, s.LastError)
+		require.Contains(t, *s.LastError, "runtime.Goexit")
 	})
 
 	t.Run("RetriesUntilTheCeilingThenDead", func(t *testing.T) {

@@ -1,0 +1,250 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// A pass's worker takes tasks from its engine (engine.go) and delivers their
+// keys one message at a time, calling each Sender on its own goroutine: no
+// hand-off to another goroutine and back on a message's path.
+//
+// A Send that is still running sendGrace after its context ended (it ignores
+// its context) is given up: the log says so, the message fails with its
+// context's cause, and another goroutine takes the worker's place from there,
+// with its tasks and its writer. The goroutine left in the Send finds, when
+// the Send returns at last, that its turn was taken, and leaves without
+// touching anything. A Send that ends its goroutine (runtime.Goexit, as
+// t.FailNow does) is handed over the same way, at once.
+type worker struct {
+	e *engine
+	w *writer // its outcomes' writer, held from before its first send
+
+	// turn is the running Send's number (odd) while it runs, the next even
+	// one after it returned, and 0 once the Send was given up: only the
+	// goroutine that holds the turn goes on.
+	turn atomic.Uint64
+	sent uint64 // Sends started, by the goroutines that held the turn in turn
+	at   place  // where the worker is, for the goroutine that takes its place
+
+	born    time.Time    // when the worker started: since counts from it, on the monotonic clock
+	since   atomic.Int64 // when the running Send started, past born
+	overdue *time.Timer  // fires sendGrace past the running Send's SendTimeout (watch)
+	unwatch func()
+}
+
+// place is where a worker is in its task, set before each Send.
+type place struct {
+	t      task
+	g      int  // the group of t being delivered
+	failed bool // a message of t's groups before g failed
+	m      *row
+	ctx    context.Context // the Send's
+	start  time.Time
+}
+
+// errSenderExited is the outcome of a Send that ended its goroutine.
+var errSenderExited = errors.New("sender ended its goroutine (runtime.Goexit, as t.FailNow does) instead of returning")
+
+func (e *engine) worker() {
+	k := &worker{e: e}
+	k.unwatch = k.watch()
+	k.run(nil)
+}
+
+// run takes tasks until the pass ends, starting, when given is not nil, with
+// the outcome of the Send the last goroutine was given up in, and the rest of
+// its task.
+func (k *worker) run(given *delivery) {
+	e := k.e
+	ended := false
+	defer func() {
+		if !ended { // given up in a Send: the goroutine in its place ends the worker
+			return
+		}
+		k.unwatch()
+		if k.w != nil {
+			k.w.close()
+		}
+		e.workers.Done()
+	}()
+	if given != nil {
+		at := k.at
+		if given.out == outcomeInterrupted {
+			e.halt()
+		} else if k.w.record([]delivery{*given}, false) == nil {
+			at.failed = true // the key goes no further in this pass
+		}
+		if !k.finish(at.t, at.g+1, at.failed) {
+			return
+		}
+	}
+	for t := range e.work {
+		if k.w == nil {
+			var err error
+			if k.w, err = e.rec.newWriter(e.ctx); err != nil {
+				k.w = nil
+			}
+		}
+		if !k.finish(t, 0, false) {
+			return
+		}
+	}
+	ended = true
+}
+
+// finish delivers t's groups from g on, reports a failure, and hands the
+// task's keys back once their outcomes are recorded. It returns false when
+// the goroutine was given up in a Send.
+func (k *worker) finish(t task, g int, failed bool) bool {
+	e := k.e
+	switch {
+	case k.w == nil: // no connection for the outcomes: send nothing
+	case t.rounds:
+		failed = e.deliverRounds(t.groups, k.w)
+	default:
+		k.at.t = t
+		for ; g < len(t.groups) && !e.halted(); g++ {
+			k.at.g, k.at.failed = g, failed
+			f, kept := k.deliverKey(t.groups[g])
+			if !kept {
+				return false
+			}
+			failed = f || failed
+		}
+	}
+	if failed {
+		select {
+		case e.failed <- struct{}{}:
+		default:
+		}
+	}
+	keys := make([]string, len(t.groups))
+	for i, g := range t.groups {
+		keys[i] = g[0].Key
+	}
+	if k.w != nil {
+		k.w.finish(keys, e.done) // once the task's outcomes are recorded
+	} else {
+		e.done <- keys
+	}
+	return true
+}
+
+// deliverKey delivers the messages of one natural key, in id order, one at a
+// time, and records each outcome. It stops at the first message that is not
+// sent: the rest of that key wait for a later pass instead of overtaking it.
+// It reports whether a message failed, and kept is false when the goroutine
+// was given up in a Send.
+func (k *worker) deliverKey(g group) (failed, kept bool) {
+	e := k.e
+	for i, m := range g {
+		if e.halted() {
+			return false, true
+		}
+		d, kept := k.deliverOne(m)
+		if !kept {
+			return false, false
+		}
+		if d.out == outcomeInterrupted {
+			e.halt()
+			return false, true
+		}
+		more := i < len(g)-1 && (d.out == outcomeSent || m.bad != "")
+		if k.w.record([]delivery{d}, more) != nil {
+			return false, true
+		}
+		if d.out != outcomeSent && m.bad == "" {
+			return true, true
+		}
+	}
+	return false, true
+}
+
+// deliverOne sends one message, or marks it dead unsent when it cannot be
+// delivered, and says what became of it; recording it is the recorder's job.
+func (k *worker) deliverOne(m *row) (d delivery, kept bool) {
+	if m.bad != "" {
+		return delivery{m: m, out: outcomeDead, sendErr: errors.New(m.bad)}, true
+	}
+	start := time.Now()
+	kept, err := k.send(m, start)
+	if !kept {
+		return delivery{}, false
+	}
+	return k.e.r.outcomeOf(k.e.ctx, m, err, time.Since(start)), true
+}
+
+// send calls m's Sender on this goroutine under SendTimeout. kept is false
+// when the Send was given up while it ran: the goroutine must then leave at
+// once, since another holds the worker.
+func (k *worker) send(m *row, start time.Time) (kept bool, err error) {
+	r := k.e.r
+	ctx, cancel := context.WithTimeoutCause(k.e.ctx, r.cfg.SendTimeout, r.sendTimedOut)
+	defer cancel()
+	s, msg := r.senders[m.Type], m.Message // read before the turn: m is the taker's after it
+	turn := 2*k.sent + 1
+	k.sent++
+	k.at.m, k.at.ctx, k.at.start = m, ctx, start
+	k.since.Store(int64(time.Since(k.born)))
+	k.turn.Store(turn)
+	k.overdue.Reset(r.cfg.SendTimeout + sendGrace)
+	returned := false
+	defer func() {
+		if !returned && k.turn.CompareAndSwap(turn, 0) { // runtime.Goexit in the Send
+			go k.takeOver(errSenderExited)
+		}
+	}()
+	err = r.callSend(ctx, s, msg)
+	returned = true
+	k.overdue.Stop()
+	return k.turn.CompareAndSwap(turn, turn+1), err
+}
+
+// watch arms what gives up a Send that ignores its context: the worker's
+// overdue timer, reset for each Send to fire sendGrace past its SendTimeout,
+// and, sendGrace after the pass's context ends, a look at the Send then
+// running. Both are the worker's, not each Send's. It returns their stop.
+func (k *worker) watch() (stop func()) {
+	k.born = time.Now()
+	k.overdue = time.AfterFunc(time.Duration(math.MaxInt64), func() {
+		v := k.turn.Load()
+		if v&1 == 1 && time.Since(k.born)-time.Duration(k.since.Load()) >= k.e.r.cfg.SendTimeout+sendGrace {
+			k.giveUp(v)
+		} // else the Send it was set for returned: the one running now has its own
+	})
+	stopEnded := context.AfterFunc(k.e.ctx, func() {
+		time.AfterFunc(sendGrace, func() {
+			if v := k.turn.Load(); v&1 == 1 {
+				k.giveUp(v)
+			}
+		})
+	})
+	return func() {
+		k.overdue.Stop()
+		stopEnded()
+	}
+}
+
+// giveUp gives up the Send numbered turn, unless it returned meanwhile, and
+// goes on with the worker on this goroutine.
+func (k *worker) giveUp(turn uint64) {
+	if !k.turn.CompareAndSwap(turn, 0) {
+		return // it answered in time
+	}
+	m := k.at.m
+	k.e.r.logger.LogAttrs(k.e.ctx, slog.LevelError, "relay: sender did not return after its context ended; abandoned",
+		slog.Int64("id", m.ID), slog.String("type", m.Type))
+	k.takeOver(context.Cause(k.at.ctx))
+}
+
+// takeOver goes on with the worker in the place of the goroutine given up in
+// its Send, whose message failed with cause.
+func (k *worker) takeOver(cause error) {
+	d := k.e.r.outcomeOf(k.e.ctx, k.at.m, cause, time.Since(k.at.start))
+	k.run(&d)
+}
