@@ -44,7 +44,6 @@ type place struct {
 	failed bool // a message of t's groups before g failed
 	m      *row
 	ctx    context.Context // the Send's
-	start  time.Time
 }
 
 // errSenderExited is the outcome of a Send that ended its goroutine.
@@ -72,14 +71,10 @@ func (k *worker) run(given *delivery) {
 		}
 		e.workers.Done()
 	}()
-	if given != nil {
+	if given != nil { // the key goes no further in this pass
 		at := k.at
-		if given.out == outcomeInterrupted {
-			e.halt()
-		} else if k.w.record([]delivery{*given}, false) == nil {
-			at.failed = true // the key goes no further in this pass
-		}
-		if !k.finish(at.t, at.g+1, at.failed) {
+		failed, _ := k.settle(*given, false)
+		if !k.finish(at.t, at.g+1, at.failed || failed) {
 			return
 		}
 	}
@@ -150,19 +145,29 @@ func (k *worker) deliverKey(g group) (failed, kept bool) {
 		if !kept {
 			return false, false
 		}
-		if d.out == outcomeInterrupted {
-			e.halt()
-			return false, true
-		}
 		more := i < len(g)-1 && (d.out == outcomeSent || m.bad != "")
-		if k.w.record([]delivery{d}, more) != nil {
-			return false, true
-		}
-		if d.out != outcomeSent && m.bad == "" {
-			return true, true
+		if failed, stop := k.settle(d, more); stop {
+			return failed, true
 		}
 	}
 	return false, true
+}
+
+// settle records d, the outcome of one message of a key (more: the key's
+// next message follows it in this pass). stop is true when the key goes no
+// further in this pass: the pass halts on an interrupted Send, an outcome
+// could not be recorded, or the message failed (failed).
+func (k *worker) settle(d delivery, more bool) (failed, stop bool) {
+	switch {
+	case d.out == outcomeInterrupted:
+		k.e.halt()
+		return false, true
+	case k.w.record([]delivery{d}, more) != nil:
+		return false, true
+	case d.out != outcomeSent && d.m.bad == "":
+		return true, true
+	}
+	return false, false
 }
 
 // deliverOne sends one message, or marks it dead unsent when it cannot be
@@ -171,25 +176,24 @@ func (k *worker) deliverOne(m *row) (d delivery, kept bool) {
 	if m.bad != "" {
 		return delivery{m: m, out: outcomeDead, sendErr: errors.New(m.bad)}, true
 	}
-	start := time.Now()
-	kept, err := k.send(m, start)
+	kept, err := k.send(m)
 	if !kept {
 		return delivery{}, false
 	}
-	return k.e.r.outcomeOf(k.e.ctx, m, err, time.Since(start)), true
+	return k.e.r.outcomeOf(k.e.ctx, m, err, k.sending()), true
 }
 
 // send calls m's Sender on this goroutine under SendTimeout. kept is false
 // when the Send was given up while it ran: the goroutine must then leave at
 // once, since another holds the worker.
-func (k *worker) send(m *row, start time.Time) (kept bool, err error) {
+func (k *worker) send(m *row) (kept bool, err error) {
 	r := k.e.r
 	ctx, cancel := context.WithTimeoutCause(k.e.ctx, r.cfg.SendTimeout, r.sendTimedOut)
 	defer cancel()
 	s, msg := r.senders[m.Type], m.Message // read before the turn: m is the taker's after it
 	turn := 2*k.sent + 1
 	k.sent++
-	k.at.m, k.at.ctx, k.at.start = m, ctx, start
+	k.at.m, k.at.ctx = m, ctx
 	k.since.Store(int64(time.Since(k.born)))
 	k.turn.Store(turn)
 	k.overdue.Reset(r.cfg.SendTimeout + sendGrace)
@@ -213,7 +217,7 @@ func (k *worker) watch() (stop func()) {
 	k.born = time.Now()
 	k.overdue = time.AfterFunc(time.Duration(math.MaxInt64), func() {
 		v := k.turn.Load()
-		if v&1 == 1 && time.Since(k.born)-time.Duration(k.since.Load()) >= k.e.r.cfg.SendTimeout+sendGrace {
+		if v&1 == 1 && k.sending() >= k.e.r.cfg.SendTimeout+sendGrace {
 			k.giveUp(v)
 		} // else the Send it was set for returned: the one running now has its own
 	})
@@ -245,6 +249,11 @@ func (k *worker) giveUp(turn uint64) {
 // takeOver goes on with the worker in the place of the goroutine given up in
 // its Send, whose message failed with cause.
 func (k *worker) takeOver(cause error) {
-	d := k.e.r.outcomeOf(k.e.ctx, k.at.m, cause, time.Since(k.at.start))
+	d := k.e.r.outcomeOf(k.e.ctx, k.at.m, cause, k.sending())
 	k.run(&d)
+}
+
+// sending is how long the last Send started has been running, or ran.
+func (k *worker) sending() time.Duration {
+	return time.Since(k.born) - time.Duration(k.since.Load())
 }
