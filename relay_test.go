@@ -300,6 +300,44 @@ func TestRun(t *testing.T) {
 		}
 	})
 
+	t.Run("AbandonedSendReturningLateLeavesTheNextOneWatched", func(t *testing.T) {
+		// a ignores its context and returns only once b, which took its
+		// worker's place, is running; b ignores its context for good. a's
+		// late return must not disarm the watch over b, or the pass never
+		// ends and c is never sent.
+		t.Parallel()
+		b := setup(t)
+		ids := b.insert(t, "t", "a", "b", "c")
+		cfg := b.cfg
+		cfg.SendTimeout = 500 * time.Millisecond
+		lateA, aReturned, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		rec := newRecorder("t", func(ctx context.Context, m relay.Message) error {
+			switch m.Key {
+			case "a":
+				<-lateA
+				defer close(aReturned)
+			case "b":
+				close(lateA)
+				<-aReturned
+				<-release
+			}
+			return nil
+		})
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		n, err := b.newRelay(t, cfg, rec).Run(pctx)
+		require.NoError(t, err, "the pass must end: b is given up like a")
+		require.Equal(t, 3, n)
+		for _, id := range ids[:2] {
+			s := b.state(t, id)
+			require.Equal(t, "ERROR", s.Status)
+			require.NotNil(t, s.LastError)
+			require.Contains(t, *s.LastError, "timed out")
+		}
+		require.Equal(t, "SENT", b.state(t, ids[2]).Status)
+	})
+
 	t.Run("SenderThatEndsItsGoroutineFailsOnlyItsRow", func(t *testing.T) {
 		// t.FailNow in a Sender ends the goroutine that calls it: the relay
 		// takes its worker over at once, the message fails, the rest go.

@@ -205,8 +205,14 @@ func (k *worker) send(m *row) (kept bool, err error) {
 	}()
 	err = r.callSend(ctx, s, msg)
 	returned = true
+	if !k.turn.CompareAndSwap(turn, turn+1) {
+		// Given up: the worker, and its overdue timer, are another
+		// goroutine's now. Stopping the timer would disarm the watch of the
+		// Send running in this one's place.
+		return false, err
+	}
 	k.overdue.Stop()
-	return k.turn.CompareAndSwap(turn, turn+1), err
+	return true, err
 }
 
 // watch arms what gives up a Send that ignores its context: the worker's
