@@ -95,9 +95,11 @@ func appNameOf(pool *pgxpool.Pool) string {
 }
 
 // terminateApp kills every backend whose application_name is app, as a
-// failover or an operator would, and waits until they are gone. It returns how
-// many it killed. It works on a connection of its own, under a context that the
-// relay's cancellation cannot cut short.
+// failover or an operator would, and waits until those backends are gone. It
+// returns how many it killed. It works on a connection of its own, under a
+// context that the relay's cancellation cannot cut short. It waits for the
+// backends it killed only: the relay may open new sessions meanwhile (a later
+// pass), and waiting for the app to have none could then last forever.
 func terminateApp(ctx context.Context, app string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -106,22 +108,22 @@ func terminateApp(ctx context.Context, app string) (int, error) {
 		return 0, err
 	}
 	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
-		FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app).Scan(&n); err != nil {
+	var killed []int32
+	if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}')
+		FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app).Scan(&killed); err != nil {
 		return 0, err
 	}
 	for {
 		var left int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&left); err != nil {
-			return n, err
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, killed).Scan(&left); err != nil {
+			return len(killed), err
 		}
 		if left == 0 {
-			return n, nil
+			return len(killed), nil
 		}
 		select {
 		case <-ctx.Done():
-			return n, fmt.Errorf("%d backends of %q still there: %w", left, app, ctx.Err())
+			return len(killed), fmt.Errorf("%d killed backends of %q still there: %w", left, app, ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

@@ -314,19 +314,38 @@ func TestReplicas(t *testing.T) {
 		b.insert(t, "t", keys...)
 		var mu sync.Mutex
 		sends = map[int64]int{}
-		send := func(_ context.Context, m relay.Message) error {
-			mu.Lock()
-			sends[m.ID]++
-			mu.Unlock()
-			time.Sleep(200 * time.Microsecond) // a destination that takes a moment, so replicas overlap
-			return nil
+		// Without the guard, each replica's first send waits until the other
+		// has started its own: both selected the same oldest rows, so they
+		// overlap by construction, not by the scheduler's grace.
+		var entered atomic.Int32
+		both := make(chan struct{})
+		sender := func() relay.Sender {
+			var first sync.Once
+			return relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
+				mu.Lock()
+				sends[m.ID]++
+				mu.Unlock()
+				if !clusterLock {
+					first.Do(func() {
+						if entered.Add(1) == 2 {
+							close(both)
+						}
+						select {
+						case <-both:
+						case <-ctx.Done():
+						}
+					})
+				}
+				time.Sleep(200 * time.Microsecond) // a destination that takes a moment
+				return nil
+			})
 		}
 		cfg := b.cfg
 		cfg.ClusterLock = clusterLock
 		cfg.BatchSize = 20
 		var replicas []*relay.Relay
 		for range 2 {
-			r, err := relay.New(newPool(t, 4), cfg, relay.SenderFunc("t", send))
+			r, err := relay.New(newPool(t, 4), cfg, sender())
 			require.NoError(t, err)
 			replicas = append(replicas, r)
 		}
