@@ -20,6 +20,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/internal/pgserver"
+	otelrelay "github.com/xadm/relay/otel"
 )
 
 // TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, or the local
@@ -95,11 +96,19 @@ func (rc *receiver) answer(status int) {
 	rc.status = status
 }
 
+// ended returns the spans ended so far, once the send spans of the sends
+// that returned have ended (they end off the send's path).
+func (w *world) ended(t *testing.T) []sdktrace.ReadOnlySpan {
+	t.Helper()
+	require.NoError(t, otelrelay.Flush(context.Background()))
+	return w.spans.Ended()
+}
+
 // span returns the one recorded span named name.
 func (w *world) span(t *testing.T, name string) sdktrace.ReadOnlySpan {
 	t.Helper()
 	var found []sdktrace.ReadOnlySpan
-	for _, s := range w.spans.Ended() {
+	for _, s := range w.ended(t) {
 		if s.Name() == name {
 			found = append(found, s)
 		}

@@ -34,7 +34,11 @@ const operationName = "send"
 // The wrapper changes nothing else: s gets the same context, the same
 // message (its headers aside), and its error or panic reaches the relay as
 // it was. A panic of the tracer or the propagator costs the span only: s
-// then gets the message as it came.
+// then gets the message as it came. A recorded span ends off the Send's
+// path, on a goroutine of the module's, so that a span processor that
+// blocks (a synchronous exporter that hangs) never holds a Send past its
+// deadline; while one End does not return, up to 4096 spans wait and later
+// ones are dropped. [Flush] waits for the spans of the sends that returned.
 func WrapSender(s relay.Sender, opts ...Option) relay.Sender {
 	c := newConfig(opts)
 	tp := c.tracerProvider
@@ -290,7 +294,8 @@ func (p *pairs) Keys() []string {
 	return keys
 }
 
-// end ends span with err's outcome; a panic inside it costs the span only.
+// end records err's outcome on span, and hands it to be ended off the
+// Send's path (ender.go). A panic inside costs the span only.
 func (w *sender) end(span trace.Span, err error) {
 	if span == nil {
 		return
@@ -301,7 +306,7 @@ func (w *sender) end(span trace.Span, err error) {
 		span.SetStatus(codes.Error, err.Error())
 		span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 	}
-	span.End()
+	spanEnds.end(span)
 }
 
 // errorType is a failure's error.type: few values, as the conventions ask.

@@ -3,11 +3,14 @@ package otelrelay_test
 import (
 	"context"
 	"net/http"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/xadm/relay"
@@ -111,7 +114,7 @@ func TestSendSpanOfAFailure(t *testing.T) {
 	_, err = r.Run(context.Background())
 	require.NoError(t, err)
 
-	spans := w.spans.Ended()
+	spans := w.ended(t)
 	var sends []map[string]string
 	for _, s := range spans {
 		if s.Name() == "send order" {
@@ -203,7 +206,7 @@ func TestBatchSenderStaysOne(t *testing.T) {
 		ids[sc.SpanID()] = true
 	}
 	sends := 0
-	for _, s := range w.spans.Ended() {
+	for _, s := range w.ended(t) {
 		if s.Name() == "send order" {
 			sends++
 			require.True(t, ids[s.SpanContext().SpanID()], "each message carries its own send span")
@@ -221,7 +224,7 @@ func TestBatchSenderStaysOne(t *testing.T) {
 	require.Equal(t, "ERROR", status)
 	require.Contains(t, lastErr, "the broker client broke")
 	var failed int
-	for _, s := range w.spans.Ended() {
+	for _, s := range w.ended(t) {
 		if s.Name() == "send order" && s.Status().Code == codes.Error {
 			failed++
 			require.Contains(t, s.Status().Description, "the broker client broke")
@@ -323,4 +326,73 @@ func TestSendReplacesProducerContextWhateverItsCase(t *testing.T) {
 				"the relay's copy is left alone")
 		})
 	}
+}
+
+// hangingExporter is a span exporter whose export does not return until
+// released: a collector that stopped answering, behind a synchronous
+// span processor (sdktrace.WithSyncer).
+type hangingExporter struct {
+	release chan struct{}
+	mu      sync.Mutex
+	got     int
+}
+
+func (e *hangingExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
+	<-e.release
+	e.mu.Lock()
+	e.got += len(spans)
+	e.mu.Unlock()
+	return nil
+}
+
+func (e *hangingExporter) Shutdown(context.Context) error { return nil }
+
+// TestHangingExporterCostsSpansNotDeliveries: a tracer whose exporter hangs
+// in span.End, synchronously, leaves every send as it would be without the
+// wrapper: each message sent once, recorded SENT at its first attempt. The
+// spans end, and are exported, once the exporter answers again.
+func TestHangingExporterCostsSpansNotDeliveries(t *testing.T) {
+	w := setup(t)
+	exp := &hangingExporter{release: make(chan struct{})}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	released := sync.OnceFunc(func() { close(exp.release) })
+	t.Cleanup(released) // before the provider's shutdown: cleanups run last first
+	var mu sync.Mutex
+	got := map[string]int{}
+	inner := relay.SenderFunc("order", func(context.Context, relay.Message) error { return nil })
+	counting := relay.SenderFunc("order", func(ctx context.Context, m relay.Message) error {
+		mu.Lock()
+		got[m.Key]++
+		mu.Unlock()
+		return inner.Send(ctx, m)
+	})
+	for _, k := range []string{"a", "b", "c"} {
+		w.produce(t, k)
+	}
+	cfg := w.cfg
+	cfg.SendTimeout = 500 * time.Millisecond
+	cfg.MaxAttempts = 3
+	r, err := relay.New(w.pool, cfg, otelrelay.WrapSender(counting, otelrelay.WithTracerProvider(tp), otelrelay.WithPropagator(w.prop)))
+	require.NoError(t, err)
+	n, err := r.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	rows, err := w.pool.Query(context.Background(), "SELECT natural_key, status, attempts FROM "+w.table+" ORDER BY id")
+	require.NoError(t, err)
+	for rows.Next() {
+		var key, status string
+		var attempts int
+		require.NoError(t, rows.Scan(&key, &status, &attempts))
+		require.Equal(t, "SENT", status, "message %s", key)
+		require.Zero(t, attempts, "message %s", key)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, got)
+
+	released()
+	require.NoError(t, otelrelay.Flush(context.Background()))
+	exp.mu.Lock()
+	defer exp.mu.Unlock()
+	require.Equal(t, 3, exp.got, "the send spans, exported once the exporter answered")
 }

@@ -193,6 +193,9 @@ func run(ctx context.Context, o options, stdout, report io.Writer) (err error) {
 	if err := r.Stop(ctx); err != nil { // the outcome recorded, the observer told
 		return err
 	}
+	if err := otelrelay.Flush(ctx); err != nil { // the send spans end off the sends' path
+		return err
+	}
 	if err := tp.ForceFlush(ctx); err != nil {
 		return err
 	}

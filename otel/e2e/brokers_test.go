@@ -99,6 +99,7 @@ func (w *world) consumed(t *testing.T, headers propagation.TextMapCarrier, syste
 	span.End()
 
 	var send, got sdktrace.ReadOnlySpan
+	require.NoError(t, otelrelay.Flush(context.Background())) // send spans end off the send's path
 	for _, s := range w.spans.Ended() {
 		switch s.Name() {
 		case "send order":
