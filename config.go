@@ -29,6 +29,7 @@ const (
 	asyncCommitDefault  = true
 	batchBytesDefault   = 64 << 20
 	wakeOnCommitDefault = true
+	pauseAfterDefault   = 5
 
 	// retryBackoffMax caps the wait before an ERROR row is retried, however
 	// many attempts it has.
@@ -50,6 +51,9 @@ const (
 	batchBytesMin = 64 << 10
 	// batchBytesMax is PostgreSQL's own limit on one value.
 	batchBytesMax = 1 << 30
+	// pauseAfterMax bounds PauseAfter: a type that fails this often in a row
+	// is sick, whatever the setting meant.
+	pauseAfterMax = 1_000
 )
 
 // Config configures a [Relay]. Build it with [DefaultConfig] or [ConfigFromEnv]
@@ -179,6 +183,19 @@ type Config struct {
 	// 4096. Defaults to 1. Environment: RELAY_PARTITIONS.
 	Partitions int
 
+	// PauseAfter pauses a message type whose Sends failed that many times in a
+	// row (a timeout, a 5xx, a refused connection; not a [Permanent] refusal,
+	// which is the message's fault): the type's rows are then neither
+	// selected nor sent, and keep their status and attempts, while the
+	// others go on (docs/decisions/0040-isolation.md). The pause lasts 5s,
+	// doubling with each pause in a row up to a minute; then one message of
+	// the type is sent as a probe, and its success resumes the type. A type
+	// whose abandoned Sends (those that ignored their context) still running
+	// reach Concurrency is paused too, until they return. 0 never pauses
+	// (neither on failures nor on abandoned Sends). At most 1000. Defaults
+	// to 5. Environment: RELAY_PAUSE_AFTER.
+	PauseAfter int
+
 	// Logger receives the relay's logs. Defaults to [slog.Default]. No
 	// environment variable (nor for Guard and Observer).
 	Logger *slog.Logger
@@ -212,6 +229,7 @@ func DefaultConfig() Config {
 		Concurrency:  concurrencyDefault,
 		AsyncCommit:  asyncCommitDefault,
 		Partitions:   1,
+		PauseAfter:   pauseAfterDefault,
 		built:        true,
 	}
 }
@@ -254,6 +272,9 @@ func (c *Config) validate() error {
 	}
 	if c.Concurrency < 1 || c.Concurrency > concurrencyMax {
 		bad("Concurrency", "must be between 1 and %d, got %d", concurrencyMax, c.Concurrency)
+	}
+	if c.PauseAfter < 0 || c.PauseAfter > pauseAfterMax {
+		bad("PauseAfter", "must be between 0 (never pause) and %d, got %d", pauseAfterMax, c.PauseAfter)
 	}
 	if c.GroupOutcomes < 0 || c.GroupOutcomes > batchSizeMax {
 		bad("GroupOutcomes", "must be between 0 and %d, got %d", batchSizeMax, c.GroupOutcomes)
@@ -321,6 +342,7 @@ const (
 	envAsyncCommit   = "RELAY_ASYNC_COMMIT"
 	envWakeOnCommit  = "RELAY_WAKE_ON_COMMIT"
 	envPartitions    = "RELAY_PARTITIONS"
+	envPauseAfter    = "RELAY_PAUSE_AFTER"
 )
 
 // ConfigFromEnv returns [DefaultConfig] with every RELAY_* variable that is set
@@ -350,6 +372,7 @@ func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	envVar(&e, envAsyncCommit, &cfg.AsyncCommit, strconv.ParseBool, "a boolean (use true or false)")
 	envVar(&e, envWakeOnCommit, &cfg.WakeOnCommit, strconv.ParseBool, "a boolean (use true or false)")
 	envVar(&e, envPartitions, &cfg.Partitions, strconv.Atoi, "an integer")
+	envVar(&e, envPauseAfter, &cfg.PauseAfter, strconv.Atoi, "an integer")
 	errs := e.errs
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -391,6 +414,7 @@ func envNames(err error) string {
 		"AppName": envAppName, "Table": envTable, "Interval": envInterval, "BatchSize": envBatchSize, "BatchBytes": envBatchBytes,
 		"MaxAttempts": envMaxAttempts, "RetryBackoff": envRetryBackoff, "SendTimeout": envSendTimeout,
 		"Concurrency": envConcurrency, "GroupOutcomes": envGroupOutcomes, "Partitions": envPartitions,
+		"PauseAfter": envPauseAfter,
 	}
 	var names []string
 	joined, ok := err.(interface{ Unwrap() []error })

@@ -87,39 +87,171 @@ func (c *cursor) woken() {
 // stop ends the pass's selects: a failure, a halt, or the drain's time bound.
 func (c *cursor) stop() { c.more = false }
 
-// flight is what the engine has handed out: the tasks queued for the
-// workers, the keys in flight, and whether the next select waits for a task
-// to finish first.
+// reread takes, into the cursor, a select from the start for some lanes
+// (engine.selectHungry): the ids it went over, and whether it left rows
+// behind. Where the next select starts does not change.
+func (c *cursor) reread(rows []row, skipped bool) {
+	if n := len(rows); n > 0 {
+		c.seen = max(c.seen, rows[n-1].ID)
+	}
+	c.behind = c.behind || skipped
+	if c.drain && skipped && !c.more {
+		c.more, c.fromStart = true, true
+	}
+}
+
+// flight is what the engine has queued and handed out: the tasks queued for
+// the workers by lane, the keys queued or in flight, and whether the next
+// select waits for a task to finish first.
 type flight struct {
-	queue    []task
-	busy     map[string]bool // keys handed out and not yet done
+	lanes    []laneFlight
+	handOuts int             // tasks handed out so far: a lane's turn
+	busy     map[string]bool // keys queued or handed out, and not yet done
 	tasks    int             // tasks handed out and not yet done
 	workers  int             // workers started
+	idle     int             // workers free for a task
+	starting bool            // a worker was started and has not said it is free yet
 	waitDone bool            // select again only once a task is done
+}
+
+// laneFlight is one lane's part of the flight.
+type laneFlight struct {
+	queue    []task
+	inFlight int  // its tasks at a worker
+	turn     int  // flight.handOuts when it was last handed a task
+	stopped  bool // a message of it failed in this pass: it is selected no more
+}
+
+func newFlight(lanes int) *flight {
+	return &flight{lanes: make([]laneFlight, lanes), busy: make(map[string]bool)}
+}
+
+// queue queues t, its keys busy from now.
+func (f *flight) queue(t task) {
+	for _, g := range t.groups {
+		f.busy[g[0].Key] = true
+	}
+	q := &f.lanes[t.lane]
+	q.queue = append(q.queue, t)
+}
+
+// queued is how many tasks wait for a worker.
+func (f *flight) queued() int {
+	n := 0
+	for i := range f.lanes {
+		n += len(f.lanes[i].queue)
+	}
+	return n
+}
+
+// next is the task to hand out: of the lanes with tasks queued, the one with
+// the fewest in flight; of those, the one served longest ago, then the one
+// whose task is the oldest.
+func (f *flight) next() task {
+	best := -1
+	for i := range f.lanes {
+		q := &f.lanes[i]
+		if len(q.queue) == 0 {
+			continue
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := &f.lanes[best]
+		if q.inFlight != b.inFlight {
+			if q.inFlight < b.inFlight {
+				best = i
+			}
+			continue
+		}
+		if q.turn < b.turn || q.turn == b.turn && q.queue[0].first < b.queue[0].first {
+			best = i
+		}
+	}
+	return f.lanes[best].queue[0]
 }
 
 // handed records that t went to a worker.
 func (f *flight) handed(t task) {
-	for _, g := range t.groups {
-		f.busy[g[0].Key] = true
-	}
+	q := &f.lanes[t.lane]
+	q.queue = q.queue[1:]
+	q.inFlight++
 	f.tasks++
-	f.queue = f.queue[1:]
+	f.idle--
+	f.handOuts++
+	q.turn = f.handOuts
 }
 
 // finished records that a task's keys are done: their outcomes are recorded.
-func (f *flight) finished(keys []string) {
-	for _, k := range keys {
+func (f *flight) finished(d taskDone) {
+	for _, k := range d.keys {
 		delete(f.busy, k)
 	}
 	f.tasks--
 	f.waitDone = false
 }
 
-// planned queues a batch's tasks. With nothing of it to send and keys still in
-// flight, a select from the start waits for one of them first: it would find
-// the same rows again.
-func (f *flight) planned(queue []task, c *cursor) {
-	f.queue = queue
-	f.waitDone = len(queue) == 0 && len(f.busy) > 0 && c.fromStart
+// freed records that a worker is free, having finished a task of lane (-1:
+// a worker just started).
+func (f *flight) freed(lane int) {
+	f.idle++
+	if lane < 0 {
+		f.starting = false
+		return
+	}
+	f.lanes[lane].inFlight--
+}
+
+// requeue puts the rest of a task a worker handed back first in its lane's
+// queue; its keys stay busy.
+func (f *flight) requeue(t task) {
+	q := &f.lanes[t.lane]
+	q.queue = append([]task{t}, q.queue...)
+}
+
+// starving reports whether a lane waits with tasks queued and none in
+// flight, while every worker is taken.
+func (f *flight) starving(workers int) bool {
+	if f.idle > 0 || f.workers < workers {
+		return false
+	}
+	for i := range f.lanes {
+		if len(f.lanes[i].queue) > 0 && f.lanes[i].inFlight == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// dropPaused drops the queued tasks of the lanes paused meanwhile: their keys
+// are no longer busy, and wait, blocked, past this pass.
+func (f *flight) dropPaused(e *engine) {
+	for i := range f.lanes {
+		q := &f.lanes[i]
+		if len(q.queue) == 0 || !e.lanes[i].paused() {
+			continue
+		}
+		for _, t := range q.queue {
+			for _, g := range t.groups {
+				delete(f.busy, g[0].Key)
+				e.blocked[g[0].Key] = blockedRow{lane: i}
+			}
+		}
+		q.queue = nil
+	}
+}
+
+// dropAll drops every queued task: the pass starts nothing new.
+func (f *flight) dropAll() {
+	for i := range f.lanes {
+		f.lanes[i].queue = nil
+	}
+}
+
+// planned notes a batch's tasks queued. With nothing of it to send and keys
+// still in flight, a select from the start waits for one of them first: it
+// would find the same rows again.
+func (f *flight) planned(c *cursor) {
+	f.waitDone = f.queued() == 0 && len(f.busy) > 0 && c.fromStart
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -59,13 +60,24 @@ func (p *passResult) coalesced() bool { return !p.ran && p.err == nil }
 // group is one natural key's messages of a batch, in id order.
 type group []*row
 
-// task is what a worker takes at a time: a run of keys, each delivered in
-// turn, or, for a [BatchSender], the keys of one type that it delivers in
-// rounds. Handing keys over a few at a time, not one by one, keeps the
-// hand-offs between the engine and its workers off each message's path.
+// task is what a worker takes at a time: a run of keys of one lane, each
+// delivered in turn, or, for a [BatchSender], the keys of its type that it
+// delivers in rounds. Handing keys over a few at a time, not one by one, keeps
+// the hand-offs between the engine and its workers off each message's path.
 type task struct {
 	groups []group
 	rounds bool
+	lane   int   // the lane of its keys' first rows (lanes.go)
+	first  int64 // its first row's id: of lanes alike, the older task goes first
+}
+
+// taskDone is what a worker says of a task once the outcomes of its keys are
+// recorded: the keys it is done with, and the lanes of the messages that
+// failed in it.
+type taskDone struct {
+	lane   int
+	keys   []string
+	failed []int
 }
 
 // tasksPerWorker is how many tasks a batch's keys are cut into per worker:
@@ -74,18 +86,29 @@ type task struct {
 const tasksPerWorker = 4
 
 // engine is one pass's dispatch: it selects batches outside any transaction,
-// splits them by natural key, and hands the keys to at most Concurrency
-// workers, started only when there is work for them. A key in flight is never
-// handed out twice: its later messages, selected again, wait until a later
-// batch finds it idle. The next batch is selected while the last messages of
-// the current one are still in flight, once their outcomes are flushed, so a
-// message sent in this pass is never selected as still pending.
+// splits them by natural key and by lane (each message type is one: lanes.go),
+// and hands the keys to at most Concurrency workers, started only when there
+// is work for them. A key queued or in flight is never handed out twice: its
+// later messages, selected again, wait until a later batch finds it idle. The
+// next batch is selected while the last messages of the current one are still
+// in flight, once their outcomes are flushed, so a message sent in this pass
+// is never selected as still pending.
+//
+// The workers are shared fairly between the lanes that have work: the next
+// task goes to the lane with the fewest in flight, and when a lane waits with
+// none in flight, a worker hands back the rest of its task at its next key
+// (preempt). A paused lane's tasks are dropped, and its type is left out of
+// the selects; so, when the table has the key index, is a lane that saw a
+// failure in this pass, and, while some lanes have work queued, a select from
+// the start for the others (the hungry ones) comes at a wake-up or every
+// Interval. A select that leaves types out holds a row back behind an earlier
+// live row of its key of those types: a key's messages keep their order
+// across types (sql/pass.sql, heldByOthers).
 //
 // A batch stops being followed by another when it comes back short, after
-// drainMax, on halt, when an outcome could not be recorded, or after a
-// failure: the destination may be struggling, and a failed row waits for the
-// next pass, not the next batch. Memory is bounded by BatchSize rows and
-// BatchBytes of payload per batch, plus those in flight.
+// drainMax, on halt, or when an outcome could not be recorded. Memory is
+// bounded by BatchSize rows and BatchBytes of payload per batch, plus those in
+// flight.
 type engine struct {
 	r   *Relay
 	src fetcher
@@ -94,29 +117,53 @@ type engine struct {
 	res passResult
 	rec *recorder
 
+	lanes []*lane // the relay's, by index
+	// separable says the selects may leave lanes out: the relay has several
+	// types, and the table its key index (without it, holding a row back
+	// behind another type's would read that type's whole backlog per row).
+	separable bool
+
 	// blocked are the keys whose earliest row this pass left behind: their
-	// later rows wait behind it. True: the key was in flight, and a select
-	// from the start will find the row; false: the row is held back (its
-	// outcome could not be recorded) past this pass.
-	blocked map[string]bool
+	// later rows wait behind it. again: the key was in flight, and a select
+	// from the start of that row's lane will find the row; otherwise the row
+	// is held back past this pass (its outcome could not be recorded, or its
+	// lane cannot send now).
+	blocked map[string]blockedRow
+	claimed []*lane // lanes whose probe this pass claimed
 
 	work     chan task
-	done     chan []string // the keys of a finished task
-	failed   chan struct{} // a task saw a message fail: stop taking batches
-	stop     chan struct{} // closed when the pass must start nothing new
+	idle     chan int // a worker is free, having finished a task of this lane (-1: none yet)
+	done     chan taskDone
+	back     chan task   // the rest of a task a worker handed back
+	starving atomic.Bool // a lane waits for a worker with none in flight: the next to finish a key hands back its task's rest
+	stop     chan struct{}
 	stopped  sync.Once
 	leaseOut sync.Once // the first to see the lease run out says so
 	workers  sync.WaitGroup
 }
 
+// blockedRow is a key left behind (engine.blocked).
+type blockedRow struct {
+	again bool
+	lane  int
+}
+
 // fetcher is where an engine's batches come from: the table, through the
 // Relay (relay.go), or an in-memory table in the engine's unit tests.
 type fetcher interface {
-	// fetch selects one batch of rows past after (with preflight, the
-	// first of a pass), of the partitions parts (nil: all).
-	fetch(ctx context.Context, preflight bool, after int64, parts []int) (fetched, error)
+	fetch(ctx context.Context, q fetchQuery) (fetched, error)
 	// starved reports whether no connection is free for a select.
 	starved() bool
+}
+
+// fetchQuery is what one select asks for.
+type fetchQuery struct {
+	preflight bool  // the pass's first: ask whether the server is writable
+	after     int64 // only rows past this id
+	parts     []int // only rows of these partitions; nil: all
+	// types are the types to select; others, when set, those left out whose
+	// earlier live rows of a key hold back its later rows.
+	types, others []string
 }
 
 // dispatch runs one pass's engine under whatever election the caller holds.
@@ -125,6 +172,7 @@ func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
 		return passResult{err: err}
 	}
 	e := r.newEngine(ctx, o, r)
+	e.separable = len(r.types) > 1 && r.table().keyIndex
 	e.rec = r.newRecorder(ctx, &e.res)
 	e.run()
 	e.res.outcomesWaiting = int(e.rec.waiting.peak.Load())
@@ -135,10 +183,12 @@ func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
 func (r *Relay) newEngine(ctx context.Context, o passOpts, src fetcher) *engine {
 	return &engine{
 		r: r, src: src, ctx: ctx, o: o,
+		lanes:   r.lanes.all,
 		work:    make(chan task),
-		blocked: make(map[string]bool),
-		done:    make(chan []string, r.cfg.Concurrency),
-		failed:  make(chan struct{}, 1),
+		idle:    make(chan int, r.workers()),
+		blocked: make(map[string]blockedRow),
+		done:    make(chan taskDone, r.cfg.Concurrency),
+		back:    make(chan task, r.workers()),
 		stop:    make(chan struct{}),
 	}
 }
@@ -177,26 +227,44 @@ func (e *engine) halted() bool {
 func (e *engine) run() {
 	start := time.Now()
 	c := newCursor(e.o.drain, e.r.cfg.BatchSize)
-	fl := flight{busy: make(map[string]bool)}
-	for {
-		select {
-		case <-e.failed:
-			c.stop() // the failed rows wait for the next pass
-		default:
+	fl := newFlight(len(e.lanes))
+	defer func() {
+		for _, l := range e.claimed {
+			l.releaseProbe() // a probe not sent: the next pass probes
 		}
+	}()
+	// While some lanes have work queued, the others are selected for at a
+	// wake-up, and every Interval for rows written without one.
+	var tick <-chan time.Time
+	if e.separable && e.o.drain {
+		t := time.NewTicker(e.r.cfg.Interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	hungry := false // a select for the hungry lanes is due
+	for {
 		if e.halted() {
 			c.stop()
-			fl.queue = nil
+			fl.dropAll()
 		}
-		if len(fl.queue) == 0 && c.more && !fl.waitDone && fl.tasks > 0 && e.src.starved() {
+		fl.dropPaused(e)
+		queued := fl.queued()
+		if queued == 0 && c.more && !fl.waitDone && fl.tasks > 0 && e.src.starved() {
 			// Every connection is taken, by the election and the workers
 			// holding theirs for their outcomes: select once one is back.
 			fl.waitDone = true
 		}
-		if len(fl.queue) == 0 && c.more && !fl.waitDone && !e.selectBatch(&c, &fl, start) {
+		if queued == 0 && c.more && !fl.waitDone && !e.selectBatch(&c, fl, start) {
 			break
 		}
-		if len(fl.queue) == 0 && fl.tasks == 0 {
+		if hungry && queued > 0 && !e.halted() {
+			hungry = false
+			if !e.selectHungry(&c, fl) {
+				break
+			}
+		}
+		queued = fl.queued()
+		if queued == 0 && fl.tasks == 0 {
 			if c.more {
 				// Nothing to send from this batch (its keys were left behind
 				// or wait out a backoff) and nothing in flight to wait for:
@@ -209,38 +277,64 @@ func (e *engine) run() {
 		var send chan task
 		var next task
 		var woken <-chan struct{}
-		if !c.more && fl.tasks > 0 && !e.halted() {
+		if fl.tasks > 0 && !e.halted() && (!c.more || queued > 0 && e.separable) {
 			woken = e.o.wake // a commit notified meanwhile: select again beside the writes
 		}
-		if len(fl.queue) > 0 {
+		if queued > 0 {
 			if fl.tasks == 0 && e.rec.ready(e.ctx) != nil {
 				// Grouped outcomes are written on the recorder's connection:
 				// it is held before anything is sent.
-				fl.queue = nil
+				fl.dropAll()
 				continue
 			}
-			if fl.tasks == fl.workers && fl.workers < e.r.workers() {
+			if fl.idle == 0 && fl.workers < e.r.workers() && !fl.starting {
 				fl.workers++
+				fl.starting = true
 				e.workers.Add(1)
 				go e.worker()
 			}
-			send, next = e.work, fl.queue[0]
+			if fl.idle > 0 {
+				send, next = e.work, fl.next()
+			}
 		}
+		e.starving.Store(fl.starving(e.r.workers()))
 		select {
 		case send <- next:
 			fl.handed(next)
-		case keys := <-e.done:
-			fl.finished(keys)
+		case l := <-e.idle:
+			fl.freed(l)
+		case d := <-e.done:
+			fl.finished(d)
+			for _, l := range d.failed {
+				// The lane's destination may be struggling: its failed rows
+				// wait for the next pass, not the next batch.
+				if !e.separable {
+					c.stop()
+				}
+				fl.lanes[l].stopped = true
+			}
+		case t := <-e.back:
+			fl.requeue(t)
 		case <-woken:
-			c.woken()
 			e.res.woken = true
+			if queued == 0 {
+				c.woken()
+			} else {
+				hungry = true
+			}
+		case <-tick:
+			hungry = e.separable
 		}
 	}
+	e.starving.Store(false)
 	close(e.work)
 	for ; fl.tasks > 0; fl.tasks-- {
 		<-e.done
 	}
-	e.workers.Wait()
+	e.workers.Wait() // e.idle has room for each worker's last word
+	for len(e.back) > 0 {
+		<-e.back
+	}
 	err := e.rec.close()
 	switch {
 	case err != nil:
@@ -250,10 +344,39 @@ func (e *engine) run() {
 	}
 }
 
+// selection is what a select asks for: the types of the lanes that can
+// send now and have not failed in this pass (with hungry, only those with
+// nothing queued), and the others, left out. Without separable lanes every
+// type is selected while one can send (a paused lane's rows are then cut in
+// plan). ok is false when no type can be selected.
+func (e *engine) selection(fl *flight, hungry bool) (types, others []string, ok bool) {
+	now := time.Now()
+	for i, l := range e.lanes {
+		can, _ := l.dispatchable(now)
+		if can && !fl.lanes[i].stopped && (!hungry || len(fl.lanes[i].queue) == 0) {
+			types = append(types, l.typ)
+		} else {
+			others = append(others, l.typ)
+		}
+	}
+	switch {
+	case len(types) == 0:
+		return nil, nil, false
+	case !e.separable:
+		return e.r.types, nil, !hungry
+	}
+	return types, others, true
+}
+
 // selectBatch selects the cursor's next batch and queues its tasks. It
 // returns false when the pass must end: the select failed, or the server is
 // read-only (the failure is kept).
 func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
+	types, others, ok := e.selection(fl, false)
+	if !ok {
+		c.stop() // every lane is paused or failed in this pass
+		return true
+	}
 	from, rereads := c.next()
 	if rereads && e.rec.flush() != nil {
 		// Rows up to the last select were selected before: each is in flight
@@ -262,7 +385,7 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
 		return false
 	}
 	first := c.first
-	f, err := e.src.fetch(e.ctx, first, from, e.o.parts)
+	f, err := e.src.fetch(e.ctx, fetchQuery{preflight: first, after: from, parts: e.o.parts, types: types, others: others})
 	if err != nil {
 		e.rec.keep(err)
 		return false
@@ -275,16 +398,48 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
 		e.res.lag = lagOf(f)
 	}
 	if from == math.MinInt64 {
-		clear(e.blocked) // a select from the start finds every row left behind
+		// A select from the start finds every row left behind, of the lanes
+		// it selects; the others' rows hold their keys' later rows back.
+		clear(e.blocked)
 	}
 	rows := c.take(f.rows)
-	queue, skipped := e.r.plan(rows, fl.busy, e.blocked, time.Now())
+	skipped := e.plan(rows, fl, time.Now())
 	c.selected(rows, f.full, f.cut, skipped)
 	if c.more && time.Since(start) > cmp.Or(e.o.drainFor, drainMax) {
 		c.stop()
 		e.res.backlog = true
 	}
-	fl.planned(queue, c)
+	fl.planned(c)
+	return true
+}
+
+// selectHungry selects, from the start, for the lanes that have nothing
+// queued while others have: rows written since their last batch would
+// otherwise wait for the others' queues to drain. It leaves the cursor where
+// it was. It returns false when the pass must end (the failure is kept).
+func (e *engine) selectHungry(c *cursor, fl *flight) bool {
+	types, others, ok := e.selection(fl, true)
+	if !ok {
+		return true
+	}
+	if e.rec.flush() != nil {
+		return false
+	}
+	f, err := e.src.fetch(e.ctx, fetchQuery{after: math.MinInt64, parts: e.o.parts, types: types, others: others})
+	if err != nil {
+		e.rec.keep(err)
+		return false
+	}
+	selected := make([]bool, len(e.lanes))
+	for _, typ := range types {
+		selected[e.r.lanes.byType[typ].index] = true
+	}
+	for k, b := range e.blocked {
+		if b.again && selected[b.lane] {
+			delete(e.blocked, k) // this select finds the row again
+		}
+	}
+	c.reread(f.rows, e.plan(f.rows, fl, time.Now()))
 	return true
 }
 
@@ -312,28 +467,34 @@ func lagOf(f fetched) time.Duration {
 	return 0
 }
 
-// plan splits a batch, in id order, into tasks: runs of keys, in the order of
-// each key's first id, except that the keys of a [BatchSender]'s type go
-// together in one task. A key in flight is left out (skipped reports it: the
-// rows are selected again, from the start, once the key is idle), and so is
-// a key whose row here is held back because its last outcome could not be
-// recorded. Either way the key is blocked: its later rows, in this batch or
-// the next ones selected past it, wait behind the row left out.
-func (r *Relay) plan(rows []row, busy map[string]bool, blocked map[string]bool, now time.Time) (tasks []task, skipped bool) {
+// plan splits a batch, in id order, into tasks, queued by lane: runs of keys,
+// in the order of each key's first id, except that the keys of a
+// [BatchSender]'s type go together in one task. A key queued or in flight is
+// left out (skipped reports it: the rows are selected again, from the start,
+// once the key is idle), and so is a key whose row here is held back because
+// its last outcome could not be recorded. Either way the key is blocked: its
+// later rows, in this batch or the next ones selected past it, wait behind
+// the row left out. A key's rows stop at its first row of a lane that cannot
+// send now (paused, or probing with its probe taken), which blocks the key
+// past this pass; a probing lane's probe is the first key that starts with
+// one of its rows, alone.
+func (e *engine) plan(rows []row, fl *flight, now time.Time) (skipped bool) {
 	index := make(map[string]int, len(rows))
 	var groups []group
 	for i := range rows {
 		m := &rows[i]
-		if again, ok := blocked[m.Key]; ok {
-			skipped = skipped || again
+		if b, ok := e.blocked[m.Key]; ok {
+			skipped = skipped || b.again
 			continue
 		}
+		m.lane = e.r.lanes.byType[m.Type]
 		switch {
-		case busy[m.Key]:
-			blocked[m.Key], skipped = true, true // selected again once idle; its later rows wait behind this one
+		case fl.busy[m.Key]:
+			// Selected again once idle; its later rows wait behind this one.
+			e.blocked[m.Key], skipped = blockedRow{again: true, lane: m.lane.index}, true
 			continue
-		case r.held.waiting(m.ID, now):
-			blocked[m.Key] = false // waits out its backoff; its later rows wait behind it
+		case e.r.held.waiting(m.ID, now):
+			e.blocked[m.Key] = blockedRow{lane: m.lane.index} // waits out its backoff; its later rows wait behind it
 			continue
 		}
 		g, ok := index[m.Key]
@@ -344,53 +505,90 @@ func (r *Relay) plan(rows []row, busy map[string]bool, blocked map[string]bool, 
 		}
 		groups[g] = append(groups[g], m)
 	}
-	batched := make(map[string]int) // type → index of its task
-	var single []group
+	batched := make(map[*lane]int) // a BatchSender's lane → its task in tasks
+	var tasks []task
+	singles := make([][]group, len(e.lanes))
 	for _, g := range groups {
-		typ := g[0].Type
-		if _, ok := r.senders[typ].(BatchSender); ok && g[0].bad == "" {
-			if t, ok := batched[typ]; ok {
+		if g = e.sendable(g, now); len(g) == 0 {
+			continue
+		}
+		l := g[0].lane
+		if _, ok := e.r.senders[l.typ].(BatchSender); ok && g[0].bad == "" {
+			if t, ok := batched[l]; ok {
 				tasks[t].groups = append(tasks[t].groups, g)
 				continue
 			}
-			batched[typ] = len(tasks)
-			tasks = append(tasks, task{groups: []group{g}, rounds: true})
+			batched[l] = len(tasks)
+			tasks = append(tasks, task{groups: []group{g}, rounds: true, lane: l.index, first: g[0].ID})
 			continue
 		}
-		single = append(single, g)
+		singles[l.index] = append(singles[l.index], g)
 	}
-	size := max(1, (len(single)+r.workers()*tasksPerWorker-1)/(r.workers()*tasksPerWorker))
-	for len(single) > 0 {
-		n := min(size, len(single))
-		tasks = append(tasks, task{groups: single[:n:n]})
-		single = single[n:]
+	for lane, single := range singles {
+		size := max(1, (len(single)+e.r.workers()*tasksPerWorker-1)/(e.r.workers()*tasksPerWorker))
+		for len(single) > 0 {
+			n := min(size, len(single))
+			tasks = append(tasks, task{groups: single[:n:n], lane: lane, first: single[0][0].ID})
+			single = single[n:]
+		}
 	}
-	return tasks, skipped
+	for _, t := range tasks {
+		fl.queue(t)
+	}
+	return skipped
+}
+
+// sendable is the part of a key's rows that can be sent now: up to its first
+// row of a lane that cannot (the key is then blocked past this pass), or a
+// probing lane's probe alone.
+func (e *engine) sendable(g group, now time.Time) group {
+	for j, m := range g {
+		ok, probe := m.lane.dispatchable(now)
+		switch {
+		case ok && !probe:
+			continue
+		case ok && j == 0 && m.lane.claimProbe():
+			e.claimed = append(e.claimed, m.lane)
+			return g[:1]
+		}
+		e.blocked[g[0].Key] = blockedRow{lane: m.lane.index}
+		return g[:j]
+	}
+	return g
 }
 
 // deliverRounds delivers the keys of one [BatchSender]'s type: each round
 // sends the next message of every key still going in one SendBatch call, and
 // a key whose message failed goes no further in this pass. A round starts
-// once the last one's outcomes are written.
-func (e *engine) deliverRounds(t []group, w *writer) (failed bool) {
-	s := e.r.senders[t[0][0].Type].(BatchSender)
-	next := make([]int, len(t)) // per key, the index of its next message
-	for {
+// once the last one's outcomes are written. rest is what it hands back
+// undelivered when another lane waits for a worker, or its own lane paused.
+func (e *engine) deliverRounds(t task, w *writer) (failed bool, rest []group) {
+	s := e.r.senders[t.groups[0][0].Type].(BatchSender)
+	next := make([]int, len(t.groups)) // per key, the index of its next message
+	for round := 0; ; round++ {
 		if e.halted() {
-			return failed
+			return failed, nil
 		}
-		var round []*row
+		if e.lanes[t.lane].paused() || round > 0 && e.preempt() {
+			for k, g := range t.groups {
+				if next[k] < len(g) {
+					rest = append(rest, g[next[k]:])
+				}
+			}
+			return failed, rest
+		}
+		var ms []*row
 		var keys []int
-		for k, g := range t {
+		for k, g := range t.groups {
 			if next[k] < len(g) {
-				round = append(round, g[next[k]])
+				ms = append(ms, g[next[k]])
 				keys = append(keys, k)
 			}
 		}
-		if len(round) == 0 {
-			return failed
+		if len(ms) == 0 {
+			return failed, nil
 		}
-		ds := e.r.deliverMany(e.ctx, s, round)
+		ds := e.r.deliverMany(e.ctx, s, ms)
 		recorded := ds[:0:0]
 		more := false
 		for i, d := range ds {
@@ -402,16 +600,22 @@ func (e *engine) deliverRounds(t []group, w *writer) (failed bool) {
 			k := keys[i]
 			if d.out == outcomeSent {
 				next[k]++
-				more = more || next[k] < len(t[k])
+				more = more || next[k] < len(t.groups[k])
 			} else {
-				next[k] = len(t[k]) // the rest of this key waits for a later pass
+				next[k] = len(t.groups[k]) // the rest of this key waits for a later pass
 				failed = true
 			}
 		}
 		if len(recorded) > 0 && w.record(recorded, more) != nil {
-			return failed
+			return failed, nil
 		}
 	}
+}
+
+// preempt reports whether this worker is the one to hand back the rest of
+// its task, for a lane that waits with no worker.
+func (e *engine) preempt() bool {
+	return e.starving.Load() && e.starving.CompareAndSwap(true, false)
 }
 
 // deliverMany sends ms through one SendBatch call.
@@ -434,6 +638,7 @@ func (r *Relay) deliverMany(ctx context.Context, s BatchSender, ms []*row) []del
 func (r *Relay) outcomeOf(ctx context.Context, m *row, err error, took time.Duration) delivery {
 	m.Payload = nil // sent: a batch's payloads are held until their sends return, not until their outcomes are written
 	d := delivery{m: m, sendErr: err, took: took}
+	permanent := false
 	switch {
 	case err == nil:
 		d.out = outcomeSent
@@ -443,10 +648,14 @@ func (r *Relay) outcomeOf(ctx context.Context, m *row, err error, took time.Dura
 		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: send interrupted",
 			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("error", errorText(err, 0)))
 		d.out = outcomeInterrupted
-	case permanentFailure(err) || m.Attempts+1 >= r.cfg.MaxAttempts:
+		return d
+	case permanentFailure(err):
+		d.out, permanent = outcomeDead, true
+	case m.Attempts+1 >= r.cfg.MaxAttempts:
 		d.out = outcomeDead
 	default:
 		d.out = outcomeFailed
 	}
+	m.lane.observe(d.out, permanent, err) // the type's health (lanes.go)
 	return d
 }

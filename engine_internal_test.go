@@ -39,13 +39,21 @@ func newMemTable(limit int, keys ...string) *memTable {
 	return t
 }
 
-func (t *memTable) fetch(_ context.Context, _ bool, after int64, _ []int) (fetched, error) {
+func (t *memTable) fetch(_ context.Context, q fetchQuery) (fetched, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.selects++
+	live := func(r *row) bool { return r.status.String != statusSent && r.Attempts < t.ceiling }
 	var ids []int64
 	for id, r := range t.rows {
-		if id > after && r.status.String != statusSent && r.Attempts < t.ceiling {
+		if id <= q.after || !live(r) || q.types != nil && !slices.Contains(q.types, r.Type) {
+			continue
+		}
+		held := false // heldByOthers: an earlier live row of its key, of a type left out
+		for oid, o := range t.rows {
+			held = held || oid < id && o.Key == r.Key && live(o) && slices.Contains(q.others, o.Type)
+		}
+		if !held {
 			ids = append(ids, id)
 		}
 	}
@@ -129,6 +137,7 @@ func memRelay(t *testing.T, concurrency, batch int, s Sender) *Relay {
 	cfg.Concurrency, cfg.BatchSize, cfg.MaxAttempts = concurrency, batch, 10
 	r := &Relay{cfg: cfg, maxConns: concurrency + 2, logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		senders: map[string]Sender{"t": s}, types: []string{"t"}, sendTimedOut: errors.New("send timed out")}
+	r.lanes = newLanes(r.types, cfg, r.logger)
 	return r
 }
 

@@ -17,7 +17,8 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 	if err != nil {
 		panic(err)
 	}
-	return r.fetchSQL.sql, r.fetchSQL.args(map[string]any{"max": maxAttempts, "types": types, "limit": limit,
+	q := r.fetchSQL[0][0][0]
+	return q.sql, q.args(map[string]any{"max": maxAttempts, "types": types, "limit": limit,
 		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
 }
 

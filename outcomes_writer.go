@@ -19,12 +19,12 @@ type writer struct {
 }
 
 // submission is outcomes to record; once they are, ack (if set) is closed and
-// keys (if set) go to finished.
+// done (if finished is set) goes to finished.
 type submission struct {
 	ds       []delivery
 	ack      chan struct{}
-	keys     []string
-	finished chan<- []string
+	done     taskDone
+	finished chan<- taskDone
 }
 
 // newWriter starts a worker's writer, holding its connection first.
@@ -79,7 +79,7 @@ func (w *writer) run() {
 				close(b.ack)
 			}
 			if b.finished != nil {
-				b.finished <- b.keys
+				b.finished <- b.done
 			}
 		}
 	}
@@ -113,10 +113,10 @@ func (w *writer) record(ds []delivery, wait bool) error {
 	return w.rc.errorOf()
 }
 
-// finish has the writer send keys to finished once every outcome handed to it
-// before is recorded.
-func (w *writer) finish(keys []string, finished chan<- []string) {
-	w.in <- submission{keys: keys, finished: finished}
+// finish has the writer send done to finished once every outcome handed to
+// it before is recorded.
+func (w *writer) finish(done taskDone, finished chan<- taskDone) {
+	w.in <- submission{done: done, finished: finished}
 }
 
 // close waits for the last outcome and gives the connection back.

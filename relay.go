@@ -61,6 +61,9 @@ type Relay struct {
 	// from re-sending (outcomes.go).
 	held heldBack
 
+	// lanes are the types' health: paused, probing or open (lanes.go).
+	lanes *lanes
+
 	tableMu        sync.Mutex
 	tableInfo      tableInfo
 	tableOK        bool
@@ -137,6 +140,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		sendTimedOut: fmt.Errorf("send timed out after %s", cfg.SendTimeout),
 	}
 	r.presence = newPresence(cfg, r.types)
+	r.lanes = newLanes(r.types, cfg, logger)
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err
 	}
@@ -265,16 +269,16 @@ func (r *Relay) Stats() Stats { return r.stats.snapshot() }
 // fetch selects one batch, outside any transaction, on a connection it takes
 // for the select alone. A connection that died in a failover fails its first
 // statement: the select, which changes nothing, is tried once more on another.
-func (r *Relay) fetch(ctx context.Context, preflight bool, after int64, parts []int) (fetched, error) {
+func (r *Relay) fetch(ctx context.Context, q fetchQuery) (fetched, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	table := r.table()
 	args := fetchArgs{
-		maxAttempts: r.cfg.MaxAttempts, types: r.types, limit: r.cfg.BatchSize, maxBytes: r.cfg.BatchBytes,
-		after: after, preflight: preflight, source: table.qualified, headers: table.headers,
+		maxAttempts: r.cfg.MaxAttempts, types: q.types, others: q.others, limit: r.cfg.BatchSize, maxBytes: r.cfg.BatchBytes,
+		after: q.after, preflight: q.preflight, source: table.qualified, headers: table.headers,
 	}
-	if parts != nil {
-		args.partitions, args.parts = r.cfg.Partitions, parts
+	if q.parts != nil {
+		args.partitions, args.parts = r.cfg.Partitions, q.parts
 	}
 	once := func() (fetched, error) {
 		c, err := acquire(fctx, r.pool, "select a batch")

@@ -272,6 +272,7 @@ func TestRun(t *testing.T) {
 		ids := b.insert(t, "t", "ok1", "fail", "panic", "hang", "ok2")
 		cfg := b.cfg
 		cfg.SendTimeout = 100 * time.Millisecond
+		cfg.PauseAfter = 0 // with one worker, the abandoned hang would pause the type (TestIsolation)
 		release := make(chan struct{})
 		t.Cleanup(func() { close(release) })
 		rec := newRecorder("t", func(ctx context.Context, m relay.Message) error {
@@ -310,6 +311,7 @@ func TestRun(t *testing.T) {
 		ids := b.insert(t, "t", "a", "b", "c")
 		cfg := b.cfg
 		cfg.SendTimeout = 500 * time.Millisecond
+		cfg.PauseAfter = 0 // with one worker, a's abandoned Send would pause the type (TestIsolation)
 		lateA, aReturned, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
 		t.Cleanup(func() { close(release) })
 		rec := newRecorder("t", func(ctx context.Context, m relay.Message) error {

@@ -145,6 +145,7 @@ type sqlData struct {
 	Partitioned bool   // only this replica's partitions
 	Wake        bool   // Enqueue's insert also notifies
 	Headers     bool   // the table has the optional headers column: read or write it
+	Others      bool   // the select leaves some types out, whose rows hold back later ones of their keys
 
 	// Per use of a fragment.
 	Alias    string // the row alias a fragment reads ("m", "e")

@@ -153,8 +153,8 @@ func TestSQLFiles(t *testing.T) {
 // sqlVariants are the options a statement is built with.
 func sqlVariants() []sqlData {
 	var ds []sqlData
-	for i := range 16 {
-		ds = append(ds, sqlData{Table: `"s"."t"`, Backoff: i&1 != 0, Async: i&2 != 0, Partitioned: i&4 != 0, Wake: i&8 != 0, Headers: i&8 != 0,
+	for i := range 32 {
+		ds = append(ds, sqlData{Table: `"s"."t"`, Backoff: i&1 != 0, Async: i&2 != 0, Partitioned: i&4 != 0, Wake: i&8 != 0, Headers: i&8 != 0, Others: i&16 != 0,
 			Alias: "m", Attempts: "true", Lock: "f", Unlock: "f", Function: `"f"`, Channel: `'c'`, Since: "s", InlinePayloadMax: 1})
 	}
 	return ds
@@ -164,12 +164,22 @@ func sqlVariants() []sqlData {
 // the package sends it, and returns the texts it built.
 func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	ctx := context.Background()
+	var named func(f reflect.Value)
+	named = func(f reflect.Value) { // a namedSQL, or arrays of them
+		if f.Kind() == reflect.Array {
+			for j := range f.Len() {
+				named(f.Index(j))
+			}
+			return
+		}
+		built = append(built, f.Field(0).String())
+	}
 	texts := func(v any) {
 		rv := reflect.ValueOf(v).Elem()
 		for i := range rv.NumField() {
 			switch f := rv.Field(i); {
-			case f.Type() == reflect.TypeFor[namedSQL]():
-				built = append(built, f.Field(0).String())
+			case f.Type() == reflect.TypeFor[namedSQL]() || f.Kind() == reflect.Array:
+				named(f)
 			case f.Kind() == reflect.String && strings.HasSuffix(rv.Type().Field(i).Name, "SQL"):
 				built = append(built, f.String())
 			}
@@ -197,7 +207,9 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 				texts(r)
 				for _, parts := range [][]int{nil, {1}} {
 					for _, headers := range []bool{false, true} {
-						_, _ = r.fetch(ctx, q, fetchArgs{maxAttempts: 3, types: []string{"t"}, limit: 10, maxBytes: 100, partitions: 2, parts: parts, preflight: true, headers: headers})
+						for _, others := range [][]string{nil, {"u"}} {
+							_, _ = r.fetch(ctx, q, fetchArgs{maxAttempts: 3, types: []string{"t"}, others: others, limit: 10, maxBytes: 100, partitions: 2, parts: parts, preflight: true, headers: headers})
+						}
 					}
 				}
 				_ = r.loadLarge(ctx, q, &fetched{rows: []row{{Message: Message{ID: 1}, large: true}}}, 100)

@@ -36,6 +36,7 @@ type querier interface {
 // cannot be delivered, why.
 type row struct {
 	Message
+	lane     *lane       // its type's (lanes.go), set when the engine plans it
 	status   pgtype.Text // as read; not Valid: NULL (read as PENDING)
 	attempts pgtype.Int8 // as read; not Valid: NULL (read as 0)
 	bad      string      // the column that makes the row undeliverable, and how; "" if none
@@ -57,10 +58,11 @@ const inlinePayloadMax = 8 << 10
 
 // repository holds the statements of one table, built once by newRepository.
 type repository struct {
-	table        string   // quoted
-	name         string   // as configured, for to_regclass
-	fetchSQL     namedSQL // every partition
-	fetchPartSQL namedSQL // this replica's partitions
+	table string // quoted
+	name  string // as configured, for to_regclass
+	// fetchSQL is the select, by whether it is of this replica's partitions
+	// only, reads the optional headers column, and leaves types out.
+	fetchSQL     [2][2][2]namedSQL
 	pollSQL      namedSQL
 	partWorkSQL  namedSQL // the partitioned member's check for work, in its rebalance's round trip
 	payloadSQL   string
@@ -73,9 +75,7 @@ type repository struct {
 	backoff      float64 // seconds; 0 = no backoff
 	backoffMax   float64
 
-	// fetchSQL and fetchPartSQL, with the optional headers column
-	fetchHeadersSQL, fetchPartHeadersSQL namedSQL
-	headersAddedSQL                      string
+	headersAddedSQL string
 }
 
 // preflightSQL is sent with the first select of a pass (sql/pass.sql).
@@ -95,15 +95,19 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 	t := id.Sanitize()
 	r := &repository{table: t, name: t, backoff: backoff.Seconds(), backoffMax: retryBackoffMax.Seconds()}
 	d := sqlData{Table: t, Backoff: r.backoff != 0, Async: asyncCommit, InlinePayloadMax: inlinePayloadMax}
+	for _, parts := range []bool{false, true} {
+		for _, headers := range []bool{false, true} {
+			for _, others := range []bool{false, true} {
+				v := d
+				v.Partitioned, v.Headers, v.Others = parts, headers, others
+				r.fetchSQL[b2i(parts)][b2i(headers)][b2i(others)] = statements.named("fetch", v)
+			}
+		}
+	}
 	part := d
 	part.Partitioned = true
-	r.fetchSQL, r.fetchPartSQL = statements.named("fetch", d), statements.named("fetch", part)
-	d.Headers, part.Headers = true, true
-	r.fetchHeadersSQL, r.fetchPartHeadersSQL = statements.named("fetch", d), statements.named("fetch", part)
-	d.Headers = false
 	r.headersAddedSQL = statements.positional("headersAdded", d)
 	r.pollSQL = statements.named("poll", d)
-	part.Headers = false
 	r.partWorkSQL = statements.named("partitionWork", part)
 	r.payloadSQL = statements.positional("payload", d)
 	r.probeSQL = statements.positional("probe", d)
@@ -119,6 +123,7 @@ func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repo
 type fetchArgs struct {
 	maxAttempts int
 	types       []string
+	others      []string // the types left out whose earlier rows of a key hold back its later ones; nil: none
 	limit       int
 	maxBytes    int
 	after       int64  // only rows past this id: a drain's next batch, while the last one's outcomes are written
@@ -146,17 +151,9 @@ type fetched struct {
 // exceeds it comes back marked bad.
 func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetched, error) {
 	var f fetched
-	sql := r.fetchSQL
-	switch {
-	case a.parts != nil && a.headers:
-		sql = r.fetchPartHeadersSQL
-	case a.parts != nil:
-		sql = r.fetchPartSQL
-	case a.headers:
-		sql = r.fetchHeadersSQL
-	}
+	sql := r.fetchSQL[b2i(a.parts != nil)][b2i(a.headers)][b2i(a.others != nil)]
 	args := sql.args(map[string]any{"max": a.maxAttempts, "types": a.types, "limit": a.limit, "after": a.after,
-		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts})
+		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts, "others": a.others})
 	b := &pgx.Batch{}
 	b.Queue(genericPlansSQL)
 	if a.preflight {
@@ -354,6 +351,7 @@ type tableInfo struct {
 	qualified string // "schema.table", as Message.IdempotencyKey names it
 	errWidth  int    // characters last_error holds; 0: as many as lastErrorMax
 	headers   bool   // it has the optional headers column (a JVM-made table has not)
+	keyIndex  bool   // an index leads with (natural_key, id) over the live rows: selects may leave types out
 }
 
 // requiredColumns are the columns the pass reads and writes.
@@ -366,7 +364,8 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 	var schema, name string
 	var columns []string
 	var width int32
-	err := db.QueryRow(ctx, r.probeSQL, r.table).Scan(&schema, &name, &columns, &width)
+	var keyIndex bool
+	err := db.QueryRow(ctx, r.probeSQL, r.table).Scan(&schema, &name, &columns, &width, &keyIndex)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return tableInfo{}, fmt.Errorf("table %s does not exist (as the search_path resolves it): create it with relay.CreateTable or relay.SchemaSQL", r.table)
 	}
@@ -383,5 +382,14 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 		return tableInfo{}, fmt.Errorf("table %s.%s lacks the column(s) %s that the relay reads and writes (see relay.SchemaSQL)",
 			schema, name, strings.Join(missing, ", "))
 	}
-	return tableInfo{qualified: schema + "." + name, errWidth: int(width), headers: slices.Contains(columns, headersColumn)}, nil
+	return tableInfo{qualified: schema + "." + name, errWidth: int(width), headers: slices.Contains(columns, headersColumn),
+		keyIndex: keyIndex}, nil
+}
+
+// b2i is 1 for true, 0 for false: an index into the statements' variants.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

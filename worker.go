@@ -40,8 +40,8 @@ type worker struct {
 // place is where a worker is in its task, set before each Send.
 type place struct {
 	t      task
-	g      int  // the group of t being delivered
-	failed bool // a message of t's groups before g failed
+	g      int   // the group of t being delivered
+	failed []int // the lanes of the messages of t's groups before g that failed
 	m      *row
 	ctx    context.Context // the Send's
 }
@@ -71,61 +71,89 @@ func (k *worker) run(given *delivery) {
 		}
 		e.workers.Done()
 	}()
+	last := -1 // the lane of the task it finished last
 	if given != nil { // the key goes no further in this pass
 		at := k.at
-		failed, _ := k.settle(*given, false)
-		if !k.finish(at.t, at.g+1, at.failed || failed) {
+		failed := at.failed
+		if f, _ := k.settle(*given, false); f {
+			failed = append(failed, at.m.lane.index)
+		}
+		if !k.finish(at.t, at.g+1, failed) {
 			return
 		}
+		last = at.t.lane
 	}
-	for t := range e.work {
+	for {
+		// Say it is free, and of which lane's task, before it takes the next:
+		// the engine then chooses the next task knowing who works on what.
+		e.idle <- last
+		t, ok := <-e.work
+		if !ok {
+			break
+		}
 		if k.w == nil {
 			var err error
 			if k.w, err = e.rec.newWriter(e.ctx); err != nil {
 				k.w = nil
 			}
 		}
-		if !k.finish(t, 0, false) {
+		if !k.finish(t, 0, nil) {
 			return
 		}
+		last = t.lane
 	}
 	ended = true
 }
 
-// finish delivers t's groups from g on, reports a failure, and hands the
-// task's keys back once their outcomes are recorded. It returns false when
+// finish delivers t's groups from g on and hands the task's keys back, with
+// the lanes that saw a failure, once their outcomes are recorded. It hands
+// the rest of the task back to the engine before a key when t's lane paused,
+// or, after its first key, when another lane waits for a worker. It returns false when
 // the goroutine was given up in a Send.
-func (k *worker) finish(t task, g int, failed bool) bool {
+func (k *worker) finish(t task, g int, failed []int) bool {
 	e := k.e
+	var rest []group
 	switch {
 	case k.w == nil: // no connection for the outcomes: send nothing
 	case t.rounds:
-		failed = e.deliverRounds(t.groups, k.w)
+		var f bool
+		if f, rest = e.deliverRounds(t, k.w); f {
+			failed = append(failed, t.lane)
+		}
 	default:
 		k.at.t = t
-		for ; g < len(t.groups) && !e.halted(); g++ {
+		for first := g; g < len(t.groups) && !e.halted(); g++ {
+			if e.lanes[t.lane].paused() || g > first && e.preempt() {
+				rest = t.groups[g:]
+				break
+			}
 			k.at.g, k.at.failed = g, failed
-			f, kept := k.deliverKey(t.groups[g])
+			l, kept := k.deliverKey(t.groups[g])
 			if !kept {
 				return false
 			}
-			failed = f || failed
+			if l >= 0 {
+				failed = append(failed, l)
+			}
 		}
 	}
-	if failed {
-		select {
-		case e.failed <- struct{}{}:
-		default:
-		}
+	done := taskDone{lane: t.lane, failed: failed, keys: make([]string, 0, len(t.groups)-len(rest))}
+	if len(rest) > 0 {
+		e.back <- task{groups: rest, rounds: t.rounds, lane: t.lane, first: rest[0][0].ID}
 	}
-	keys := make([]string, len(t.groups))
-	for i, g := range t.groups {
-		keys[i] = g[0].Key
+	handedBack := make(map[string]bool, len(rest))
+	for _, g := range rest {
+		handedBack[g[0].Key] = true
+	}
+	for _, g := range t.groups {
+		if !handedBack[g[0].Key] {
+			done.keys = append(done.keys, g[0].Key)
+		}
 	}
 	if k.w != nil {
-		k.w.finish(keys, e.done) // once the task's outcomes are recorded
+		k.w.finish(done, e.done) // once the task's outcomes are recorded
 	} else {
-		e.done <- keys
+		e.done <- done
 	}
 	return true
 }
@@ -133,24 +161,27 @@ func (k *worker) finish(t task, g int, failed bool) bool {
 // deliverKey delivers the messages of one natural key, in id order, one at a
 // time, and records each outcome. It stops at the first message that is not
 // sent: the rest of that key wait for a later pass instead of overtaking it.
-// It reports whether a message failed, and kept is false when the goroutine
-// was given up in a Send.
-func (k *worker) deliverKey(g group) (failed, kept bool) {
+// failed is the lane of a message that failed, -1 if none; kept is false
+// when the goroutine was given up in a Send.
+func (k *worker) deliverKey(g group) (failed int, kept bool) {
 	e := k.e
 	for i, m := range g {
 		if e.halted() {
-			return false, true
+			return -1, true
 		}
 		d, kept := k.deliverOne(m)
 		if !kept {
-			return false, false
+			return -1, false
 		}
 		more := i < len(g)-1 && (d.out == outcomeSent || m.bad != "")
-		if failed, stop := k.settle(d, more); stop {
-			return failed, true
+		if f, stop := k.settle(d, more); stop {
+			if f {
+				return m.lane.index, true
+			}
+			return -1, true
 		}
 	}
-	return false, true
+	return -1, true
 }
 
 // settle records d, the outcome of one message of a key (more: the key's
@@ -190,7 +221,7 @@ func (k *worker) send(m *row) (kept bool, err error) {
 	r := k.e.r
 	ctx, cancel := context.WithTimeoutCause(k.e.ctx, r.cfg.SendTimeout, r.sendTimedOut)
 	defer cancel()
-	s, msg := r.senders[m.Type], m.Message // read before the turn: m is the taker's after it
+	s, msg, l := r.senders[m.Type], m.Message, m.lane // read before the turn: m is the taker's after it
 	turn := 2*k.sent + 1
 	k.sent++
 	k.at.m, k.at.ctx = m, ctx
@@ -209,6 +240,7 @@ func (k *worker) send(m *row) (kept bool, err error) {
 		// Given up: the worker, and its overdue timer, are another
 		// goroutine's now. Stopping the timer would disarm the watch of the
 		// Send running in this one's place.
+		l.returned()
 		return false, err
 	}
 	k.overdue.Stop()
@@ -249,6 +281,7 @@ func (k *worker) giveUp(turn uint64) {
 	m := k.at.m
 	k.e.r.logger.LogAttrs(k.e.ctx, slog.LevelError, "relay: sender did not return after its context ended; abandoned",
 		slog.Int64("id", m.ID), slog.String("type", m.Type))
+	m.lane.abandon()
 	k.takeOver(context.Cause(k.at.ctx))
 }
 

@@ -3,7 +3,7 @@
 --
 -- The select's parameters are named: @max the ceiling, @types, @limit, @after
 -- the least id, @backoff and @cap in seconds, @n partitions and @parts this
--- replica's, @key the election.
+-- replica's, @key the election, @others the types a select leaves out.
 
 -- name: preflight
 -- Sent with the first select of a pass, in the same round trip: a read-only
@@ -63,7 +63,7 @@ ORDER BY m.id
   SELECT p.id FROM unnest(@types::text[]) AS ty(type) CROSS JOIN LATERAL (
     SELECT m.id FROM {{.Table}} m
     WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
-      AND coalesce(m.attempts, 0) < @max AND m.id > @after{{template "inPartitions" .}}{{template "heldBack" .}}
+      AND coalesce(m.attempts, 0) < @max AND m.id > @after{{template "inPartitions" .}}{{template "heldBack" .}}{{template "heldByOthers" .}}
     ORDER BY m.type, m.id LIMIT @limit) p{{template "failed" (.Failing "m.attempts >= (-9223372036854775807 - 1) AND m.attempts < @max")}}{{template "failed" (.Failing "m.attempts IS NULL")}}
 
 -- name: failed
@@ -73,7 +73,7 @@ ORDER BY m.id
   UNION ALL
   (SELECT e.id FROM (SELECT m.id FROM {{.Table}} m
     WHERE m.type = ANY(@types::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR' AND {{.Attempts}} AND m.id > @after{{template "inPartitions" .}}
-      AND NOT {{template "waiting" (.As "m")}}{{template "heldBack" .}}
+      AND NOT {{template "waiting" (.As "m")}}{{template "heldBack" .}}{{template "heldByOthers" .}}
     OFFSET 0) e ORDER BY e.id LIMIT @limit)
 
 -- name: inPartitions
@@ -99,6 +99,19 @@ ORDER BY m.id
       AND NOT EXISTS (SELECT 1 FROM {{.Table}} e
         WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.direction = 'OUT' AND e.status = 'ERROR'
           AND e.type = ANY(@types::text[]) AND (e.attempts < @max OR e.attempts IS NULL) AND {{template "waiting" (.As "e")}}){{end}}
+
+-- name: heldByOthers
+-- A select that leaves some of the relay's types out, @others (paused, or
+-- with rows already queued: lanes.go), holds a row back while its key has an
+-- earlier live row of one of them: a key's messages keep their order across
+-- types. Each candidate is one probe of the key index, (natural_key, id) of
+-- the live rows (schema.sql); the engine leaves no type out on a table
+-- without it.
+{{if .Others}}
+      AND NOT EXISTS (SELECT 1 FROM {{.Table}} o
+        WHERE o.natural_key = m.natural_key AND o.id < m.id AND o.direction = 'OUT'
+          AND (o.status IN ('PENDING', 'ERROR') OR o.status IS NULL) AND coalesce(o.attempts, 0) < @max
+          AND o.type = ANY(@others::text[])){{end}}
 
 -- name: poll
 -- The idle poll, one statement: is the server writable, does this session
@@ -141,11 +154,18 @@ SELECT EXISTS (SELECT 1 FROM pg_attribute
 
 -- name: probe @table
 -- What the relay learns of the table before its first pass: its
--- schema-qualified name, the columns it has, and the width of last_error
--- when it is declared narrower than text (varchar(255)).
+-- schema-qualified name, the columns it has, the width of last_error when it
+-- is declared narrower than text (varchar(255)), and whether a valid index
+-- leads with (natural_key, id) over the waiting rows too (the key index of
+-- schema.sql, or one like it): heldByOthers probes it once per candidate.
 SELECT n.nspname::text, c.relname::text,
   coalesce((SELECT array_agg(a.attname::text) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
   coalesce((SELECT CASE WHEN a.atttypid IN ('varchar'::regtype, 'bpchar'::regtype) AND a.atttypmod > 4 THEN a.atttypmod - 4 END
-    FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'last_error' AND NOT a.attisdropped), 0)
+    FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'last_error' AND NOT a.attisdropped), 0),
+  EXISTS (SELECT 1 FROM pg_index ix
+    WHERE ix.indrelid = c.oid AND ix.indisvalid AND ix.indnatts >= 2
+      AND ix.indkey[0] = (SELECT attnum FROM pg_attribute WHERE attrelid = c.oid AND attname = 'natural_key' AND NOT attisdropped)
+      AND ix.indkey[1] = (SELECT attnum FROM pg_attribute WHERE attrelid = c.oid AND attname = 'id' AND NOT attisdropped)
+      AND (ix.indpred IS NULL OR pg_get_expr(ix.indpred, ix.indrelid) LIKE '%PENDING%'))
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass(@table)

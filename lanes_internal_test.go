@@ -1,0 +1,340 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// These tests run the engine's lanes (lanes.go) on the in-memory table of
+// engine_internal_test.go: no PostgreSQL.
+
+// add appends rows of typ with keys to t, in order, and returns their ids.
+func (t *memTable) add(typ string, keys ...string) []int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ids []int64
+	for _, k := range keys {
+		id := int64(len(t.rows) + 1)
+		t.rows[id] = &row{Message: Message{ID: id, Type: typ, Key: k}}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// status is row id's status and attempts.
+func (t *memTable) status(id int64) (string, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.rows[id]
+	return r.status.String, r.Attempts
+}
+
+// laneRelay is a Relay with no pool and a sender per type, for the engine
+// alone. separable: the engine may leave lanes out of its selects.
+func laneRelay(t *testing.T, concurrency int, cfg func(*Config), senders ...Sender) *Relay {
+	t.Helper()
+	c := DefaultConfig()
+	c.Concurrency, c.BatchSize, c.MaxAttempts, c.SendTimeout = concurrency, 100, 10, time.Hour
+	if cfg != nil {
+		cfg(&c)
+	}
+	r := &Relay{cfg: c, maxConns: concurrency + 2, logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		senders: map[string]Sender{}, sendTimedOut: errors.New("send timed out")}
+	for _, s := range senders {
+		r.senders[s.Type()] = s
+	}
+	r.types = slices.Sorted(maps.Keys(r.senders))
+	r.lanes = newLanes(r.types, c, r.logger)
+	return r
+}
+
+// runLanes runs one pass of r's engine over t, its lanes separable or not.
+func runLanes(r *Relay, t *memTable, o passOpts, separable bool) passResult {
+	e := r.newEngine(context.Background(), o, t)
+	e.separable = separable
+	e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res, pipeline: outcomePipeline}
+	e.rec.outcomeStrategy = memOutcomes{rc: e.rec, t: t}
+	e.run()
+	return e.res
+}
+
+// gatedSender sends type typ: each Send takes a token from gate first (nil:
+// none), then fails when fail says so. It records what it sent, in order.
+type gatedSender struct {
+	typ  string
+	gate chan struct{}
+	fail func(m Message) error
+
+	mu   sync.Mutex
+	sent []Message
+}
+
+func (s *gatedSender) Type() string { return s.typ }
+
+func (s *gatedSender) Send(ctx context.Context, m Message) error {
+	if s.gate != nil {
+		select {
+		case <-s.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if s.fail != nil {
+		if err := s.fail(m); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	s.sent = append(s.sent, m)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *gatedSender) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sent)
+}
+
+func keysOf(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = prefix + string(rune('a'+i%26)) + string(rune('a'+i/26))
+	}
+	return keys
+}
+
+// waitFor waits until cond holds, failing the test after a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, time.Minute, time.Millisecond, what)
+}
+
+// TestLanesShareTheWorkers: x's destination answers one message at a time,
+// at the test's pace; y's at once. With two workers, one serves y while x's
+// first message is still unanswered; with one, it hands the rest of its task
+// back after x's first message, and serves y's keys one after each of x's.
+func TestLanesShareTheWorkers(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		workers, xTokens int
+	}{
+		{"TwoWorkers", 2, 0},
+		{"OneWorkerHandsBack", 1, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table := newMemTable(100)
+			table.add("x", keysOf("x", 20)...)
+			table.add("y", keysOf("y", 5)...)
+			x := &gatedSender{typ: "x", gate: make(chan struct{})}
+			y := &gatedSender{typ: "y"}
+			r := laneRelay(t, tc.workers, nil, x, y)
+			done := make(chan passResult, 1)
+			go func() { done <- runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false) }()
+			for range tc.xTokens {
+				x.gate <- struct{}{}
+			}
+			waitFor(t, "y's messages sent while x's wait", func() bool { return y.count() == 5 })
+			require.LessOrEqual(t, x.count(), tc.xTokens, "x sent only what its destination answered")
+			close(x.gate)
+			res := <-done
+			require.NoError(t, res.err)
+			require.Equal(t, 25, res.sent)
+		})
+	}
+}
+
+// TestLanesPauseDropsTheLanesTasks: x's destination refuses everything;
+// after PauseAfter failures in a row x is paused, its queued keys are not
+// tried, and keep their status and attempts; y's go on.
+func TestLanesPauseDropsTheLanesTasks(t *testing.T) {
+	table := newMemTable(100)
+	xs := table.add("x", keysOf("x", 10)...)
+	table.add("y", keysOf("y", 5)...)
+	x := &gatedSender{typ: "x", fail: func(Message) error { return errors.New("503 from x") }}
+	y := &gatedSender{typ: "y"}
+	r := laneRelay(t, 1, func(c *Config) { c.PauseAfter = 2 }, x, y)
+	res := runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
+	require.NoError(t, res.err)
+	require.Equal(t, 5, res.sent)
+	require.Equal(t, 2, res.failed, "x paused after 2 failures in a row")
+	tried := 0
+	for _, id := range xs {
+		status, attempts := table.status(id)
+		if status == statusError {
+			tried++
+			require.Equal(t, 1, attempts)
+		} else {
+			require.Empty(t, status, "an x row not tried stays as it was")
+			require.Zero(t, attempts)
+		}
+	}
+	require.Equal(t, 2, tried)
+	paused := r.lanes.paused()
+	require.Len(t, paused, 1)
+	require.Equal(t, "x", paused[0].Type)
+	require.Contains(t, paused[0].Reason, "2 sends in a row failed, the last: 503 from x")
+	require.WithinDuration(t, paused[0].Since.Add(pauseFirst), paused[0].Until, time.Millisecond)
+
+	// A pass while x is paused sends none of it.
+	res = runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
+	require.NoError(t, res.err)
+	require.Zero(t, res.processed())
+}
+
+// TestLanesProbe: once its pause is over, a lane sends one message alone;
+// its success opens the lane, and the next pass sends the rest. A probe
+// that fails pauses the lane again, for twice as long.
+func TestLanesProbe(t *testing.T) {
+	table := newMemTable(100)
+	table.add("x", keysOf("x", 6)...)
+	down := true
+	var mu sync.Mutex
+	x := &gatedSender{typ: "x", fail: func(Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if down {
+			return errors.New("connection refused")
+		}
+		return nil
+	}}
+	r := laneRelay(t, 2, func(c *Config) { c.PauseAfter = 1 }, x)
+	l := r.lanes.byType["x"]
+	res := runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
+	require.NoError(t, res.err)
+	require.Equal(t, lanePaused, laneState(l.st.Load()))
+	failedFirst := res.failed
+
+	endPause := func() {
+		l.mu.Lock()
+		l.until = time.Now().Add(-time.Millisecond)
+		l.mu.Unlock()
+	}
+	endPause()
+	res = runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
+	require.NoError(t, res.err)
+	require.Equal(t, 1, res.failed, "one probe, and it failed")
+	p, _ := l.pausedType()
+	require.WithinDuration(t, time.Now().Add(2*pauseFirst), p.Until, time.Second, "the second pause lasts twice as long")
+	require.Contains(t, p.Reason, "the probe failed: connection refused")
+
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	endPause()
+	res = runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
+	require.NoError(t, res.err)
+	require.Equal(t, 1, res.sent, "the probe alone")
+	require.Equal(t, laneOpen, laneState(l.st.Load()))
+	require.Empty(t, r.lanes.paused())
+	res = runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
+	require.NoError(t, res.err)
+	require.Equal(t, 6, x.count(), "every x message sent once the lane opened (failed first: %d)", failedFirst)
+}
+
+// TestLanesAbandonedSendsPauseTheLane: x's Sends ignore their context. At
+// Concurrency of them abandoned and still running, x is paused instead of
+// leaving more behind; it probes again only once they returned.
+func TestLanesAbandonedSendsPauseTheLane(t *testing.T) {
+	table := newMemTable(100)
+	table.add("x", keysOf("x", 10)...)
+	table.add("y", keysOf("y", 3)...)
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	x := SenderFunc("x", func(context.Context, Message) error {
+		started.Add(1)
+		defer started.Done()
+		<-release // ignores its context
+		return nil
+	})
+	y := &gatedSender{typ: "y"}
+	r := laneRelay(t, 2, func(c *Config) { c.SendTimeout = 20 * time.Millisecond }, x, y)
+	l := r.lanes.byType["x"]
+	res := runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
+	require.NoError(t, res.err)
+	require.Equal(t, 3, res.sent, "y's keys")
+	// At Concurrency abandoned x is paused; only the Sends already in flight
+	// can join them.
+	require.GreaterOrEqual(t, l.abandoned.Load(), int32(2))
+	require.LessOrEqual(t, l.abandoned.Load(), int32(2*2-1), "no more x Sends left behind than 2 × Concurrency - 1")
+	p, ok := l.pausedType()
+	require.True(t, ok)
+	require.Contains(t, p.Reason, "sends ignored their context and still run")
+
+	l.mu.Lock()
+	l.until = time.Now().Add(-time.Millisecond) // the pause is over, but they still run
+	l.mu.Unlock()
+	ok, _ = l.dispatchable(time.Now())
+	require.False(t, ok)
+	close(release)
+	started.Wait()
+	waitFor(t, "the abandoned Sends counted back", func() bool { return l.abandoned.Load() == 0 })
+	ok, probe := l.dispatchable(time.Now())
+	require.True(t, ok)
+	require.True(t, probe)
+}
+
+// TestLanesHungrySelect: with separable lanes, y's rows written while x's
+// keys are queued behind a slow destination are selected at a wake-up and
+// sent before x's queue drains.
+func TestLanesHungrySelect(t *testing.T) {
+	table := newMemTable(100)
+	table.add("x", keysOf("x", 30)...)
+	x := &gatedSender{typ: "x", gate: make(chan struct{})}
+	y := &gatedSender{typ: "y"}
+	r := laneRelay(t, 2, nil, x, y)
+	wake := make(chan struct{}, 1)
+	done := make(chan passResult, 1)
+	go func() { done <- runLanes(r, table, passOpts{drain: true, drainFor: time.Hour, wake: wake}, true) }()
+	x.gate <- struct{}{} // the pass is under way, x's keys queued
+	table.add("y", keysOf("y", 4)...)
+	wake <- struct{}{}
+	// x's destination answers one message each time the test looks: the
+	// workers reach a key's end, where one hands its task's rest back.
+	waitFor(t, "y's rows selected and sent while x's wait", func() bool {
+		select {
+		case x.gate <- struct{}{}:
+		default:
+		}
+		return y.count() == 4
+	})
+	require.Less(t, x.count(), 20, "y went before x's queue drained")
+	close(x.gate)
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, 34, res.sent)
+}
+
+// TestLanesKeepAKeysOrderAcrossTypes: key k has an x row, then a y row. While
+// x is paused, a separable select leaves x out and holds k's y row back
+// behind its x row; the other y keys go.
+func TestLanesKeepAKeysOrderAcrossTypes(t *testing.T) {
+	for _, separable := range []bool{false, true} {
+		t.Run(map[bool]string{false: "InPlan", true: "InTheSelect"}[separable], func(t *testing.T) {
+			table := newMemTable(100)
+			table.add("x", "k")
+			held := table.add("y", "k", "a", "b")[0]
+			x := &gatedSender{typ: "x"}
+			y := &gatedSender{typ: "y"}
+			r := laneRelay(t, 2, nil, x, y)
+			l := r.lanes.byType["x"]
+			l.mu.Lock()
+			l.pauseLocked(time.Now(), "paused by the test")
+			l.mu.Unlock()
+			res := runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, separable)
+			require.NoError(t, res.err)
+			require.Equal(t, 2, res.sent)
+			status, _ := table.status(held)
+			require.Empty(t, status, "k's y row waits behind its x row")
+		})
+	}
+}
