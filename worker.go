@@ -71,7 +71,7 @@ func (k *worker) run(given *delivery) {
 		}
 		e.workers.Done()
 	}()
-	last := -1 // the lane of the task it finished last
+	last := -1        // the lane of the task it finished last
 	if given != nil { // the key goes no further in this pass
 		at := k.at
 		failed := at.failed
