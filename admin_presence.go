@@ -29,6 +29,11 @@ type Replica struct {
 	Process int
 	Since   time.Time
 
+	// Paused are the types it has paused ([Config.PauseAfter]), as its last
+	// statement on its presence session said (within 3s of a change), with
+	// their reasons cut to 80 bytes (or left out, when many are paused).
+	Paused []PausedType
+
 	// Elected says it holds the app's election right now: it is in a pass
 	// (single key), or is a member of the partitioned election. Held are the
 	// partitions it holds (Partitions > 1).
@@ -91,6 +96,9 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 			r := x.r
 			if d, ok := parsePresenceComment(x.query); ok && d.App == a.app && d.Replica == r.ID {
 				r.Types, r.Host, r.Process, r.Since = d.Types, d.Host, d.Process, d.Since
+				for _, p := range d.Paused {
+					r.Paused = append(r.Paused, PausedType{Type: p.Type, Reason: p.Reason, Since: p.Since, Until: p.Until, Probing: p.Probing})
+				}
 			}
 			hashes[i], nameHashes = x.typeHashes, x.nameHashes
 			reps = append(reps, r)

@@ -251,12 +251,13 @@ func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, 
 	pctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	var readOnly, won bool
+	types := r.lanes.sendable() // a paused type's rows are no work until its pause ends
 	// On the relay's own session (session.go) when it has one: no pooled
 	// connection to take, and so no ping of pgxpool's before it.
 	err := o.own.do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
-		readOnly, won, work, got, err = r.repo.poll(ctx, conn, r.presence.mark, r.cfg.MaxAttempts, r.types, r.key)
+		readOnly, won, work, got, err = r.repo.poll(ctx, conn, r.presence.mark(), r.cfg.MaxAttempts, types, r.key)
 		if err == nil && got != pid {
 			err = errPresenceMoved
 		}
@@ -267,7 +268,7 @@ func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, 
 		if c, err = acquire(pctx, r.pool, "poll for work"); err != nil {
 			return passResult{err: err}, false
 		}
-		readOnly, won, work, _, err = r.repo.poll(pctx, c, "", r.cfg.MaxAttempts, r.types, r.key)
+		readOnly, won, work, _, err = r.repo.poll(pctx, c, "", r.cfg.MaxAttempts, types, r.key)
 		c.Release()
 	}
 	switch {

@@ -22,17 +22,23 @@ type MissingIndex struct {
 }
 
 // relayIndex is one partial index of schema.sql: its name's suffix, its key
-// columns, and a column its predicate names.
+// columns, and what its predicate must name (an index under another name
+// counts when it has the same columns and a predicate on that).
 type relayIndex struct {
 	suffix, purpose string
 	columns         []string
+	pred            string
 }
 
 var relayIndexes = []relayIndex{
-	{"_outbox", "the live rows (PENDING and ERROR) apart from the SENT history", []string{"id"}},
-	{"_outbox_pending", "each type's waiting rows apart from the other apps' backlog", []string{"type", "id"}},
-	{"_outbox_error", "failed rows below the ceiling apart from the dead ones", []string{"type", "attempts", "id"}},
-	{"_outbox_retry", "per-key order under RetryBackoff", []string{"natural_key", "id"}},
+	{"_outbox", "the live rows (PENDING and ERROR) apart from the SENT history", []string{"id"}, "status"},
+	{"_outbox_pending", "each type's waiting rows apart from the other apps' backlog", []string{"type", "id"}, "status"},
+	{"_outbox_error", "failed rows below the ceiling apart from the dead ones", []string{"type", "attempts", "id"}, "status"},
+	// An index of the failed rows alone (the key index of the releases
+	// before, _outbox_retry) does not count: a paused type's waiting rows
+	// must be found by key too.
+	{"_outbox_key", "each key's live rows: per-key order under RetryBackoff, and while a type is paused the other types' " +
+		"selects (without it, one paused type holds the others back)", []string{"natural_key", "id"}, "PENDING"},
 }
 
 type tableIndex struct {
@@ -69,7 +75,7 @@ func missingIndexes(ctx context.Context, db querier, table string) ([]MissingInd
 	for _, want := range relayIndexes {
 		wantName := strings.Trim(indexName(name, want.suffix), `"`)
 		found := slices.ContainsFunc(have, func(h tableIndex) bool {
-			return h.Valid && (h.Name == wantName || slices.Equal(h.Cols, want.columns) && strings.Contains(h.Pred, "status"))
+			return h.Valid && (h.Name == wantName || slices.Equal(h.Cols, want.columns) && strings.Contains(h.Pred, want.pred))
 		})
 		if !found {
 			missing = append(missing, MissingIndex{Name: wantName, Purpose: want.purpose, Statement: stmts[wantName]})
@@ -93,11 +99,12 @@ func indexStatements(table string) (map[string]string, error) {
 			}
 		}
 		s := strings.Join(lines, " ")
-		rest, ok := strings.CutPrefix(s, "CREATE INDEX IF NOT EXISTS ")
-		if !ok {
+		at := strings.Index(s, "CREATE INDEX IF NOT EXISTS ") // perhaps inside a DO block: the statement alone
+		if at < 0 {
 			continue
 		}
-		n, _, _ := strings.Cut(rest, " ")
+		s = s[at:]
+		n, _, _ := strings.Cut(strings.TrimPrefix(s, "CREATE INDEX IF NOT EXISTS "), " ")
 		out[strings.ReplaceAll(strings.Trim(n, `"`), `""`, `"`)] = s + ";"
 	}
 	return out, nil

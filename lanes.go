@@ -220,6 +220,19 @@ func (l *lane) pausedType() (PausedType, bool) {
 	return PausedType{Type: l.typ, Reason: l.reason, Since: l.since, Until: l.until, Probing: l.state == laneProbing}, true
 }
 
+// sendable lists the types whose rows may be sent now: not paused, or whose
+// pause ended (the idle poll's).
+func (ls *lanes) sendable() []string {
+	types := make([]string, 0, len(ls.all))
+	now := time.Now()
+	for _, l := range ls.all {
+		if ok, _ := l.dispatchable(now); ok {
+			types = append(types, l.typ)
+		}
+	}
+	return types
+}
+
 // paused lists the lanes paused or probing now.
 func (ls *lanes) paused() []PausedType {
 	var ps []PausedType

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -249,10 +250,10 @@ func TestLanesAbandonedSendsPauseTheLane(t *testing.T) {
 	table.add("x", keysOf("x", 10)...)
 	table.add("y", keysOf("y", 3)...)
 	release := make(chan struct{})
-	var started sync.WaitGroup
+	var running atomic.Int32
 	x := SenderFunc("x", func(context.Context, Message) error {
-		started.Add(1)
-		defer started.Done()
+		running.Add(1)
+		defer running.Add(-1)
 		<-release // ignores its context
 		return nil
 	})
@@ -276,8 +277,9 @@ func TestLanesAbandonedSendsPauseTheLane(t *testing.T) {
 	ok, _ = l.dispatchable(time.Now())
 	require.False(t, ok)
 	close(release)
-	started.Wait()
-	waitFor(t, "the abandoned Sends counted back", func() bool { return l.abandoned.Load() == 0 })
+	waitFor(t, "the abandoned Sends returned, and counted back", func() bool {
+		return running.Load() == 0 && l.abandoned.Load() == 0
+	})
 	ok, probe := l.dispatchable(time.Now())
 	require.True(t, ok)
 	require.True(t, probe)

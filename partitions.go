@@ -189,7 +189,7 @@ func (m *membership) idleCheck(ctx context.Context, own *ownSession) (work bool)
 	err := own.do(cctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
-		look, got, err = idleLookStatement(ctx, conn, r.presence.mark, check, r.key, m.n)
+		look, got, err = idleLookStatement(ctx, conn, r.presence.mark(), check, r.key, m.n)
 		if err == nil && got != pid {
 			err = errPresenceMoved
 		}

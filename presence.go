@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,20 +59,41 @@ type presence struct {
 	num  int32  // the replica lock's second int
 	app  string
 	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types
-	mark string
+	desc presenceDescriptor
+	// marks is the comment the statements carry: desc, with the types
+	// paused now (setPaused). The next statement on the session says it.
+	marks atomic.Pointer[string]
 }
 
 // presenceDescriptor is the comment the presence statements carry.
 type presenceDescriptor struct {
-	App         string    `json:"app"`
-	Replica     string    `json:"replica"`
-	Types       []string  `json:"types"`
-	MaxAttempts int       `json:"max_attempts"`
-	Partitions  int       `json:"partitions"`
-	Host        string    `json:"host,omitempty"`
-	Process     int       `json:"process,omitempty"`
-	Since       time.Time `json:"since"`
+	App         string             `json:"app"`
+	Replica     string             `json:"replica"`
+	Types       []string           `json:"types"`
+	MaxAttempts int                `json:"max_attempts"`
+	Partitions  int                `json:"partitions"`
+	Host        string             `json:"host,omitempty"`
+	Process     int                `json:"process,omitempty"`
+	Since       time.Time          `json:"since"`
+	Paused      []pausedDescriptor `json:"paused,omitempty"`
 }
+
+// pausedDescriptor is a paused type as presence says it, in few bytes.
+type pausedDescriptor struct {
+	Type    string    `json:"t"`
+	Reason  string    `json:"r,omitempty"`
+	Since   time.Time `json:"s"`
+	Until   time.Time `json:"u"`
+	Probing bool      `json:"p,omitempty"`
+}
+
+// presenceCommentMax is the most bytes of comment that paused types may grow
+// the presence statements to: track_activity_query_size (1024 by default)
+// cuts a longer query, and Admin could then read no name.
+const presenceCommentMax = 800
+
+// pausedReasonMax is how much of a pause's reason presence says.
+const pausedReasonMax = 80
 
 // presenceMarkPrefix starts the presence statements' comment.
 const presenceMarkPrefix = "/* relay presence "
@@ -83,9 +105,35 @@ func newPresence(cfg Config, types []string) *presence {
 	p := &presence{id: replicaID(num), num: num, app: cfg.AppName}
 	p.args = []any{cfg.AppName, num, cfg.MaxAttempts, max(cfg.Partitions, 1), types}
 	host, _ := os.Hostname()
-	p.mark = presenceComment(presenceDescriptor{App: cfg.AppName, Replica: p.id, Types: types, MaxAttempts: cfg.MaxAttempts,
-		Partitions: max(cfg.Partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)})
+	p.desc = presenceDescriptor{App: cfg.AppName, Replica: p.id, Types: types, MaxAttempts: cfg.MaxAttempts,
+		Partitions: max(cfg.Partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)}
+	p.setPaused(nil)
 	return p
+}
+
+// mark is the comment the presence statements carry now.
+func (p *presence) mark() string { return *p.marks.Load() }
+
+// setPaused makes the statements say the types paused now, with as much of
+// their reasons as fits presenceCommentMax (then only their names).
+func (p *presence) setPaused(paused []PausedType) {
+	d := p.desc
+	base := len(presenceComment(d))
+	for _, withReason := range []bool{true, false} {
+		d.Paused = nil
+		for _, pt := range paused {
+			pd := pausedDescriptor{Type: pt.Type, Since: pt.Since.UTC().Truncate(time.Second),
+				Until: pt.Until.UTC().Truncate(time.Second), Probing: pt.Probing}
+			if withReason {
+				pd.Reason = clip(pt.Reason, pausedReasonMax)
+			}
+			d.Paused = append(d.Paused, pd)
+		}
+		if m := presenceComment(d); len(m)-base <= presenceCommentMax || !withReason {
+			p.marks.Store(&m)
+			return
+		}
+	}
 }
 
 func replicaID(num int32) string { return fmt.Sprintf("%08x", uint32(num)) }
@@ -118,7 +166,7 @@ func parsePresenceComment(query string) (presenceDescriptor, bool) {
 // take takes the presence locks on conn, a session of this relay's own, and
 // returns its backend's pid.
 func (p *presence) take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
-	pid, ok, err := presenceTakeStatement(ctx, conn, p.mark, p.args, presenceLease)
+	pid, ok, err := presenceTakeStatement(ctx, conn, p.mark(), p.args, presenceLease)
 	if err != nil {
 		return 0, fmt.Errorf("relay: take the presence locks: %w", err)
 	}
@@ -138,7 +186,7 @@ var errPresenceMoved = errors.New("relay: the presence session answers from anot
 func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 	bctx, cancel := context.WithTimeout(ctx, guardHeartbeatTimeout)
 	defer cancel()
-	got, err := presenceBeatStatement(bctx, conn, p.mark)
+	got, err := presenceBeatStatement(bctx, conn, p.mark())
 	if err != nil {
 		return fmt.Errorf("relay: presence keepalive: %w", err)
 	}

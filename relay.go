@@ -141,6 +141,8 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 	}
 	r.presence = newPresence(cfg, r.types)
 	r.lanes = newLanes(r.types, cfg, logger)
+	said := func() { r.presence.setPaused(r.lanes.paused()) } // the session's next statement says it
+	r.lanes.changed.Store(&said)
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err
 	}
@@ -264,7 +266,11 @@ func durationAttr(key string, d time.Duration) slog.Attr {
 }
 
 // Stats returns a snapshot of what the relay did since New.
-func (r *Relay) Stats() Stats { return r.stats.snapshot() }
+func (r *Relay) Stats() Stats {
+	st := r.stats.snapshot()
+	st.Paused = r.lanes.paused()
+	return st
+}
 
 // fetch selects one batch, outside any transaction, on a connection it takes
 // for the select alone. A connection that died in a failover fails its first

@@ -28,6 +28,10 @@ type Stats struct {
 	// Partitions are the partitions this replica holds, in order, with
 	// Config.Partitions > 1; nil when it holds none, or is not partitioned.
 	Partitions []int
+
+	// Paused are the message types this relay has paused ([Config.PauseAfter]),
+	// in the order of their names; nil when none is.
+	Paused []PausedType
 }
 
 // Observer receives each pass's and each message's outcome, to export metrics

@@ -1,0 +1,174 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay"
+)
+
+// sickReceiver is the destination of type x: it behaves as its mode says
+// until the test heals it, then accepts. It counts the Sends running in it,
+// abandoned ones included, and each key's accepted ids in order.
+type sickReceiver struct {
+	mode    string        // "hang": blocks until its context ends; "ignore": until release; "slow": until a token
+	release chan struct{} // closed: an "ignore" Send returns
+	tokens  chan struct{} // one per "slow" Send
+	healed  atomic.Bool
+	running atomic.Int32
+
+	mu       sync.Mutex
+	accepted map[string][]int64
+}
+
+func newSickReceiver(mode string) *sickReceiver {
+	return &sickReceiver{mode: mode, release: make(chan struct{}), tokens: make(chan struct{}), accepted: map[string][]int64{}}
+}
+
+func (s *sickReceiver) Type() string { return "x" }
+
+func (s *sickReceiver) Send(ctx context.Context, m relay.Message) error {
+	s.running.Add(1)
+	defer s.running.Add(-1)
+	if !s.healed.Load() {
+		switch s.mode {
+		case "hang":
+			<-ctx.Done()
+			return context.Cause(ctx)
+		case "ignore":
+			<-s.release // ignores its context
+			return errors.New("answered after the relay gave up")
+		case "slow":
+			select {
+			case <-s.tokens:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+	}
+	s.mu.Lock()
+	s.accepted[m.Key] = append(s.accepted[m.Key], m.ID)
+	s.mu.Unlock()
+	return nil
+}
+
+// TestIsolation: one relay, types x and y, Concurrency 4. x's receiver
+// hangs until each Send's deadline, ignores its context, or answers one
+// message at a time; y's messages, written one by one meanwhile, are each
+// sent while x's keys still wait. A sick x is paused (the reason says why),
+// its rows keep their status, and once it heals every x message is delivered,
+// in order per key, none lost, and no x Send is left running.
+func TestIsolation(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"hang", "ignore", "slow"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t)
+			keys := 20
+			if mode == "slow" {
+				keys = 60
+			}
+			var xs []int64
+			for i := range keys {
+				k := fmt.Sprintf("x%02d", i)
+				n := 1
+				if i%5 == 0 {
+					n = 2 // a key with two messages: their order is kept
+				}
+				for range n {
+					xs = append(xs, b.insert(t, "x", k)...)
+				}
+			}
+			x := newSickReceiver(mode)
+			var ySent sync.Map
+			y := relay.SenderFunc("y", func(_ context.Context, m relay.Message) error {
+				ySent.Store(m.ID, true)
+				return nil
+			})
+			cfg := b.cfg
+			cfg.Concurrency = 4
+			cfg.SendTimeout = time.Second
+			cfg.Interval = 200 * time.Millisecond
+			cfg.RetryBackoff = 0
+			r, err := relay.New(newPool(t, 12), cfg, x, y)
+			require.NoError(t, err)
+			require.NoError(t, r.Start(ctx))
+			defer func() { require.NoError(t, r.Stop(ctx)) }()
+			t.Cleanup(func() {
+				if !x.healed.Load() {
+					x.healed.Store(true)
+				}
+				select {
+				case <-x.release:
+				default:
+					close(x.release)
+				}
+			})
+
+			// y's messages, one at a time, each sent while x's keys wait.
+			for i := range 8 {
+				id, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "y", Key: fmt.Sprint("y", i), Payload: []byte(`{}`)})
+				require.NoError(t, err)
+				require.Eventually(t, func() bool {
+					if mode == "slow" {
+						select { // x's receiver answers one message each time the test looks
+						case x.tokens <- struct{}{}:
+						default:
+						}
+					}
+					_, ok := ySent.Load(id)
+					return ok
+				}, 30*time.Second, 5*time.Millisecond, "y message %d", i)
+			}
+			sentX := 0
+			for _, id := range xs {
+				if b.state(t, id).Status == "SENT" {
+					sentX++
+				}
+			}
+			require.Less(t, sentX, len(xs), "y went ahead of x's backlog")
+
+			switch mode {
+			case "hang", "ignore":
+				paused := r.Stats().Paused
+				require.Len(t, paused, 1, "x is paused")
+				require.Equal(t, "x", paused[0].Type)
+				require.NotEmpty(t, paused[0].Reason)
+				if mode == "ignore" {
+					require.LessOrEqual(t, x.running.Load(), int32(2*cfg.Concurrency-1),
+						"abandoned x Sends still running: at most 2 × Concurrency - 1")
+				}
+				for _, id := range xs {
+					s := b.state(t, id)
+					require.NotEqual(t, "SENT", s.Status)
+					require.LessOrEqual(t, s.Attempts, 1, "a paused type's rows keep their attempts")
+				}
+			}
+
+			// x heals: every x message is delivered, in order per key.
+			x.healed.Store(true)
+			if mode == "ignore" {
+				close(x.release)
+			}
+			require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(xs)+8 }, time.Minute, 20*time.Millisecond)
+			require.Eventually(t, func() bool { return x.running.Load() == 0 }, 30*time.Second, 5*time.Millisecond,
+				"no x Send left running")
+			x.mu.Lock()
+			defer x.mu.Unlock()
+			for k, ids := range x.accepted {
+				for i := 1; i < len(ids); i++ {
+					require.Less(t, ids[i-1], ids[i], "key %s out of order", k)
+				}
+			}
+			require.Empty(t, r.Stats().Paused)
+		})
+	}
+}
