@@ -146,12 +146,15 @@ func (f *flight) queued() int {
 
 // next is the task to hand out: of the lanes with tasks queued, the one with
 // the fewest in flight; of those, the one served longest ago, then the one
-// whose task is the oldest.
-func (f *flight) next() task {
+// whose task is the oldest. A slow lane (lanes.go) never takes the last of
+// workers while the relay has other lanes: that one is kept for them, so
+// that another type waits for no slow send. ok is false when no lane may
+// take a worker now.
+func (f *flight) next(lanes []*lane, workers int) (t task, ok bool) {
 	best := -1
 	for i := range f.lanes {
 		q := &f.lanes[i]
-		if len(q.queue) == 0 {
+		if len(q.queue) == 0 || len(lanes) > 1 && workers > 1 && q.inFlight >= workers-1 && lanes[i].slow.Load() {
 			continue
 		}
 		if best < 0 {
@@ -169,7 +172,10 @@ func (f *flight) next() task {
 			best = i
 		}
 	}
-	return f.lanes[best].queue[0]
+	if best < 0 {
+		return task{}, false
+	}
+	return f.lanes[best].queue[0], true
 }
 
 // handed records that t went to a worker.

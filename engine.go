@@ -294,7 +294,9 @@ func (e *engine) run() {
 				go e.worker()
 			}
 			if fl.idle > 0 {
-				send, next = e.work, fl.next()
+				if t, ok := fl.next(e.lanes, e.r.workers()); ok {
+					send, next = e.work, t
+				}
 			}
 		}
 		e.starving.Store(fl.starving(e.r.workers()))
@@ -657,5 +659,6 @@ func (r *Relay) outcomeOf(ctx context.Context, m *row, err error, took time.Dura
 		d.out = outcomeFailed
 	}
 	m.lane.observe(d.out, permanent, err) // the type's health (lanes.go)
+	m.lane.took(took)
 	return d
 }

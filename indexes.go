@@ -34,11 +34,11 @@ var relayIndexes = []relayIndex{
 	{"_outbox", "the live rows (PENDING and ERROR) apart from the SENT history", []string{"id"}, "status"},
 	{"_outbox_pending", "each type's waiting rows apart from the other apps' backlog", []string{"type", "id"}, "status"},
 	{"_outbox_error", "failed rows below the ceiling apart from the dead ones", []string{"type", "attempts", "id"}, "status"},
-	// An index of the failed rows alone (the key index of the releases
-	// before, _outbox_retry) does not count: a paused type's waiting rows
-	// must be found by key too.
-	{"_outbox_key", "each key's live rows: per-key order under RetryBackoff, and while a type is paused the other types' " +
-		"selects (without it, one paused type holds the others back)", []string{"natural_key", "id"}, "PENDING"},
+	{"_outbox_retry", "per-key order under RetryBackoff", []string{"natural_key", "id"}, "status"},
+	// The failed rows' index does not stand for it: a paused type's waiting
+	// rows must be found by key too.
+	{"_outbox_key", "each key's live rows: while a type is paused, the other types' selects keep each key's order " +
+		"(without it, a paused type's rows take the other types' places in each batch)", []string{"natural_key", "id"}, "PENDING"},
 }
 
 type tableIndex struct {

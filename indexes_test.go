@@ -64,3 +64,26 @@ func TestMissingIndexesSaidOutLoud(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, quiet.Lines("lacks indexes"))
 }
+
+// TestFailedRowsIndexIsNoKeyIndex: the failed rows' index of the releases
+// before (natural_key, id WHERE status = 'ERROR') cannot find a paused type's
+// waiting rows by key: the key index is reported missing beside it.
+func TestFailedRowsIndexIsNoKeyIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	table := jvmTableOf(t, pool)
+	_, err := pool.Exec(ctx, "CREATE INDEX old_retry ON "+table+" (natural_key, id) WHERE direction = 'OUT' AND status = 'ERROR'")
+	require.NoError(t, err)
+	cfg := relay.DefaultConfig()
+	cfg.AppName, cfg.Table = table, table
+	admin, err := relay.NewAdmin(pool, cfg)
+	require.NoError(t, err)
+	o, err := admin.Overview(ctx)
+	require.NoError(t, err)
+	var names []string
+	for _, m := range o.MissingIndexes {
+		names = append(names, m.Name)
+	}
+	require.Contains(t, names, table+"_outbox_key")
+}

@@ -35,6 +35,18 @@ const (
 	pauseMax   = time.Minute
 )
 
+// slowSend is how long a Send must take for its lane to count as slow: a
+// slow lane leaves one worker to the others (flight.next), so that they wait
+// for no send of it.
+const slowSend = 100 * time.Millisecond
+
+// took notes how long one of l's Sends took.
+func (l *lane) took(d time.Duration) {
+	if slow := d >= slowSend; l != nil && slow != l.slow.Load() {
+		l.slow.Store(slow)
+	}
+}
+
 // lane is one message type's health, shared by the relay's passes.
 type lane struct {
 	typ        string
@@ -45,6 +57,7 @@ type lane struct {
 
 	st        atomic.Int32 // state, for readers that take no lock
 	abandoned atomic.Int32 // Sends given up that have not returned yet
+	slow      atomic.Bool  // its last Send took slowSend or more: it may not take the last worker
 
 	mu       sync.Mutex
 	state    laneState

@@ -340,3 +340,36 @@ func TestLanesKeepAKeysOrderAcrossTypes(t *testing.T) {
 		})
 	}
 }
+
+// TestLanesSlowLaneLeavesAWorker: a lane whose Sends are slow never takes
+// the last worker while the relay has other lanes: y's rows, written while
+// x's Sends wait, go through the worker left free.
+func TestLanesSlowLaneLeavesAWorker(t *testing.T) {
+	table := newMemTable(100)
+	table.add("x", keysOf("x", 12)...)
+	var inX, mostX atomic.Int32
+	gate := make(chan struct{})
+	x := SenderFunc("x", func(ctx context.Context, _ Message) error {
+		n := inX.Add(1)
+		defer inX.Add(-1)
+		for m := mostX.Load(); n > m && !mostX.CompareAndSwap(m, n); m = mostX.Load() {
+		}
+		<-gate
+		return nil
+	})
+	y := &gatedSender{typ: "y"}
+	r := laneRelay(t, 3, nil, x, y)
+	r.lanes.byType["x"].slow.Store(true) // its last Send was slow
+	wake := make(chan struct{}, 1)
+	done := make(chan passResult, 1)
+	go func() { done <- runLanes(r, table, passOpts{drain: true, drainFor: time.Hour, wake: wake}, true) }()
+	waitFor(t, "x's Sends under way", func() bool { return inX.Load() == 2 })
+	table.add("y", keysOf("y", 3)...)
+	wake <- struct{}{}
+	waitFor(t, "y's rows sent while x's Sends wait", func() bool { return y.count() == 3 })
+	require.Equal(t, int32(2), mostX.Load(), "x never held the last of 3 workers")
+	close(gate)
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, 15, res.sent)
+}

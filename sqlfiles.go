@@ -152,11 +152,11 @@ type sqlData struct {
 	Attempts string // the attempts predicate of a branch of failed rows
 
 	// The DDL's names (quoted) and literals; the election's lock functions.
-	OutboxIndex, PendingIndex, ErrorIndex, KeyIndex string
-	Function, Channel                               string
-	Since                                           string
-	Lock, Unlock                                    string
-	InlinePayloadMax                                int
+	OutboxIndex, PendingIndex, ErrorIndex, RetryIndex, KeyIndex string
+	Function, Channel                                           string
+	Since                                                       string
+	Lock, Unlock                                                string
+	InlinePayloadMax                                            int
 }
 
 // As is d for a fragment that reads the rows of alias.

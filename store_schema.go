@@ -46,6 +46,7 @@ func SchemaSQL(table string) (string, error) {
 		OutboxIndex:  indexName(name, "_outbox"),
 		PendingIndex: indexName(name, "_outbox_pending"),
 		ErrorIndex:   indexName(name, "_outbox_error"),
+		RetryIndex:   indexName(name, "_outbox_retry"),
 		KeyIndex:     indexName(name, "_outbox_key"),
 	}) + "\n", nil // a script ends its last line
 }

@@ -37,10 +37,14 @@ CREATE INDEX IF NOT EXISTS {{.PendingIndex}} ON {{.Table}} (type, id)
 -- however many accumulate
 CREATE INDEX IF NOT EXISTS {{.ErrorIndex}} ON {{.Table}} (type, attempts, id)
     WHERE direction = 'OUT' AND status = 'ERROR';
--- each key's live rows, for its order: under RetryBackoff a row waits while an earlier ERROR row of its
--- key waits out its backoff, and while a type is paused a row waits behind an earlier row of its key of
--- that type (decision 0040). Built here on a new or small table only: on a large one, holding producers
--- back for the build is the operator's call (the relay says which statement to run, CONCURRENTLY).
+-- per-key order under RetryBackoff: a row waits while an earlier ERROR row of its key waits out its
+-- backoff; only ERROR rows can wait, so only they are indexed (a PENDING backlog stays out of it)
+CREATE INDEX IF NOT EXISTS {{.RetryIndex}} ON {{.Table}} (natural_key, id)
+    WHERE direction = 'OUT' AND status = 'ERROR';
+-- per-key order across types: while a type is paused, a select that leaves it out holds a row back
+-- behind an earlier live row of its key of that type (decision 0040). Built here on a new or small
+-- table only: on a large one, holding producers back for the build is the operator's call (the relay
+-- says which statement to run, CONCURRENTLY).
 DO $relay$ BEGIN
     IF pg_relation_size('{{.Table}}'::regclass) < 64 * 1024 * 1024 THEN
         CREATE INDEX IF NOT EXISTS {{.KeyIndex}} ON {{.Table}} (natural_key, id)

@@ -53,6 +53,8 @@
 //	partitions     4 replicas with Partitions 16 vs 1 replica, Concurrency 4 each, a destination
 //	               answering in 20 ms, -partition-rows rows           target ≥ 3.5×
 //	               and an empty pass of a partitioned member vs a single-key one   target ≤ 2×
+//	isolation      types x and y: y's commit → Send while x's receiver hangs, ignores its
+//	               context, or takes 1s (isolation.go; only when named)    target y max ≤ 3s
 package main
 
 import (
@@ -175,6 +177,7 @@ func run(ctx context.Context) error {
 	for s := range strings.SplitSeq(*scenarioFlag, ",") {
 		s = strings.TrimSpace(s)
 		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" || s == "enqueue" || s == "partitions" ||
+			s == "isolation" ||
 			slices.ContainsFunc(drainScenarios, func(d scenario) bool { return d.name == s })
 		if !known {
 			return fmt.Errorf("unknown scenario %q", s)
@@ -249,6 +252,11 @@ func run(ctx context.Context) error {
 	if want("latency") {
 		if err := runLatency(ctx, srv); err != nil {
 			return fmt.Errorf("scenario latency: %w", err)
+		}
+	}
+	if slices.Contains(strings.Split(*scenarioFlag, ","), "isolation") { // a minute a case: only when named
+		if err := runIsolation(ctx, srv); err != nil {
+			return fmt.Errorf("scenario isolation: %w", err)
 		}
 	}
 	fmt.Printf("\ntotal %.0fs\n", time.Since(begin).Seconds())
