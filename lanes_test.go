@@ -23,9 +23,11 @@ type sickReceiver struct {
 	tokens  chan struct{} // one per "slow" Send
 	healed  atomic.Bool
 	running atomic.Int32
+	calls   atomic.Int32
 
 	mu       sync.Mutex
 	accepted map[string][]int64
+	starts   []time.Time // when each Send began
 }
 
 func newSickReceiver(mode string) *sickReceiver {
@@ -35,6 +37,10 @@ func newSickReceiver(mode string) *sickReceiver {
 func (s *sickReceiver) Type() string { return "x" }
 
 func (s *sickReceiver) Send(ctx context.Context, m relay.Message) error {
+	s.mu.Lock()
+	s.starts = append(s.starts, time.Now())
+	s.mu.Unlock()
+	s.calls.Add(1)
 	s.running.Add(1)
 	defer s.running.Add(-1)
 	if !s.healed.Load() {
@@ -113,6 +119,21 @@ func TestIsolation(t *testing.T) {
 				}
 			})
 
+			// A sick x is paused; while it is, its rows change only by the
+			// Sends in flight when it paused, and its probes, one row each.
+			var before map[int64]state
+			var callsBefore, runningBefore int32
+			var pause relay.PausedType
+			if mode != "slow" {
+				require.Eventually(t, func() bool { return len(r.Stats().Paused) == 1 }, 30*time.Second, 5*time.Millisecond, "x is paused")
+				pause = r.Stats().Paused[0]
+				callsBefore, runningBefore = x.calls.Load(), x.running.Load()
+				before = map[int64]state{}
+				for _, id := range xs {
+					before[id] = b.state(t, id)
+				}
+			}
+
 			// y's messages, one at a time, each sent while x's keys wait.
 			for i := range 8 {
 				id, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "y", Key: fmt.Sprint("y", i), Payload: []byte(`{}`)})
@@ -136,8 +157,7 @@ func TestIsolation(t *testing.T) {
 			}
 			require.Less(t, sentX, len(xs), "y went ahead of x's backlog")
 
-			switch mode {
-			case "hang", "ignore":
+			if mode != "slow" {
 				paused := r.Stats().Paused
 				require.Len(t, paused, 1, "x is paused")
 				require.Equal(t, "x", paused[0].Type)
@@ -146,11 +166,19 @@ func TestIsolation(t *testing.T) {
 					require.LessOrEqual(t, x.running.Load(), int32(2*cfg.Concurrency-1),
 						"abandoned x Sends still running: at most 2 × Concurrency - 1")
 				}
-				for _, id := range xs {
-					s := b.state(t, id)
-					require.NotEqual(t, "SENT", s.Status)
-					require.LessOrEqual(t, s.Attempts, 1, "a paused type's rows keep their attempts")
+				x.mu.Lock()
+				for _, at := range x.starts[callsBefore:] {
+					require.False(t, at.Before(pause.Until), "an x Send began during its pause, not as its probe")
 				}
+				x.mu.Unlock()
+				changed := 0
+				for _, id := range xs {
+					if s := b.state(t, id); s.Status != before[id].Status || s.Attempts != before[id].Attempts {
+						changed++
+					}
+				}
+				require.LessOrEqual(t, int32(changed), runningBefore+x.calls.Load()-callsBefore,
+					"a paused type's rows keep their status and attempts, but for the Sends in flight and the probes")
 			}
 
 			// x heals: every x message is delivered, in order per key.
