@@ -293,7 +293,7 @@ func (e *polledElection) run(ctx context.Context, o passOpts) (res passResult) {
 	if h != nil && !h.usable() {
 		// Frozen past the lease, or the session lost between passes: let go
 		// (the server may have freed the lock already) and elect anew.
-		err := h.release(ctx, h.w.lease.valid(time.Now()))
+		err := h.release(ctx, h.w.lease.Valid(time.Now()))
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election kept since the last pass is no longer trusted; electing again",
 			slog.String("key", r.key), slog.Any("error", err))
 		h, lost = nil, true

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/xadm/relay/internal/lease"
 )
 
 // This file is the one dispatch engine. Run, RunIfElected and the loop's
@@ -203,7 +205,7 @@ func (e *engine) halted() bool {
 	}
 	// The lease is looked at before the recorder's failure: a replica that
 	// wakes from a freeze finds both, and says that its lease ran out.
-	if err := leaseValid(e.ctx); err != nil {
+	if err := lease.Valid(e.ctx); err != nil {
 		e.leaseOut.Do(func() {
 			e.rec.keep(err)
 			e.r.logger.LogAttrs(e.ctx, slog.LevelWarn, "relay: the election's lease ran out; starting no new message",

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/xadm/relay/internal/lease"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -29,7 +31,7 @@ type Guard interface {
 // lock's session died (failover, pg_terminate_backend, idle_session_timeout, a
 // proxy dropping the connection) or the lock was not where the guard believed it
 // was (a transaction-pooling proxy). Another replica may hold the lock now.
-var ErrElectionLost = errors.New("relay: election lost: the advisory lock is no longer held by this session")
+var ErrElectionLost = lease.ErrLost
 
 // Timings of PostgresGuard. The unlock and the heartbeat run under their own
 // short deadlines, never under a caller's context that may already be cancelled.
@@ -253,13 +255,13 @@ func (h *heldElection) run(ctx context.Context, fn func(ctx context.Context) err
 	defer cancel(nil)
 	stop := context.AfterFunc(h.lost, func() { cancel(context.Cause(h.lost)) })
 	defer stop()
-	return fn(context.WithValue(jobCtx, leaseKey{}, h.w.lease))
+	return fn(lease.With(jobCtx, h.w.lease))
 }
 
 // usable reports whether a kept election may run another job: its session
 // not lost, its lease still trusted.
 func (h *heldElection) usable() bool {
-	return h.lost.Err() == nil && h.w.lease.valid(time.Now()) == nil
+	return h.lost.Err() == nil && h.w.lease.Valid(time.Now()) == nil
 }
 
 // release lets go of the election after its last job, whose error err was,

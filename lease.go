@@ -8,92 +8,22 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/xadm/relay/internal/lease"
 )
 
-// This file is the election's lease: how long a holder that stopped answering
-// can keep the lock (the server's side), and how long this process trusts that
-// it still holds it (the holder's side). The two are set so that a holder
-// always stops before the server lets another replica in.
+// This file is the watch over a lock's session, which renews the election's
+// lease (internal/lease: the trust window and its timings).
 
-// The lease.
+// The lease's timings, as internal/lease sets them.
 const (
-	// guardLease is the lock session's idle_session_timeout: the server ends
-	// a holder's session, and frees its lock, this long after the holder's
-	// last statement. The heartbeat runs every guardHeartbeat, so a live
-	// holder never comes near it. Takeover after a silent partition or a
-	// freeze: guardLease plus the next replica's Interval.
-	guardLease = 10 * time.Second
-	// guardLeaseTrusted is how long after a heartbeat was sent (and then
-	// answered) the holder still starts new work: the server frees the lock
-	// guardLease after the heartbeat *finished* on its side, so the holder
-	// stops at least guardLease - guardLeaseTrusted (3 s) before it.
-	guardLeaseTrusted = 7 * time.Second
-
-	// idleHeartbeat is the keepalive of a session that holds locks while
-	// nothing runs under them: the relay's own session (presence.go), and a
-	// partitioned member's between idle passes (partitions.go). It is longer
-	// than two Intervals of the default 1 s: an idle member's timer passes
-	// look for work on these two sessions in turn, one round trip each, and
-	// each of those is the session's keepalive, so that neither needs one of
-	// its own.
-	idleHeartbeat = 3 * time.Second
-
-	// TCP keepalives and tcp_user_timeout of the lock session on PostgreSQL
-	// 13, which has no idle_session_timeout: about guardLease to end a
-	// partitioned holder on a direct connection (not a frozen one, nor one
-	// behind a proxy, whose kernel answers the probes).
-	guardKeepaliveIdle     = 4 * time.Second
-	guardKeepaliveInterval = 2 * time.Second
-	guardKeepaliveCount    = 3
+	guardLease             = lease.Server
+	guardLeaseTrusted      = lease.Trusted
+	idleHeartbeat          = lease.IdleHeartbeat
+	guardKeepaliveIdle     = lease.KeepaliveIdle
+	guardKeepaliveInterval = lease.KeepaliveInterval
+	guardKeepaliveCount    = lease.KeepaliveCount
 )
-
-// lease is the holder's view of its election: valid while its last answered
-// heartbeat was sent less than guardLeaseTrusted ago, measured on the
-// monotonic clock and on the wall clock, whichever has gone further (a VM that
-// was paused may resume with a monotonic clock that did not count the pause,
-// and a wall clock that NTP then steps forward).
-type lease struct {
-	mu   sync.Mutex
-	mono time.Time // when the last answered heartbeat was sent, with its monotonic reading
-	wall time.Time // the same instant, wall clock only
-}
-
-func newLease(at time.Time) *lease {
-	l := &lease{}
-	l.renew(at)
-	return l
-}
-
-// renew records that a heartbeat sent at t was answered.
-func (l *lease) renew(t time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.mono, l.wall = t, t.Round(0)
-}
-
-// valid returns nil while the lease is trusted, else why not.
-func (l *lease) valid(now time.Time) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	age := max(now.Sub(l.mono), now.Round(0).Sub(l.wall))
-	if age < guardLeaseTrusted {
-		return nil
-	}
-	return fmt.Errorf("%w: no heartbeat of the lock's session answered for %s; the server frees the lock %s after the last one",
-		ErrElectionLost, age.Round(time.Millisecond), guardLease)
-}
-
-type leaseKey struct{}
-
-// leaseValid returns nil unless ctx is an elected job's whose lease is no
-// longer trusted: the job must then start no new work. A job run by a Guard
-// without a lease, or by no guard, is always valid.
-func leaseValid(ctx context.Context) error {
-	if l, ok := ctx.Value(leaseKey{}).(*lease); ok {
-		return l.valid(time.Now())
-	}
-	return nil
-}
 
 // watch owns the lock's connection while the job runs. It blocks reading it, so
 // the server's FATAL message when the session is terminated (or the socket's
@@ -104,7 +34,7 @@ type watch struct {
 	conn  *pgconn.PgConn
 	pid   uint32
 	every time.Duration // the heartbeat's period: guardHeartbeat, or idleHeartbeat
-	lease *lease
+	lease *lease.Lease
 	beat  string      // the heartbeat, marked with the election's start
 	lost  func(error) // called once, with why, when the session is lost
 	err   error       // why the session was lost; read after done
@@ -120,7 +50,7 @@ type watch struct {
 // answered a statement sent then, and a heartbeat every every. Its heartbeat
 // names replica (markReplica).
 func startWatch(conn *pgconn.PgConn, pid uint32, won, answered time.Time, every time.Duration, replica string, lost func(error)) *watch {
-	w := &watch{conn: conn, pid: pid, every: every, lease: newLease(answered), lost: lost, done: make(chan struct{}),
+	w := &watch{conn: conn, pid: pid, every: every, lease: lease.New(answered), lost: lost, done: make(chan struct{}),
 		beat: markReplica(heartbeatSQL(won), replica)}
 	go w.run()
 	return w
@@ -181,7 +111,7 @@ func (w *watch) heartbeat() error {
 		pid, _ := strconv.ParseUint(got, 10, 32)
 		return fmt.Errorf("heartbeat: the session answers as another backend: %w", sessionMoved("the heartbeat", w.pid, uint32(pid)))
 	}
-	w.lease.renew(sent)
+	w.lease.Renew(sent)
 	return nil
 }
 

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/xadm/relay/internal/lease"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -152,7 +154,7 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 		m.cancel = nil
 		m.mu.Unlock()
 	}()
-	pctx = context.WithValue(pctx, leaseKey{}, m.w.lease)
+	pctx = lease.With(pctx, m.w.lease)
 	return true, fn(pctx, m.held)
 }
 
