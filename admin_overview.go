@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // Overview is one app's table at a glance, as [Admin.Overview] reads it: its
@@ -132,7 +134,7 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		case g.dead:
 			t.Dead += g.count
 			t.FirstDead = &head
-		case g.status == statusError:
+		case g.status == store.StatusError:
 			t.Retrying += g.count
 		default:
 			t.Pending += g.count

@@ -2,15 +2,14 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"reflect"
 	"runtime/debug"
-	"strings"
-	"time"
-	"unicode/utf8"
+
+	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/store"
 )
 
 // Every call into code the adopter wrote — a Sender, an Observer, the handler
@@ -96,29 +95,54 @@ func senderType(s Sender) (typ string, err error) {
 	return s.Type(), nil
 }
 
-// sendGrace is how long a sender whose context ended may take to return.
-const sendGrace = 100 * time.Millisecond
+// userSender is the relay's side of an adopter's Sender, as the pass calls it
+// (internal/pass bounds each call in time): each call under a recover, and
+// what it returns made safe to use (sendFailure).
+type userSender struct {
+	r *Relay
+	s Sender
+}
 
-// callSend runs one Send under a recover, on the calling goroutine (a
-// worker's: worker.go, which also bounds it by SendTimeout). What it returns
-// is made safe to use with sendFailure.
-func (r *Relay) callSend(ctx context.Context, s Sender, m Message) (err error) {
+// userBatchSender is userSender for a [BatchSender].
+type userBatchSender struct {
+	userSender
+	b BatchSender
+}
+
+// sender is s as the pass calls it.
+func (r *Relay) sender(s Sender) pass.Sender {
+	if b, ok := s.(BatchSender); ok {
+		return userBatchSender{userSender{r, s}, b}
+	}
+	return userSender{r, s}
+}
+
+// messageOf is the message of a row, as its Sender gets it.
+func messageOf(m *store.Row) Message {
+	return Message{ID: m.ID, Type: m.Type, Key: m.Key, Payload: m.Payload, Attempts: m.Attempts, CreatedAt: m.CreatedAt,
+		Headers: m.Headers, source: m.Source}
+}
+
+// Send runs one Send under a recover, on the calling goroutine (a worker's).
+func (u userSender) Send(ctx context.Context, row store.Row) (err error) {
+	m := messageOf(&row)
 	defer func() {
 		if p := recover(); p != nil {
-			r.logger.LogAttrs(ctx, slog.LevelError, "relay: sender panicked",
+			u.r.logger.LogAttrs(ctx, slog.LevelError, "relay: sender panicked",
 				slog.Int64("id", m.ID), slog.String("type", m.Type), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 			err = fmt.Errorf("sender panicked: %v", p)
 		}
 	}()
-	return sendFailure(s.Send(ctx, m))
+	return sendFailure(u.s.Send(ctx, m))
 }
 
-// sendBatch calls s.SendBatch in a goroutine of its own, under SendTimeout
-// and a recover. A panic, an abandoned call or a result of the wrong length
-// fails every message of the call.
-func (r *Relay) sendBatch(ctx context.Context, s BatchSender, ms []Message) []error {
-	sctx, cancel := context.WithTimeoutCause(ctx, r.cfg.SendTimeout, r.sendTimedOut)
-	defer cancel()
+// SendBatch runs one SendBatch under a recover. A panic, or a result of the
+// wrong length, fails every message of the call.
+func (u userBatchSender) SendBatch(ctx context.Context, rows []store.Row) (errs []error) {
+	ms := make([]Message, len(rows))
+	for i := range rows {
+		ms[i] = messageOf(&rows[i])
+	}
 	all := func(err error) []error {
 		errs := make([]error, len(ms))
 		for i := range errs {
@@ -126,37 +150,21 @@ func (r *Relay) sendBatch(ctx context.Context, s BatchSender, ms []Message) []er
 		}
 		return errs
 	}
-	done := make(chan []error, 1)
-	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				r.logger.LogAttrs(ctx, slog.LevelError, "relay: batch sender panicked",
-					slog.String("type", s.Type()), slog.Int("messages", len(ms)), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
-				done <- all(fmt.Errorf("sender panicked: %v", p))
-			}
-		}()
-		errs := s.SendBatch(sctx, ms)
-		if len(errs) != len(ms) {
-			errs = all(fmt.Errorf("SendBatch of %T returned %d results for %d messages", s, len(errs), len(ms)))
+	defer func() {
+		if p := recover(); p != nil {
+			u.r.logger.LogAttrs(ctx, slog.LevelError, "relay: batch sender panicked",
+				slog.String("type", u.s.Type()), slog.Int("messages", len(ms)), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+			errs = all(fmt.Errorf("sender panicked: %v", p))
 		}
-		for i := range errs {
-			errs[i] = sendFailure(errs[i])
-		}
-		done <- errs
 	}()
-	select {
-	case errs := <-done:
-		return errs
-	case <-sctx.Done():
-		select {
-		case errs := <-done:
-			return errs
-		case <-time.After(sendGrace):
-		}
-		r.logger.LogAttrs(ctx, slog.LevelError, "relay: batch sender did not return after its context ended; abandoned",
-			slog.String("type", ms[0].Type), slog.Int("messages", len(ms)))
-		return all(context.Cause(sctx))
+	errs = u.b.SendBatch(ctx, ms)
+	if len(errs) != len(ms) {
+		return all(fmt.Errorf("SendBatch of %T returned %d results for %d messages", u.b, len(errs), len(ms)))
 	}
+	for i := range errs {
+		errs[i] = sendFailure(errs[i])
+	}
+	return errs
 }
 
 // sendFailure makes a Sender's error safe for the relay to use: a typed nil (a
@@ -175,7 +183,7 @@ func sendFailure(err error) error {
 	if !ok {
 		return fmt.Errorf("the sender returned a %T whose Error or Unwrap method panicked", err)
 	}
-	return &senderError{err: err, text: text, permanent: permanent}
+	return &pass.SendError{Err: err, Text: text, Permanent: permanent}
 }
 
 func isNilPointer(v reflect.Value) bool {
@@ -194,66 +202,4 @@ func inspect(err error) (text string, permanent, ok bool) {
 		}
 	}()
 	return err.Error(), IsPermanent(err), true
-}
-
-// senderError is a Sender's error whose text and Permanent mark were read once,
-// safely. It unwraps to the original for the Observer.
-type senderError struct {
-	err       error
-	text      string
-	permanent bool
-}
-
-func (e *senderError) Error() string { return e.text }
-func (e *senderError) Unwrap() error { return e.err }
-
-// permanentFailure reports whether the relay must mark a failed message dead at
-// once: a Permanent error, read safely.
-func permanentFailure(err error) bool {
-	var se *senderError
-	if errors.As(err, &se) {
-		return se.permanent
-	}
-	_, permanent, _ := inspect(err)
-	return permanent
-}
-
-// lastErrorMax is how many bytes of a sender's error last_error keeps at most;
-// a column declared narrower (varchar(255), as the JVM's migration declares
-// it) keeps what fits its width in characters.
-const lastErrorMax = 2000
-
-// errorText is err's text as a last_error column of width characters (0: no
-// declared width) keeps it: valid UTF-8, no NUL bytes (PostgreSQL text refuses
-// them), at most width characters and lastErrorMax bytes.
-func errorText(err error, width int) string {
-	s, _, ok := inspect(err)
-	if !ok {
-		s = fmt.Sprintf("%T (its Error method panicked)", err)
-	}
-	return clip(s, width)
-}
-
-// clip makes s fit a text column of width characters (0: any number) and
-// lastErrorMax bytes, cut on a character boundary.
-func clip(s string, width int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.ReplaceAll(s, "\x00", "")
-	if width > 0 {
-		n := 0
-		for i := range s {
-			if n == width {
-				s = s[:i]
-				break
-			}
-			n++
-		}
-	}
-	if len(s) > lastErrorMax {
-		s = s[:lastErrorMax]
-		for !utf8.ValidString(s) {
-			s = s[:len(s)-1]
-		}
-	}
-	return s
 }

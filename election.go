@@ -11,6 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file is the one seam that runs a pass. [Relay.pass] is the only
@@ -37,6 +40,43 @@ const (
 	passElected                 // RunIfElected and the loop's woken passes: straight to the election
 	passTimed                   // the loop's timer: the election's idle poll first, where it has one
 )
+
+// passOpts tune a pass: the engine's (internal/pass) and the election's. The
+// zero value is Run's and RunIfElected's: one batch.
+type passOpts struct {
+	halt     <-chan struct{} // closed: start no new message or batch (graceful stop)
+	drain    bool            // take batches while they come back full
+	drainFor time.Duration   // how long at most; 0: pass.DrainMax
+	parts    []int           // partitioned: deliver only these partitions (partitions.go)
+	own      *ownSession     // the started relay's own session, for the idle poll; nil: the pool's
+	// keep, for the loop's passes, says from the pass's result whether the
+	// election is kept for the next pass (polledElection); nil: let go.
+	keep func(passResult) bool
+	// wake is the loop's wake-ups: one that comes while the pass waits for
+	// its last messages has it select again at once. nil: none.
+	wake <-chan struct{}
+	// afterLoss says the loop's last pass lost its election: a lock found
+	// taken now is most likely that election's own, whose session's backend
+	// has not exited yet (or a server going down answered), so the pass
+	// fails rather than coalesces (polledElection).
+	afterLoss bool
+}
+
+// passResult is what a pass did: the engine's result, and whether it ran.
+type passResult struct {
+	sent, failed, dead int
+	lag                time.Duration
+	outcomesWaiting    int  // the most outcomes that waited to be written at once (PassReport.OutcomesWaiting)
+	backlog            bool // draining stopped at pass.DrainMax with rows left
+	woken              bool // a wake-up came during the pass, and it selected again (passOpts.wake)
+	ran                bool // the pass ran: elected, or direct
+	err                error
+}
+
+func (p *passResult) processed() int { return p.sent + p.failed + p.dead }
+
+// coalesced says another session held the election: the pass neither ran nor failed.
+func (p *passResult) coalesced() bool { return !p.ran && p.err == nil }
 
 // election decides whether this replica runs a pass, and runs it.
 type election interface {
@@ -251,7 +291,7 @@ func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, 
 	pctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	var readOnly, won bool
-	types := r.lanes.sendable() // a paused type's rows are no work until its pause ends
+	types := r.runner.Lanes().Sendable() // a paused type's rows are no work until its pause ends
 	// On the relay's own session (session.go) when it has one: no pooled
 	// connection to take, and so no ping of pgxpool's before it.
 	err := o.own.do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
@@ -265,7 +305,7 @@ func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, 
 	})
 	if errors.Is(err, errNoSession) {
 		var c *pgxpool.Conn
-		if c, err = acquire(pctx, r.pool, "poll for work"); err != nil {
+		if c, err = store.Acquire(pctx, r.pool, "poll for work"); err != nil {
 			return passResult{err: err}, false
 		}
 		readOnly, won, work, _, err = r.repo.poll(pctx, c, "", r.cfg.MaxAttempts, types, r.key)
@@ -378,7 +418,7 @@ func (e *memberElection) run(ctx context.Context, o passOpts) passResult {
 	m.turn.Lock()
 	defer m.turn.Unlock()
 	var res passResult
-	o.drainFor = min(m.r.cfg.Interval, drainMax)
+	o.drainFor = min(m.r.cfg.Interval, pass.DrainMax)
 	ran, err := m.pass(ctx, func(ctx context.Context, parts []int) error {
 		o.parts = parts
 		res = m.r.dispatch(ctx, o)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/store"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -329,7 +330,7 @@ func waitLockGone(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
 // on with another, a bounded number of times.
 func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, direct bool) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
 	for attempt := 1; ; attempt++ {
-		conn, err = acquire(ctx, pool, "take the election "+strconv.Quote(key))
+		conn, err = store.Acquire(ctx, pool, "take the election "+strconv.Quote(key))
 		if err != nil {
 			return nil, nil, session{}, err
 		}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/pass"
 )
 
 // This file is the one scheduling loop: one goroutine per started relay that
@@ -25,7 +27,7 @@ const (
 	// stopUnwind is how long Stop waits, once its ctx has ended and the sends
 	// in flight are cancelled, for the pass to record what it finished and
 	// release the election. Past it Stop returns, and what is left finishes
-	// in the background within outcomeTimeout + guardUnlockTimeout.
+	// in the background within pass.OutcomeTimeout + guardUnlockTimeout.
 	stopUnwind = time.Second
 	// warmConns is how many pooled connections the first message's path
 	// takes (the election's, the select's, a writer's), which warm opens;
@@ -134,7 +136,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	case <-t.C:
 		r.logger.LogAttrs(context.Background(), slog.LevelWarn,
 			"relay: stop: returning while the last pass still unwinds; it records what it finished and releases the election in the background",
-			durationAttr("within", outcomeTimeout+guardUnlockTimeout))
+			durationAttr("within", pass.OutcomeTimeout+guardUnlockTimeout))
 	}
 	return fmt.Errorf("relay: stop: %w", ctx.Err())
 }

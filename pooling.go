@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file is the check that the pool keeps its sessions: every election
@@ -114,7 +116,7 @@ func (c *sessionCheck) isDirect() bool {
 // prepared-statement error says the same (the statement was prepared on
 // another server connection).
 func probeSessions(ctx context.Context, pool *pgxpool.Pool) (direct bool, err error) {
-	first, err := acquire(ctx, pool, "check that the pool keeps its sessions")
+	first, err := store.Acquire(ctx, pool, "check that the pool keeps its sessions")
 	if err != nil {
 		return false, err
 	}
@@ -130,7 +132,7 @@ func probeSessions(ctx context.Context, pool *pgxpool.Pool) (direct bool, err er
 	// (a Scheduler's, say), one of its own through the same pooler.
 	ask := []func() (uint32, error){func() (uint32, error) { return backendPID(ctx, first) }}
 	if pool.Config().MaxConns >= 2 {
-		second, err := acquire(ctx, pool, "check that the pool keeps its sessions")
+		second, err := store.Acquire(ctx, pool, "check that the pool keeps its sessions")
 		if err != nil {
 			return false, err
 		}

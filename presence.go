@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/pass"
 )
 
 // This file is presence: every started relay (single key or partitioned)
@@ -125,7 +127,7 @@ func (p *presence) setPaused(paused []PausedType) {
 			pd := pausedDescriptor{Type: pt.Type, Since: pt.Since.UTC().Truncate(time.Second),
 				Until: pt.Until.UTC().Truncate(time.Second), Probing: pt.Probing}
 			if withReason {
-				pd.Reason = clip(pt.Reason, pausedReasonMax)
+				pd.Reason = pass.Clip(pt.Reason, pausedReasonMax)
 			}
 			d.Paused = append(d.Paused, pd)
 		}

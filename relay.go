@@ -15,6 +15,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/store"
 )
 
 // Timings of the pass.
@@ -25,6 +28,20 @@ const (
 	// failureLogEvery is the longest a failing streak goes without an Error line.
 	failureLogEvery = 5 * time.Minute
 )
+
+// ErrPoolExhausted says the relay's pool had no free connection within a few
+// seconds: the service's own code holds them all, or the pool is smaller than
+// Concurrency + 2. The pass sent nothing it could not record; it stopped, and
+// the next one tries again.
+var ErrPoolExhausted = store.ErrPoolExhausted
+
+// ErrReadOnly says the server cannot write: a hot standby (after a failover,
+// with a stale DNS name or a proxy that still points at the old primary), or a
+// server with default_transaction_read_only on during a cutover. The relay
+// sends nothing from such a server, since it could not record the outcome, and
+// takes no election there, since a lock on a standby excludes nobody on the
+// primary.
+var ErrReadOnly = store.ErrReadOnly
 
 // Relay delivers the outbound rows of one outbox table through its senders.
 // Build it with [New]; it is safe for concurrent use, and its passes never
@@ -43,10 +60,6 @@ type Relay struct {
 	observer Observer
 	stats    counters
 
-	// sendTimedOut is the cause of a send's context when SendTimeout elapses,
-	// built once rather than for every message.
-	sendTimedOut error
-
 	// slot is a one-slot semaphore: one pass of this relay at a time. Only
 	// Relay.pass takes it (election.go).
 	slot chan struct{}
@@ -57,12 +70,9 @@ type Relay struct {
 	// election decides whether a pass runs, chosen once in New (election.go).
 	election election
 
-	// held are the messages whose outcome could not be recorded, held back
-	// from re-sending (outcomes.go).
-	held heldBack
-
-	// lanes are the types' health: paused, probing or open (lanes.go).
-	lanes *lanes
+	// runner runs the passes' engine (internal/pass), and keeps what outlives
+	// one: the types' lanes, the messages whose outcome could not be recorded.
+	runner *pass.Runner
 
 	tableMu        sync.Mutex
 	tableInfo      tableInfo
@@ -136,13 +146,11 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		key:      cfg.lockKey(),
 		observer: cfg.Observer,
 		slot:     make(chan struct{}, 1),
-
-		sendTimedOut: fmt.Errorf("send timed out after %s", cfg.SendTimeout),
 	}
 	r.presence = newPresence(cfg, r.types)
-	r.lanes = newLanes(r.types, cfg, logger)
-	said := func() { r.presence.setPaused(r.lanes.paused()) } // the session's next statement says it
-	r.lanes.changed.Store(&said)
+	r.runner = r.newRunner(byType)
+	said := func() { r.presence.setPaused(pausedTypes(r.runner.Lanes().Paused())) } // the session's next statement says it
+	r.runner.Lanes().OnChange(said)
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err
 	}
@@ -268,37 +276,37 @@ func durationAttr(key string, d time.Duration) slog.Attr {
 // Stats returns a snapshot of what the relay did since New.
 func (r *Relay) Stats() Stats {
 	st := r.stats.snapshot()
-	st.Paused = r.lanes.paused()
+	st.Paused = pausedTypes(r.runner.Lanes().Paused())
 	return st
 }
 
 // fetch selects one batch, outside any transaction, on a connection it takes
 // for the select alone. A connection that died in a failover fails its first
 // statement: the select, which changes nothing, is tried once more on another.
-func (r *Relay) fetch(ctx context.Context, q fetchQuery) (fetched, error) {
+func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	table := r.table()
 	args := fetchArgs{
-		maxAttempts: r.cfg.MaxAttempts, types: q.types, others: q.others, limit: r.cfg.BatchSize, maxBytes: r.cfg.BatchBytes,
-		after: q.after, preflight: q.preflight, source: table.qualified, headers: table.headers,
+		maxAttempts: r.cfg.MaxAttempts, types: q.Types, others: q.Others, limit: r.cfg.BatchSize, maxBytes: r.cfg.BatchBytes,
+		after: q.After, preflight: q.Preflight, source: table.qualified, headers: table.headers,
 	}
-	if q.parts != nil {
-		args.partitions, args.parts = r.cfg.Partitions, q.parts
+	if q.Parts != nil {
+		args.partitions, args.parts = r.cfg.Partitions, q.Parts
 	}
-	once := func() (fetched, error) {
-		c, err := acquire(fctx, r.pool, "select a batch")
+	once := func() (store.Batch, error) {
+		c, err := store.Acquire(fctx, r.pool, "select a batch")
 		if err != nil {
-			return fetched{}, err
+			return store.Batch{}, err
 		}
 		defer c.Release()
 		return r.repo.fetch(fctx, c, args)
 	}
 	f, err := once()
-	if err != nil && connectionFailed(err) && fctx.Err() == nil {
+	if err != nil && store.ConnectionFailed(err) && fctx.Err() == nil {
 		f, err = once()
 	}
-	if err == nil && f.headersAdded {
+	if err == nil && f.HeadersAdded {
 		// The table was given the headers column since the relay learnt it:
 		// learn it again, and select again, with the headers.
 		r.forgetTable()
@@ -311,7 +319,7 @@ func (r *Relay) fetch(ctx context.Context, q fetchQuery) (fetched, error) {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", context.Cause(ctx), err)
 		}
-		return fetched{}, fmt.Errorf("relay: select a batch from %s: %w", r.cfg.Table, err)
+		return store.Batch{}, fmt.Errorf("relay: select a batch from %s: %w", r.cfg.Table, err)
 	}
 	return f, nil
 }
@@ -326,7 +334,7 @@ func (r *Relay) learnTable(ctx context.Context) error {
 	}
 	pctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
-	c, err := acquire(pctx, r.pool, "read the table's definition")
+	c, err := store.Acquire(pctx, r.pool, "read the table's definition")
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/store"
 )
 
 // internalTable is a pool on the shared server and a table of the test's
@@ -53,15 +54,15 @@ func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
 		require.NoError(t, err)
 		var id int64
 		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+table+" (type, natural_key, payload) VALUES ('t', 'k', '{}') RETURNING id").Scan(&id))
-		pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
-		m := &row{Message: Message{ID: id}, status: pending, attempts: zero}
-		for _, ds := range [][]delivery{
-			{{m: m, out: outcomeSent}}, // one outcome
-			{{m: m, out: outcomeSent}, {m: &row{Message: Message{ID: -1}, status: pending}, out: outcomeSent}}, // a group
+		pending, zero := pgtype.Text{String: store.StatusPending, Valid: true}, pgtype.Int8{Valid: true}
+		m := store.Outcome{ID: id, Status: pending, ReadAttempts: zero, Sent: true}
+		for _, ds := range [][]store.Outcome{
+			{m}, // one outcome
+			{m, {ID: -1, Status: pending, Sent: true}}, // a group
 		} {
 			var inside string
 			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if _, err := repo.record(ctx, tx, ds, 10, 0); err != nil {
+				if _, err := repo.record(ctx, tx, ds); err != nil {
 					return err
 				}
 				return tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&inside)
@@ -110,7 +111,7 @@ func TestSelectRunsOnItsGenericPlan(t *testing.T) {
 		f, err := repo.fetch(ctx, c, fetchArgs{maxAttempts: 10, types: []string{"t"}, limit: 5, maxBytes: 1 << 20,
 			after: math.MinInt64, preflight: i == 0, headers: true, source: table})
 		require.NoError(t, err)
-		require.Len(t, f.rows, 5)
+		require.Len(t, f.Rows, 5)
 	}
 	var generic, custom int64
 	require.NoError(t, c.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strconv"
 	"time"
+
+	"github.com/xadm/relay/internal/pass"
 )
 
 // Sender delivers the messages of one type to their destination, typically with
@@ -118,3 +120,9 @@ type permanentError struct{ err error }
 
 func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
+
+// ParsePermanent reads the mark a relay puts at the start of the last_error
+// of a row that died of a permanent failure ("permanent after 1 attempt(s): …")
+// and returns the number of attempts really made; ok is false for any other
+// text, such as a row that reached MaxAttempts.
+func ParsePermanent(lastError string) (attempts int, ok bool) { return pass.ParsePermanent(lastError) }

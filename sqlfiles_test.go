@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // sqlRecorder is a querier that records every statement sent through it, with
@@ -188,8 +190,8 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL, sessionLocksHeldSQL,
 		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, partitionLookSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
 		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, tableIndexesSQL)
-	pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
-	failedState, three := pgtype.Text{String: statusError, Valid: true}, pgtype.Int8{Int64: 3, Valid: true}
+	pending, zero := pgtype.Text{String: store.StatusPending, Valid: true}, pgtype.Int8{Valid: true}
+	failedState, three := pgtype.Text{String: store.StatusError, Valid: true}, pgtype.Int8{Int64: 3, Valid: true}
 	for _, table := range []string{"outbox", "billing." + strings.Repeat("x", 63)} {
 		id, err := parseTable(table)
 		require.NoError(t, err)
@@ -212,11 +214,11 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 						}
 					}
 				}
-				_ = r.loadLarge(ctx, q, &fetched{rows: []row{{Message: Message{ID: 1}, large: true}}}, 100)
-				sent := delivery{m: &row{Message: Message{ID: 1}, status: pending, attempts: zero}, out: outcomeSent}
-				failed := delivery{m: &row{Message: Message{ID: 2, Attempts: 3}, status: failedState, attempts: three}, out: outcomeFailed, sendErr: errors.New("e")}
-				for _, ds := range [][]delivery{{sent}, {failed}, {sent, sent}, {sent, failed}} {
-					_, _ = r.record(ctx, q, ds, 10, 0)
+				_ = r.loadLarge(ctx, q, &store.Batch{Rows: []store.Row{{ID: 1, Large: true}}}, 100)
+				sent := store.Outcome{ID: 1, Status: pending, ReadAttempts: zero, Sent: true}
+				failed := store.Outcome{ID: 2, Status: failedState, ReadAttempts: three, NewAttempts: 4, LastError: "e"}
+				for _, ds := range [][]store.Outcome{{sent}, {failed}, {sent, sent}, {sent, failed}} {
+					_, _ = r.record(ctx, q, ds)
 				}
 				_, _ = r.states(ctx, q, []int64{1})
 				_, _, _, _, _ = r.poll(ctx, q, "", 3, []string{"t"}, "app")

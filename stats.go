@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/xadm/relay/internal/pass"
 )
 
 // Stats is a snapshot of what a [Relay] did since [New], as [Relay.Stats] returns it.
@@ -32,6 +34,31 @@ type Stats struct {
 	// Paused are the message types this relay has paused ([Config.PauseAfter]),
 	// in the order of their names; nil when none is.
 	Paused []PausedType
+}
+
+// PausedType is a message type a relay has paused ([Config.PauseAfter]): its
+// rows wait, with their status and attempts untouched, while the relay's
+// other types go on (docs/decisions/0040-isolation.md).
+type PausedType struct {
+	Type   string
+	Reason string    // why: the last failure, or the abandoned Sends still running
+	Since  time.Time // when the first pause of this run of pauses began
+	Until  time.Time // when one of its messages is next sent as a probe
+	// Probing says the pause has ended and a message is being sent as a
+	// probe: its success resumes the type.
+	Probing bool
+}
+
+// pausedTypes is what the runner's lanes say is paused, as [PausedType].
+func pausedTypes(ps []pass.PausedType) []PausedType {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]PausedType, len(ps))
+	for i, p := range ps {
+		out[i] = PausedType(p)
+	}
+	return out
 }
 
 // Observer receives each pass's and each message's outcome, to export metrics

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // The pass's outcomes; their statements are in sql/outcomes.sql.
@@ -18,19 +20,19 @@ import (
 // record writes the outcomes ds: one in its own short transaction, several in
 // one statement. Each row is fenced on the state the pass read; it returns the
 // ids of the rows that had moved on and were left alone.
-func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxAttempts, errWidth int) (stale map[int64]bool, err error) {
+func (r *repository) record(ctx context.Context, db querier, ds []store.Outcome) (stale map[int64]bool, err error) {
 	if len(ds) == 1 {
 		d := &ds[0]
-		sql, args := r.sentSQL, []any{d.m.ID, d.m.status, d.m.attempts}
-		if d.out != outcomeSent {
-			sql, args = r.errorSQL, append(args, d.newAttempts(maxAttempts), d.errorText(errWidth))
+		sql, args := r.sentSQL, []any{d.ID, d.Status, d.ReadAttempts}
+		if !d.Sent {
+			sql, args = r.errorSQL, append(args, d.NewAttempts, d.LastError)
 		}
 		tag, err := db.Exec(ctx, sql, args...)
 		if err != nil {
 			return nil, err
 		}
 		if tag.RowsAffected() != 1 {
-			return map[int64]bool{d.m.ID: true}, nil
+			return map[int64]bool{d.ID: true}, nil
 		}
 		return nil, nil
 	}
@@ -39,7 +41,7 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 	if allSentFresh(ds) {
 		ids := make([]int64, n)
 		for i := range ds {
-			ids[i] = ds[i].m.ID
+			ids[i] = ds[i].ID
 		}
 		rows, err := db.Query(ctx, r.groupSentSQL, ids)
 		if err != nil {
@@ -51,12 +53,11 @@ func (r *repository) record(ctx context.Context, db querier, ds []delivery, maxA
 	newStatuses, newAttempts, errs := make([]string, n), make([]int64, n), make([]*string, n)
 	for i := range ds {
 		d := &ds[i]
-		ids[i], statuses[i], attempts[i] = d.m.ID, d.m.status, d.m.attempts
-		newStatuses[i], newAttempts[i] = statusSent, d.newAttempts(maxAttempts)
-		if d.out != outcomeSent {
-			newStatuses[i] = statusError
-			text := d.errorText(errWidth)
-			errs[i] = &text
+		ids[i], statuses[i], attempts[i] = d.ID, d.Status, d.ReadAttempts
+		newStatuses[i], newAttempts[i] = store.StatusSent, d.NewAttempts
+		if !d.Sent {
+			newStatuses[i] = store.StatusError
+			errs[i] = &d.LastError
 		}
 	}
 	rows, err := db.Query(ctx, r.groupSQL, ids, statuses, attempts, newStatuses, newAttempts, errs)
@@ -97,10 +98,10 @@ func staleOf(rows pgx.Rows, ids []int64) (map[int64]bool, error) {
 
 // allSentFresh reports whether every delivery of ds was sent from a row read
 // as PENDING with no attempt: the common group, which has its own statement.
-func allSentFresh(ds []delivery) bool {
+func allSentFresh(ds []store.Outcome) bool {
 	for i := range ds {
-		m := ds[i].m
-		if ds[i].out != outcomeSent || !m.status.Valid || m.status.String != statusPending || !m.attempts.Valid || m.attempts.Int64 != 0 {
+		m := &ds[i]
+		if !m.Sent || !m.Status.Valid || m.Status.String != store.StatusPending || !m.ReadAttempts.Valid || m.ReadAttempts.Int64 != 0 {
 			return false
 		}
 	}
@@ -117,17 +118,17 @@ func allSentFresh(ds []delivery) bool {
 // It needs named prepared statements; on a connection whose pgx mode does not
 // prepare statements (configured for a transaction-pooling proxy), it writes
 // them one by one.
-func (r *repository) recordEach(ctx context.Context, c *pgxpool.Conn, ds []delivery, maxAttempts, errWidth int) (stale map[int64]bool, failed map[int64]error, err error) {
+func (r *repository) recordEach(ctx context.Context, c *pgxpool.Conn, ds []store.Outcome) (stale map[int64]bool, failed map[int64]error, err error) {
 	stale, failed = map[int64]bool{}, map[int64]error{}
 	conn := c.Conn()
 	if mode := conn.Config().DefaultQueryExecMode; mode != pgx.QueryExecModeCacheStatement && mode != pgx.QueryExecModeCacheDescribe {
 		for _, d := range ds {
-			st, err := r.record(ctx, c, []delivery{d}, maxAttempts, errWidth)
+			st, err := r.record(ctx, c, []store.Outcome{d})
 			if err != nil {
-				if sqlState(err) == "" || connectionFailed(err) {
+				if store.SQLState(err) == "" || store.ConnectionFailed(err) {
 					return nil, nil, err
 				}
-				failed[d.m.ID] = err
+				failed[d.ID] = err
 			}
 			maps.Copy(stale, st)
 		}
@@ -151,15 +152,15 @@ func (r *repository) recordEach(ctx context.Context, c *pgxpool.Conn, ds []deliv
 	p := conn.PgConn().StartPipeline(ctx)
 	for _, d := range ds {
 		status = nil
-		if d.m.status.Valid {
-			status = []byte(d.m.status.String)
+		if d.Status.Valid {
+			status = []byte(d.Status.String)
 		}
-		id := strconv.AppendInt(nil, d.m.ID, 10)
-		if d.out == outcomeSent {
-			p.SendQueryStatement(sent, [][]byte{id, status, text(d.m.attempts)}, nil, nil)
+		id := strconv.AppendInt(nil, d.ID, 10)
+		if d.Sent {
+			p.SendQueryStatement(sent, [][]byte{id, status, text(d.ReadAttempts)}, nil, nil)
 		} else {
-			n := pgtype.Int8{Int64: d.newAttempts(maxAttempts), Valid: true}
-			p.SendQueryStatement(failure, [][]byte{id, status, text(d.m.attempts), text(n), []byte(d.errorText(errWidth))}, nil, nil)
+			n := pgtype.Int8{Int64: d.NewAttempts, Valid: true}
+			p.SendQueryStatement(failure, [][]byte{id, status, text(d.ReadAttempts), text(n), []byte(d.LastError)}, nil, nil)
 		}
 		p.SendPipelineSync()
 	}
@@ -177,22 +178,22 @@ func (r *repository) recordEach(ctx context.Context, c *pgxpool.Conn, ds []deliv
 			}
 			var tag pgconn.CommandTag
 			if tag, err = rr.Close(); err == nil && tag.RowsAffected() != 1 {
-				stale[d.m.ID] = true
+				stale[d.ID] = true
 			}
 		}
 		if err != nil {
-			if sqlState(err) == "" || connectionFailed(err) {
+			if store.SQLState(err) == "" || store.ConnectionFailed(err) {
 				p.Close()
 				return nil, nil, err
 			}
-			failed[d.m.ID] = err // its own transaction failed; the others are unaffected
+			failed[d.ID] = err // its own transaction failed; the others are unaffected
 		}
 		if res, err = p.GetResults(); err != nil {
 			p.Close()
 			return nil, nil, err
 		} else if _, ok := res.(*pgconn.PipelineSync); !ok {
 			p.Close()
-			return nil, nil, fmt.Errorf("relay: pipeline: want the Sync of id %d, got %T", d.m.ID, res)
+			return nil, nil, fmt.Errorf("relay: pipeline: want the Sync of id %d, got %T", d.ID, res)
 		}
 	}
 	return stale, failed, p.Close()
@@ -205,22 +206,16 @@ func statementName(sql string) string {
 	return fmt.Sprintf("relay_%016x", h.Sum64())
 }
 
-// rowState is a row's (status, attempts) as the table holds it now.
-type rowState struct {
-	status   *string
-	attempts *int64
-}
-
 // states reads the current state of rows by id; a missing row is absent.
-func (r *repository) states(ctx context.Context, db querier, ids []int64) (map[int64]rowState, error) {
+func (r *repository) states(ctx context.Context, db querier, ids []int64) (map[int64]store.State, error) {
 	rows, err := db.Query(ctx, r.stateSQL, ids)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[int64]rowState, len(ids))
+	out := make(map[int64]store.State, len(ids))
 	var id int64
-	var st rowState
-	_, err = pgx.ForEachRow(rows, []any{&id, &st.status, &st.attempts}, func() error {
+	var st store.State
+	_, err = pgx.ForEachRow(rows, []any{&id, &st.Status, &st.Attempts}, func() error {
 		out[id] = st
 		return nil
 	})

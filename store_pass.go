@@ -10,45 +10,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // The pass's reads; their statements are in sql/pass.sql, and those of the
 // outcomes in sql/outcomes.sql (store_outcomes.go).
 
-// execer runs a statement: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx satisfy it.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// querier is what the pass reads and writes through: a pooled connection the
-// pass holds, or the pool.
-type querier interface {
-	execer
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
-// row is one outbound row as the pass read it: the message, the state that
-// fences its outcome, exactly as read (NULLs included), and, for a row that
-// cannot be delivered, why.
-type row struct {
-	Message
-	lane     *lane       // its type's (lanes.go), set when the engine plans it
-	status   pgtype.Text // as read; not Valid: NULL (read as PENDING)
-	attempts pgtype.Int8 // as read; not Valid: NULL (read as 0)
-	bad      string      // the column that makes the row undeliverable, and how; "" if none
-	size     int         // payload bytes; for a row fetched without its payload, what it will take
-	large    bool        // its payload is loaded apart, after the batch, within BatchBytes
-}
-
-// Row statuses.
-const (
-	statusPending = "PENDING"
-	statusError   = "ERROR"
-	statusSent    = "SENT"
+// execer and querier are what the statements run on (internal/store).
+type (
+	execer  = store.Execer
+	querier = store.Querier
 )
 
 // inlinePayloadMax is the stored size (pg_column_size, perhaps compressed) up
@@ -134,42 +107,31 @@ type fetchArgs struct {
 	source      string // the schema-qualified table, for Message.IdempotencyKey
 }
 
-// fetched is one select's answer.
-type fetched struct {
-	rows     []row
-	full     bool      // the select filled its limit, or was cut short by the byte bound: more may wait
-	cut      bool      // the select was cut short by the byte bound (BatchBytes), before its limit
-	readOnly bool      // the server cannot record an outcome: send nothing (preflight only)
-	now      time.Time // the database's clock at the select (preflight only)
-
-	headersAdded bool // the table has the headers column, which the select did not read (preflight only)
-}
-
 // fetch selects one batch, outside any transaction, and loads its large
 // payloads within maxBytes: the batch is cut short before the row that would
 // exceed it (the rest wait for the next batch), and a row whose payload alone
 // exceeds it comes back marked bad.
-func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetched, error) {
-	var f fetched
+func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (store.Batch, error) {
+	var f store.Batch
 	sql := r.fetchSQL[b2i(a.parts != nil)][b2i(a.headers)][b2i(a.others != nil)]
 	args := sql.args(map[string]any{"max": a.maxAttempts, "types": a.types, "limit": a.limit, "after": a.after,
 		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts, "others": a.others})
 	b := &pgx.Batch{}
 	b.Queue(genericPlansSQL)
 	if a.preflight {
-		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.readOnly, &f.now) })
+		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.ReadOnly, &f.Now) })
 		if !a.headers {
-			b.Queue(r.headersAddedSQL, r.name).QueryRow(func(row pgx.Row) error { return row.Scan(&f.headersAdded) })
+			b.Queue(r.headersAddedSQL, r.name).QueryRow(func(row pgx.Row) error { return row.Scan(&f.HeadersAdded) })
 		}
 	}
 	b.Queue(sql.sql, args...).Query(func(rows pgx.Rows) error {
-		f.rows = make([]row, 0, min(a.limit, 1024))
+		f.Rows = make([]store.Row, 0, min(a.limit, 1024))
 		budget := a.maxBytes
 		// The scan's targets, once per batch: handed to Scan as pointers, they
 		// live on the heap, and a row's own copy goes into f.rows (pgx gives
 		// each row's bytes a slice of their own).
 		var (
-			m       row
+			m       store.Row
 			typ     string
 			key     pgtype.Text
 			created pgtype.Timestamptz
@@ -177,17 +139,17 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			payload []byte
 			headers []byte
 		)
-		dest := []any{&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload, &headers}
+		dest := []any{&m.ID, &typ, &key, &m.Status, &m.ReadAttempts, &created, &stored, &payload, &headers}
 		if !a.headers {
 			dest = dest[:len(dest)-1]
 		}
 		for rows.Next() {
-			m, created, headers = row{}, pgtype.Timestamptz{}, nil
+			m, created, headers = store.Row{}, pgtype.Timestamptz{}, nil
 			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
-			m.Type, m.source, m.Key = typ, a.source, key.String
-			m.Attempts = int(m.attempts.Int64) // 0 when NULL
+			m.Type, m.Source, m.Key = typ, a.source, key.String
+			m.Attempts = int(m.ReadAttempts.Int64) // 0 when NULL
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
 				m.CreatedAt = created.Time
 			}
@@ -195,33 +157,33 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			m.Headers, headersErr = decodeHeaders(headers)
 			switch {
 			case !key.Valid:
-				m.bad = "natural_key is NULL: a message needs its natural key"
+				m.Bad = "natural_key is NULL: a message needs its natural key"
 			case headersErr != nil:
-				m.bad = headersErr.Error()
+				m.Bad = headersErr.Error()
 			case !stored.Valid:
-				m.bad = "payload is NULL"
+				m.Bad = "payload is NULL"
 			case payload == nil:
-				m.large, m.size = true, int(stored.Int32) // loaded below, within the budget
+				m.Large, m.Size = true, int(stored.Int32) // loaded below, within the budget
 			default:
-				m.Payload, m.size = payload, len(payload)
-				if m.size > a.maxBytes {
-					m.bad, m.Payload = tooLarge(m.size, a.maxBytes), nil
+				m.Payload, m.Size = payload, len(payload)
+				if m.Size > a.maxBytes {
+					m.Bad, m.Payload = tooLarge(m.Size, a.maxBytes), nil
 				}
 			}
-			if m.bad == "" && !m.large {
-				if budget -= m.size; budget < 0 && len(f.rows) > 0 {
+			if m.Bad == "" && !m.Large {
+				if budget -= m.Size; budget < 0 && len(f.Rows) > 0 {
 					// Read no further: this row and the rest wait for the next batch.
-					f.full, f.cut = true, true
+					f.Full, f.Cut = true, true
 					break
 				}
 			}
-			f.rows = append(f.rows, m)
+			f.Rows = append(f.Rows, m)
 		}
-		f.full = f.full || len(f.rows) >= a.limit
+		f.Full = f.Full || len(f.Rows) >= a.limit
 		return rows.Err()
 	})
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
-		return fetched{}, err
+		return store.Batch{}, err
 	}
 	return f, r.loadLarge(ctx, db, &f, a.maxBytes)
 }
@@ -229,12 +191,12 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 // loadLarge loads the payloads the select left out, in id order, while the
 // batch's payloads stay within maxBytes; it cuts the batch before the first
 // row that would exceed it, without reading that row's payload.
-func (r *repository) loadLarge(ctx context.Context, db querier, f *fetched, maxBytes int) error {
+func (r *repository) loadLarge(ctx context.Context, db querier, f *store.Batch, maxBytes int) error {
 	held := 0
-	kept := f.rows[:0]
-	for i := range f.rows {
-		m := f.rows[i]
-		if m.large {
+	kept := f.Rows[:0]
+	for i := range f.Rows {
+		m := f.Rows[i]
+		if m.Large {
 			room := maxBytes // the first row may take the whole budget
 			if len(kept) > 0 {
 				room = maxBytes - held
@@ -246,23 +208,23 @@ func (r *repository) loadLarge(ctx context.Context, db querier, f *fetched, maxB
 			case !found:
 				continue // deleted since the select: nothing to deliver
 			case n == nil:
-				m.bad = "payload is NULL"
+				m.Bad = "payload is NULL"
 			case int(*n) > maxBytes:
-				m.bad = tooLarge(int(*n), maxBytes)
+				m.Bad = tooLarge(int(*n), maxBytes)
 			case payload == nil && int(*n) > room:
-				f.rows, f.full, f.cut = kept, true, true // this row and the rest wait for the next batch
+				f.Rows, f.Full, f.Cut = kept, true, true // this row and the rest wait for the next batch
 				return nil
 			case payload == nil:
-				m.Payload, m.size = []byte{}, 0
+				m.Payload, m.Size = []byte{}, 0
 			default:
-				m.Payload, m.size = payload, len(payload)
+				m.Payload, m.Size = payload, len(payload)
 			}
-			m.large = false
+			m.Large = false
 		}
 		held += len(m.Payload)
 		kept = append(kept, m)
 	}
-	f.rows = kept
+	f.Rows = kept
 	return nil
 }
 

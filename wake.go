@@ -15,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file is the wake-up on commit: producers NOTIFY when they write a
@@ -255,7 +257,7 @@ func (r *Relay) dropsSessions(ctx context.Context) bool {
 // that a notification comes back (only when wake), and takes the relay's
 // presence on it. It returns the connection and its backend's pid.
 func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*pgx.Conn, uint32, error) {
-	pc, err := acquire(ctx, r.pool, "listen for wake-ups")
+	pc, err := store.Acquire(ctx, r.pool, "listen for wake-ups")
 	if err != nil {
 		return nil, 0, err
 	}

@@ -1,4 +1,4 @@
-package relay
+package pass
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file holds the relay's promise about outcomes: a send is started only
@@ -23,20 +25,21 @@ import (
 // read-only server, a starved pool, a column too narrow or a missing grant
 // never turn into a storm of duplicates.
 
-// outcome is what became of one message of a batch.
-type outcome int
+// Outcome is what became of one message of a batch.
+type Outcome int
 
+// The outcomes of a message.
 const (
-	outcomeInterrupted outcome = iota // the pass was cancelled mid-send: nothing recorded, the row stays as read
-	outcomeSent                       // SENT
-	outcomeFailed                     // ERROR below the ceiling: a later pass retries it
-	outcomeDead                       // ERROR at the ceiling: dead until an operator re-queues it
+	OutcomeInterrupted Outcome = iota // the pass was cancelled mid-send: nothing recorded, the row stays as read
+	OutcomeSent                       // SENT
+	OutcomeFailed                     // ERROR below the ceiling: a later pass retries it
+	OutcomeDead                       // ERROR at the ceiling: dead until an operator re-queues it
 )
 
 // delivery is one message's send, waiting to be recorded.
 type delivery struct {
-	m       *row
-	out     outcome
+	m       *store.Row
+	out     Outcome
 	sendErr error
 	took    time.Duration
 }
@@ -45,9 +48,9 @@ type delivery struct {
 func (d *delivery) newAttempts(maxAttempts int) int64 {
 	read := int64(d.m.Attempts) // a NULL attempts was read as 0
 	switch d.out {
-	case outcomeSent:
+	case OutcomeSent:
 		return read
-	case outcomeDead:
+	case OutcomeDead:
 		return max(read+1, int64(maxAttempts))
 	default:
 		return read + 1
@@ -58,9 +61,20 @@ func (d *delivery) newAttempts(maxAttempts int) int64 {
 // A permanent failure's starts with permanentPrefix, which a cut keeps.
 func (d *delivery) errorText(width int) string {
 	if p := d.permanentPrefix(); p != "" {
-		return clip(p+errorText(d.sendErr, 0), width)
+		return Clip(p+ErrorText(d.sendErr, 0), width)
 	}
-	return errorText(d.sendErr, width)
+	return ErrorText(d.sendErr, width)
+}
+
+// record is d as the table records it, its failure's text width characters
+// wide at most.
+func (d *delivery) record(maxAttempts, width int) store.Outcome {
+	o := store.Outcome{ID: d.m.ID, Status: d.m.Status, ReadAttempts: d.m.ReadAttempts, Sent: d.out == OutcomeSent,
+		NewAttempts: d.newAttempts(maxAttempts)}
+	if !o.Sent {
+		o.LastError = d.errorText(width)
+	}
+	return o
 }
 
 // permanentPrefix starts the last_error of a row that died of a permanent
@@ -70,11 +84,11 @@ func (d *delivery) errorText(width int) string {
 // attempts >= MaxAttempts), which the JVM relay shares; "" for any other
 // outcome.
 func (d *delivery) permanentPrefix() string {
-	if d.out != outcomeDead {
+	if d.out != OutcomeDead {
 		return ""
 	}
 	switch {
-	case d.m.bad != "":
+	case d.m.Bad != "":
 		return fmt.Sprintf(permanentMark+"%d attempt(s), not sent: ", d.m.Attempts)
 	case permanentFailure(d.sendErr):
 		return fmt.Sprintf(permanentMark+"%d attempt(s): ", d.m.Attempts+1)
@@ -107,17 +121,13 @@ func ParsePermanent(lastError string) (attempts int, ok bool) {
 
 // Timings of recording.
 const (
-	// outcomeTimeout bounds the short transaction that records one outcome (or
+	// OutcomeTimeout bounds the short transaction that records one outcome (or
 	// one group). It runs even when the pass was cancelled: the send happened.
-	outcomeTimeout = 10 * time.Second
+	OutcomeTimeout = 10 * time.Second
 	// outcomeGroupDelay bounds how long a recorded-later outcome waits for its
 	// group to fill: with GroupOutcomes, a crash re-delivers at most
 	// GroupOutcomes messages and never more than this much time's worth.
 	outcomeGroupDelay = 100 * time.Millisecond
-	// acquireTimeout bounds the wait for a pooled connection. The pass waits
-	// for it before it sends, so a starved pool delays delivery, and says so,
-	// but never costs a duplicate.
-	acquireTimeout = 5 * time.Second
 	// outcomePipeline is how many of a worker's outcomes may wait to be
 	// written while it sends on, and so how many its writer writes in one
 	// round trip (each in its own transaction). It is also what a crash of the
@@ -130,39 +140,6 @@ const (
 	// (docs/decisions/0037-adaptive-outcomes.md).
 	adaptivePipeline = 64
 )
-
-// ErrPoolExhausted says the relay's pool had no free connection within a few
-// seconds: the service's own code holds them all, or the pool is smaller than
-// Concurrency + 2. The pass sent nothing it could not record; it stopped, and
-// the next one tries again.
-var ErrPoolExhausted = errors.New("relay: the pool has no free connection")
-
-// ErrReadOnly says the server cannot write: a hot standby (after a failover,
-// with a stale DNS name or a proxy that still points at the old primary), or a
-// server with default_transaction_read_only on during a cutover. The relay
-// sends nothing from such a server, since it could not record the outcome, and
-// takes no election there, since a lock on a standby excludes nobody on the
-// primary.
-var ErrReadOnly = errors.New("relay: the server is read-only (a hot standby, or default_transaction_read_only)")
-
-// acquire takes a connection from pool for what, waiting at most
-// acquireTimeout; a pool that stays full is reported as [ErrPoolExhausted]
-// with its size, not as a bare deadline.
-func acquire(ctx context.Context, pool *pgxpool.Pool, what string) (*pgxpool.Conn, error) {
-	actx, cancel := context.WithTimeout(ctx, acquireTimeout)
-	defer cancel()
-	c, err := pool.Acquire(actx)
-	if err == nil {
-		return c, nil
-	}
-	if ctx.Err() == nil && actx.Err() != nil {
-		st := pool.Stat()
-		return nil, fmt.Errorf("%w to %s within %s: all %d connections of the pool are in use; "+
-			"give it Concurrency + 2 connections more than the service's own code holds at once", ErrPoolExhausted, what, acquireTimeout,
-			st.MaxConns())
-	}
-	return nil, fmt.Errorf("relay: acquire a connection to %s: %w", what, err)
-}
 
 // heldConn is a pooled connection a worker (or the grouped recorder) holds
 // for the outcomes of its sends, acquired before the first of them.
@@ -177,7 +154,7 @@ func (h *heldConn) get(ctx context.Context) (*pgxpool.Conn, error) {
 		return h.c, nil
 	}
 	h.release()
-	c, err := acquire(ctx, h.pool, "record an outcome")
+	c, err := store.Acquire(ctx, h.pool, "record an outcome")
 	if err != nil {
 		return nil, err
 	}
@@ -208,9 +185,9 @@ func (h *heldConn) release() {
 // lock of the recorder is held: a slow callback delays the goroutine that
 // reports, never the other workers.
 type recorder struct {
-	r   *Relay
+	r   *Runner
 	ctx context.Context // never cancelled: a send that happened is recorded even during a stop
-	res *passResult
+	res *Result
 	outcomeStrategy
 
 	// pipeline is how many of a worker's outcomes may wait to be written
@@ -251,11 +228,11 @@ type outcomeStrategy interface {
 	close() error
 }
 
-func (r *Relay) newRecorder(ctx context.Context, res *passResult) *recorder {
+func (r *Runner) newRecorder(ctx context.Context, res *Result) *recorder {
 	rc := &recorder{r: r, ctx: context.WithoutCancel(ctx), res: res, pipeline: outcomePipeline}
 	switch n := r.cfg.GroupOutcomes; {
 	case n > 1:
-		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.pool}}
+		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.deps.Pool}}
 	case n == 1:
 		rc.outcomeStrategy = eachOutcomes{rc}
 	default:
@@ -313,44 +290,48 @@ const (
 // writeAs is write, with several outcomes written as mode says.
 func (rc *recorder) writeAs(ds []delivery, conn *heldConn, mode writeMode) (recorded []delivery, err error) {
 	r := rc.r
-	ctx, cancel := context.WithTimeout(rc.ctx, outcomeTimeout)
+	ctx, cancel := context.WithTimeout(rc.ctx, OutcomeTimeout)
 	defer cancel()
-	width := r.table().errWidth
+	width := r.deps.Outbox.ErrWidth()
 	var failed map[int64]error
 	record := func() (map[int64]bool, error) {
 		c, err := conn.get(ctx)
 		if err != nil {
 			return nil, err
 		}
+		outs := make([]store.Outcome, len(ds))
+		for i := range ds {
+			outs[i] = ds[i].record(r.cfg.MaxAttempts, width)
+		}
 		if mode == writeApart && len(ds) > 1 {
 			var stale map[int64]bool
-			stale, failed, err = r.repo.recordEach(ctx, c, ds, r.cfg.MaxAttempts, width)
+			stale, failed, err = r.deps.Outbox.RecordEach(ctx, c, outs)
 			return stale, err
 		}
-		return r.repo.record(ctx, c, ds, r.cfg.MaxAttempts, width)
+		return r.deps.Outbox.Record(ctx, c, outs)
 	}
 	stale, err := record()
-	if err != nil && connectionFailed(err) && ctx.Err() == nil {
+	if err != nil && store.ConnectionFailed(err) && ctx.Err() == nil {
 		maybeCommitted := !pgconn.SafeToRetry(err)
 		conn.release()
 		if stale, err = record(); err == nil && maybeCommitted && len(stale) > 0 {
 			stale = rc.ownEarlierWrite(ctx, conn, ds, stale)
 		}
 	}
-	if code := sqlState(err); len(code) == 2+3 && code[:2] == "22" && ctx.Err() == nil {
+	if code := store.SQLState(err); len(code) == 2+3 && code[:2] == "22" && ctx.Err() == nil {
 		// A data exception: the failure's text did not fit a column whose
 		// width the relay did not know (or that changed). Record the outcome
 		// with a short text rather than not at all, and learn the table again.
-		r.forgetTable()
+		r.deps.Outbox.Relearn()
 		width = min(width, 100)
 		for i := range ds {
-			if ds[i].out != outcomeSent {
-				ds[i].sendErr = fmt.Errorf("the failure's text could not be recorded (SQLSTATE %s): %.40s", code, errorText(ds[i].sendErr, 40))
+			if ds[i].out != OutcomeSent {
+				ds[i].sendErr = fmt.Errorf("the failure's text could not be recorded (SQLSTATE %s): %.40s", code, ErrorText(ds[i].sendErr, 40))
 			}
 		}
 		stale, err = record()
 	}
-	if err != nil && mode == writeTogetherOrApart && len(ds) > 1 && sqlState(err) != "" && !connectionFailed(err) && ctx.Err() == nil {
+	if err != nil && mode == writeTogetherOrApart && len(ds) > 1 && store.SQLState(err) != "" && !store.ConnectionFailed(err) && ctx.Err() == nil {
 		return rc.writeAs(ds, conn, writeApart)
 	}
 	if err != nil {
@@ -364,9 +345,9 @@ func (rc *recorder) writeAs(ds []delivery, conn *heldConn, mode writeMode) (reco
 		}
 		r.held.forget(d.m.ID)
 		if stale[d.m.ID] {
-			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: outcome not recorded: the row changed while it was sent",
+			r.deps.Logger.LogAttrs(ctx, slog.LevelWarn, "relay: outcome not recorded: the row changed while it was sent",
 				slog.Int64("id", d.m.ID), slog.String("type", d.m.Type),
-				slog.String("read_status", orNULL(d.m.status)), slog.Int("read_attempts", d.m.Attempts))
+				slog.String("read_status", orNULL(d.m.Status)), slog.Int("read_attempts", d.m.Attempts))
 			continue
 		}
 		recorded = append(recorded, d)
@@ -395,20 +376,20 @@ func (rc *recorder) ownEarlierWrite(ctx context.Context, conn *heldConn, ds []de
 	for id := range stale {
 		ids = append(ids, id)
 	}
-	now, err := rc.r.repo.states(ctx, c, ids)
+	now, err := rc.r.deps.Outbox.States(ctx, c, ids)
 	if err != nil {
 		return stale
 	}
 	for _, d := range ds {
 		st, ok := now[d.m.ID]
-		if !stale[d.m.ID] || !ok || st.status == nil || st.attempts == nil {
+		if !stale[d.m.ID] || !ok || st.Status == nil || st.Attempts == nil {
 			continue
 		}
-		want := statusSent
-		if d.out != outcomeSent {
-			want = statusError
+		want := store.StatusSent
+		if d.out != OutcomeSent {
+			want = store.StatusError
 		}
-		if *st.status == want && *st.attempts == d.newAttempts(rc.r.cfg.MaxAttempts) {
+		if *st.Status == want && *st.Attempts == d.newAttempts(rc.r.cfg.MaxAttempts) {
 			delete(stale, d.m.ID)
 		}
 	}
@@ -423,8 +404,8 @@ func (rc *recorder) unrecorded(ctx context.Context, ds []delivery, err error) er
 	why := recordFailure(err, r.cfg.Table)
 	for _, d := range ds {
 		until := r.held.hold(d.m.ID)
-		r.logger.LogAttrs(ctx, slog.LevelError, "relay: outcome not recorded; the message is not sent again before its backoff step",
-			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Bool("sent", d.out == outcomeSent),
+		r.deps.Logger.LogAttrs(ctx, slog.LevelError, "relay: outcome not recorded; the message is not sent again before its backoff step",
+			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Bool("sent", d.out == OutcomeSent),
 			slog.String("not_before", until.UTC().Format(time.RFC3339)), slog.String("why", why), slog.String("error", err.Error()))
 	}
 	return fmt.Errorf("relay: record the outcome of %d message(s) from id %d: %s: %w", len(ds), ds[0].m.ID, why, err)
@@ -432,8 +413,8 @@ func (rc *recorder) unrecorded(ctx context.Context, ds []delivery, err error) er
 
 // recordFailure says in an operator's terms why an outcome could not be written.
 func recordFailure(err error, table string) string {
-	switch code := sqlState(err); {
-	case errors.Is(err, ErrPoolExhausted):
+	switch code := store.SQLState(err); {
+	case errors.Is(err, store.ErrPoolExhausted):
 		return "the pool had no free connection"
 	case code == "25006":
 		return "the server is read-only (a hot standby, or default_transaction_read_only)"
@@ -445,10 +426,10 @@ func recordFailure(err error, table string) string {
 		return "the table refused the update: a constraint or trigger (SQLSTATE " + code + ")"
 	case code == "57014":
 		return "the update was cancelled (statement_timeout, or an operator)"
-	case connectionFailed(err):
+	case store.ConnectionFailed(err):
 		return "the database connection failed"
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Sprintf("the database did not answer within %s", outcomeTimeout)
+		return fmt.Sprintf("the database did not answer within %s", OutcomeTimeout)
 	}
 	return "the database refused the update"
 }
@@ -459,12 +440,12 @@ func (rc *recorder) report(ds []delivery) {
 	rc.mu.Lock()
 	for _, d := range ds {
 		switch d.out {
-		case outcomeSent:
-			rc.res.sent++
-		case outcomeFailed:
-			rc.res.failed++
-		case outcomeDead:
-			rc.res.dead++
+		case OutcomeSent:
+			rc.res.Sent++
+		case OutcomeFailed:
+			rc.res.Failed++
+		case OutcomeDead:
+			rc.res.Dead++
 		}
 	}
 	rc.mu.Unlock()
@@ -473,63 +454,26 @@ func (rc *recorder) report(ds []delivery) {
 	}
 }
 
-// reportOne logs and observes one recorded outcome, and counts it in Stats.
+// reportOne logs one recorded outcome and tells the relay's Report.
 func (rc *recorder) reportOne(d delivery) {
 	r := rc.r
 	ctx := rc.ctx
 	attempts := int(d.newAttempts(r.cfg.MaxAttempts))
-	rep := MessageReport{ID: d.m.ID, Type: d.m.Type, Attempts: attempts, Duration: d.took, Err: d.sendErr}
 	switch d.out {
-	case outcomeSent:
-		r.stats.sent.Add(1)
-		rep.Outcome = OutcomeSent
-	case outcomeFailed:
-		r.stats.failed.Add(1)
-		rep.Outcome = OutcomeError
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: send failed; will retry",
-			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Int("attempts", attempts), slog.String("error", errorText(d.sendErr, 0)))
-	case outcomeDead:
-		r.stats.dead.Add(1)
-		rep.Outcome = OutcomeDead
+	case OutcomeFailed:
+		r.deps.Logger.LogAttrs(ctx, slog.LevelWarn, "relay: send failed; will retry",
+			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Int("attempts", attempts), slog.String("error", ErrorText(d.sendErr, 0)))
+	case OutcomeDead:
 		msg := "relay: send failed; message is dead until re-queued"
-		if d.m.bad != "" {
+		if d.m.Bad != "" {
 			msg = "relay: row cannot be delivered; marked dead without sending"
 		}
-		r.logger.LogAttrs(ctx, slog.LevelError, msg,
-			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Int("attempts", attempts), slog.String("error", errorText(d.sendErr, 0)))
+		r.deps.Logger.LogAttrs(ctx, slog.LevelError, msg,
+			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Int("attempts", attempts), slog.String("error", ErrorText(d.sendErr, 0)))
 	}
-	if r.observer != nil {
-		r.callObserver("MessageDone", func() { r.observer.MessageDone(rep) })
+	if r.deps.Report != nil {
+		r.deps.Report(Report{Row: d.m, Outcome: d.out, Attempts: attempts, Took: d.took, Err: d.sendErr})
 	}
-}
-
-// connectionFailed reports whether err is the connection's failure rather
-// than the statement's: the network, a terminated or restarting server, a
-// connection already closed. Only such a failure is worth trying again on
-// another connection.
-func connectionFailed(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrPoolExhausted) {
-		return false
-	}
-	if pgconn.SafeToRetry(err) {
-		return true
-	}
-	if code := sqlState(err); code != "" {
-		// 08: connection exception; 57P01..57P05: the server ended the
-		// session (shutdown, crash, restart, database dropped, idle timeout).
-		return code[:2] == "08" || strings.HasPrefix(code, "57P")
-	}
-	// Not the server's answer: a broken socket, EOF, a closed connection.
-	return true
-}
-
-// sqlState is the SQLSTATE of a server error in err's chain, "" if none.
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
 }
 
 // heldBack remembers, per message id, the outcomes this relay could not

@@ -1,4 +1,4 @@
-package relay
+package pass
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // These tests run the engine's lanes (lanes.go) on the in-memory table of
@@ -25,7 +27,7 @@ func (t *memTable) add(typ string, keys ...string) []int64 {
 	var ids []int64
 	for _, k := range keys {
 		id := int64(len(t.rows) + 1)
-		t.rows[id] = &row{Message: Message{ID: id, Type: typ, Key: k}}
+		t.rows[id] = &store.Row{ID: id, Type: typ, Key: k}
 		ids = append(ids, id)
 	}
 	return ids
@@ -36,36 +38,44 @@ func (t *memTable) status(id int64) (string, int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r := t.rows[id]
-	return r.status.String, r.Attempts
+	return r.Status.String, r.Attempts
 }
 
-// laneRelay is a Relay with no pool and a sender per type, for the engine
-// alone. separable: the engine may leave lanes out of its selects.
-func laneRelay(t *testing.T, concurrency int, cfg func(*Config), senders ...Sender) *Relay {
+// laneRelay is a Runner with no pool and a sender per type, for the engine
+// alone, its Config changed by cfg.
+func laneRelay(t *testing.T, concurrency int, cfg func(*Config), senders ...typedSender) *Runner {
 	t.Helper()
-	c := DefaultConfig()
-	c.Concurrency, c.BatchSize, c.MaxAttempts, c.SendTimeout = concurrency, 100, 10, time.Hour
+	c := Config{Concurrency: concurrency, Workers: concurrency, BatchSize: 100, MaxAttempts: 10, PauseAfter: 5,
+		SendTimeout: time.Hour, Interval: time.Second}
 	if cfg != nil {
 		cfg(&c)
 	}
-	r := &Relay{cfg: c, maxConns: concurrency + 2, logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		senders: map[string]Sender{}, sendTimedOut: errors.New("send timed out")}
+	ss := map[string]Sender{}
 	for _, s := range senders {
-		r.senders[s.Type()] = s
+		ss[s.Type()] = s
 	}
-	r.types = slices.Sorted(maps.Keys(r.senders))
-	r.lanes = newLanes(r.types, c, r.logger)
-	return r
+	return New(c, slices.Sorted(maps.Keys(ss)), Deps{Senders: ss, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 }
 
+// typedSender is a test's Sender that says its type.
+type typedSender interface {
+	Sender
+	Type() string
+}
+
+// senderFunc adapts a function to a typedSender of type typ.
+type senderFunc struct {
+	typ  string
+	send func(ctx context.Context, m store.Row) error
+}
+
+func (s senderFunc) Type() string                                { return s.typ }
+func (s senderFunc) Send(ctx context.Context, m store.Row) error { return s.send(ctx, m) }
+
 // runLanes runs one pass of r's engine over t, its lanes separable or not.
-func runLanes(r *Relay, t *memTable, o passOpts, separable bool) passResult {
-	e := r.newEngine(context.Background(), o, t)
-	e.separable = separable
-	e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res, pipeline: outcomePipeline}
-	e.rec.outcomeStrategy = memOutcomes{rc: e.rec, t: t}
-	e.run()
-	return e.res
+func runLanes(r *Runner, t *memTable, o Opts, separable bool) Result {
+	o.Separable = separable
+	return runMem(r, t, o)
 }
 
 // gatedSender sends type typ: each Send takes a token from gate first (nil:
@@ -73,15 +83,15 @@ func runLanes(r *Relay, t *memTable, o passOpts, separable bool) passResult {
 type gatedSender struct {
 	typ  string
 	gate chan struct{}
-	fail func(m Message) error
+	fail func(m store.Row) error
 
 	mu   sync.Mutex
-	sent []Message
+	sent []store.Row
 }
 
 func (s *gatedSender) Type() string { return s.typ }
 
-func (s *gatedSender) Send(ctx context.Context, m Message) error {
+func (s *gatedSender) Send(ctx context.Context, m store.Row) error {
 	if s.gate != nil {
 		select {
 		case <-s.gate:
@@ -139,8 +149,8 @@ func TestLanesShareTheWorkers(t *testing.T) {
 			x := &gatedSender{typ: "x", gate: make(chan struct{})}
 			y := &gatedSender{typ: "y"}
 			r := laneRelay(t, tc.workers, nil, x, y)
-			done := make(chan passResult, 1)
-			go func() { done <- runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false) }()
+			done := make(chan Result, 1)
+			go func() { done <- runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false) }()
 			for range tc.xTokens {
 				x.gate <- struct{}{}
 			}
@@ -148,8 +158,8 @@ func TestLanesShareTheWorkers(t *testing.T) {
 			require.LessOrEqual(t, x.count(), tc.xTokens, "x sent only what its destination answered")
 			close(x.gate)
 			res := <-done
-			require.NoError(t, res.err)
-			require.Equal(t, 25, res.sent)
+			require.NoError(t, res.Err)
+			require.Equal(t, 25, res.Sent)
 		})
 	}
 }
@@ -161,17 +171,17 @@ func TestLanesPauseDropsTheLanesTasks(t *testing.T) {
 	table := newMemTable(100)
 	xs := table.add("x", keysOf("x", 10)...)
 	table.add("y", keysOf("y", 5)...)
-	x := &gatedSender{typ: "x", fail: func(Message) error { return errors.New("503 from x") }}
+	x := &gatedSender{typ: "x", fail: func(store.Row) error { return errors.New("503 from x") }}
 	y := &gatedSender{typ: "y"}
 	r := laneRelay(t, 1, func(c *Config) { c.PauseAfter = 2 }, x, y)
-	res := runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
-	require.NoError(t, res.err)
-	require.Equal(t, 5, res.sent)
-	require.Equal(t, 2, res.failed, "x paused after 2 failures in a row")
+	res := runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
+	require.NoError(t, res.Err)
+	require.Equal(t, 5, res.Sent)
+	require.Equal(t, 2, res.Failed, "x paused after 2 failures in a row")
 	tried := 0
 	for _, id := range xs {
 		status, attempts := table.status(id)
-		if status == statusError {
+		if status == store.StatusError {
 			tried++
 			require.Equal(t, 1, attempts)
 		} else {
@@ -180,16 +190,16 @@ func TestLanesPauseDropsTheLanesTasks(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, tried)
-	paused := r.lanes.paused()
+	paused := r.lanes.Paused()
 	require.Len(t, paused, 1)
 	require.Equal(t, "x", paused[0].Type)
 	require.Contains(t, paused[0].Reason, "2 sends in a row failed, the last: 503 from x")
 	require.WithinDuration(t, paused[0].Since.Add(pauseFirst), paused[0].Until, time.Millisecond)
 
 	// A pass while x is paused sends none of it.
-	res = runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
-	require.NoError(t, res.err)
-	require.Zero(t, res.processed())
+	res = runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
+	require.NoError(t, res.Err)
+	require.Zero(t, res.Processed())
 }
 
 // TestLanesProbe: once its pause is over, a lane sends one message alone;
@@ -200,7 +210,7 @@ func TestLanesProbe(t *testing.T) {
 	table.add("x", keysOf("x", 6)...)
 	down := true
 	var mu sync.Mutex
-	x := &gatedSender{typ: "x", fail: func(Message) error {
+	x := &gatedSender{typ: "x", fail: func(store.Row) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if down {
@@ -210,10 +220,10 @@ func TestLanesProbe(t *testing.T) {
 	}}
 	r := laneRelay(t, 2, func(c *Config) { c.PauseAfter = 1 }, x)
 	l := r.lanes.byType["x"]
-	res := runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
-	require.NoError(t, res.err)
+	res := runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
+	require.NoError(t, res.Err)
 	require.Equal(t, lanePaused, laneState(l.st.Load()))
-	failedFirst := res.failed
+	failedFirst := res.Failed
 
 	endPause := func() {
 		l.mu.Lock()
@@ -221,9 +231,9 @@ func TestLanesProbe(t *testing.T) {
 		l.mu.Unlock()
 	}
 	endPause()
-	res = runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
-	require.NoError(t, res.err)
-	require.Equal(t, 1, res.failed, "one probe, and it failed")
+	res = runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
+	require.NoError(t, res.Err)
+	require.Equal(t, 1, res.Failed, "one probe, and it failed")
 	p, _ := l.pausedType()
 	require.WithinDuration(t, time.Now().Add(2*pauseFirst), p.Until, time.Second, "the second pause lasts twice as long")
 	require.Contains(t, p.Reason, "the probe failed: connection refused")
@@ -232,13 +242,13 @@ func TestLanesProbe(t *testing.T) {
 	down = false
 	mu.Unlock()
 	endPause()
-	res = runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
-	require.NoError(t, res.err)
-	require.Equal(t, 1, res.sent, "the probe alone")
+	res = runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
+	require.NoError(t, res.Err)
+	require.Equal(t, 1, res.Sent, "the probe alone")
 	require.Equal(t, laneOpen, laneState(l.st.Load()))
-	require.Empty(t, r.lanes.paused())
-	res = runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
-	require.NoError(t, res.err)
+	require.Empty(t, r.lanes.Paused())
+	res = runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
+	require.NoError(t, res.Err)
 	require.Equal(t, 6, x.count(), "every x message sent once the lane opened (failed first: %d)", failedFirst)
 }
 
@@ -251,18 +261,18 @@ func TestLanesAbandonedSendsPauseTheLane(t *testing.T) {
 	table.add("y", keysOf("y", 3)...)
 	release := make(chan struct{})
 	var running atomic.Int32
-	x := SenderFunc("x", func(context.Context, Message) error {
+	x := senderFunc{"x", func(context.Context, store.Row) error {
 		running.Add(1)
 		defer running.Add(-1)
 		<-release // ignores its context
 		return nil
-	})
+	}}
 	y := &gatedSender{typ: "y"}
 	r := laneRelay(t, 2, func(c *Config) { c.SendTimeout = 20 * time.Millisecond }, x, y)
 	l := r.lanes.byType["x"]
-	res := runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, false)
-	require.NoError(t, res.err)
-	require.Equal(t, 3, res.sent, "y's keys")
+	res := runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
+	require.NoError(t, res.Err)
+	require.Equal(t, 3, res.Sent, "y's keys")
 	// At Concurrency abandoned x is paused; only the Sends already in flight
 	// can join them.
 	require.GreaterOrEqual(t, l.abandoned.Load(), int32(2))
@@ -295,8 +305,8 @@ func TestLanesHungrySelect(t *testing.T) {
 	y := &gatedSender{typ: "y"}
 	r := laneRelay(t, 2, nil, x, y)
 	wake := make(chan struct{}, 1)
-	done := make(chan passResult, 1)
-	go func() { done <- runLanes(r, table, passOpts{drain: true, drainFor: time.Hour, wake: wake}, true) }()
+	done := make(chan Result, 1)
+	go func() { done <- runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour, Wake: wake}, true) }()
 	x.gate <- struct{}{} // the pass is under way, x's keys queued
 	table.add("y", keysOf("y", 4)...)
 	wake <- struct{}{}
@@ -312,8 +322,8 @@ func TestLanesHungrySelect(t *testing.T) {
 	require.Less(t, x.count(), 20, "y went before x's queue drained")
 	close(x.gate)
 	res := <-done
-	require.NoError(t, res.err)
-	require.Equal(t, 34, res.sent)
+	require.NoError(t, res.Err)
+	require.Equal(t, 34, res.Sent)
 }
 
 // TestLanesKeepAKeysOrderAcrossTypes: key k has an x row, then a y row. While
@@ -332,9 +342,9 @@ func TestLanesKeepAKeysOrderAcrossTypes(t *testing.T) {
 			l.mu.Lock()
 			l.pauseLocked(time.Now(), "paused by the test")
 			l.mu.Unlock()
-			res := runLanes(r, table, passOpts{drain: true, drainFor: time.Hour}, separable)
-			require.NoError(t, res.err)
-			require.Equal(t, 2, res.sent)
+			res := runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, separable)
+			require.NoError(t, res.Err)
+			require.Equal(t, 2, res.Sent)
 			status, _ := table.status(held)
 			require.Empty(t, status, "k's y row waits behind its x row")
 		})
@@ -349,20 +359,20 @@ func TestLanesSlowLaneLeavesAWorker(t *testing.T) {
 	table.add("x", keysOf("x", 12)...)
 	var inX, mostX atomic.Int32
 	gate := make(chan struct{})
-	x := SenderFunc("x", func(ctx context.Context, _ Message) error {
+	x := senderFunc{"x", func(ctx context.Context, _ store.Row) error {
 		n := inX.Add(1)
 		defer inX.Add(-1)
 		for m := mostX.Load(); n > m && !mostX.CompareAndSwap(m, n); m = mostX.Load() {
 		}
 		<-gate
 		return nil
-	})
+	}}
 	y := &gatedSender{typ: "y"}
 	r := laneRelay(t, 3, nil, x, y)
 	r.lanes.byType["x"].slow.Store(true) // its last Send was slow
 	wake := make(chan struct{}, 1)
-	done := make(chan passResult, 1)
-	go func() { done <- runLanes(r, table, passOpts{drain: true, drainFor: time.Hour, wake: wake}, true) }()
+	done := make(chan Result, 1)
+	go func() { done <- runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour, Wake: wake}, true) }()
 	waitFor(t, "x's Sends under way", func() bool { return inX.Load() == 2 })
 	table.add("y", keysOf("y", 3)...)
 	wake <- struct{}{}
@@ -370,6 +380,6 @@ func TestLanesSlowLaneLeavesAWorker(t *testing.T) {
 	require.Equal(t, int32(2), mostX.Load(), "x never held the last of 3 workers")
 	close(gate)
 	res := <-done
-	require.NoError(t, res.err)
-	require.Equal(t, 15, res.sent)
+	require.NoError(t, res.Err)
+	require.Equal(t, 15, res.Sent)
 }

@@ -1,4 +1,4 @@
-package relay
+package pass
 
 import (
 	"cmp"
@@ -11,56 +11,16 @@ import (
 	"time"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file is the one dispatch engine. Run, RunIfElected and the loop's
 // periodic pass all run it; they differ only in how many batches they take
 // (Run and RunIfElected one, the loop's pass as many as come back full, for up
-// to drainMax) and in whether a graceful stop can halt them.
-
-// passOpts tune a pass. The zero value is Run's and RunIfElected's: one batch.
-type passOpts struct {
-	halt     <-chan struct{} // closed: start no new message or batch (graceful stop)
-	drain    bool            // take batches while they come back full
-	drainFor time.Duration   // how long at most; 0: drainMax
-	parts    []int           // partitioned: deliver only these partitions (partitions.go)
-	own      *ownSession     // the started relay's own session, for the idle poll; nil: the pool's
-	// keep, for the loop's passes, says from the pass's result whether the
-	// election is kept for the next pass (polledElection); nil: let go.
-	keep func(passResult) bool
-	// wake is the loop's wake-ups: one that comes while the pass waits for
-	// its last messages has it select again at once, beside their outcomes'
-	// writes, instead of after the pass. nil: none (Run, RunIfElected).
-	wake <-chan struct{}
-	// afterLoss says the loop's last pass lost its election: a lock found
-	// taken now is most likely that election's own, whose session's backend
-	// has not exited yet (or a server going down answered), so the pass
-	// fails rather than coalesces (polledElection).
-	afterLoss bool
-}
-
-// drainMax bounds how long one pass keeps draining a backlog before it lets go
-// of the election; the loop then starts the next pass at once.
-const drainMax = 10 * time.Second
-
-// passResult is what a pass did.
-type passResult struct {
-	sent, failed, dead int
-	lag                time.Duration
-	outcomesWaiting    int  // the most outcomes that waited to be written at once (PassReport.OutcomesWaiting)
-	backlog            bool // draining stopped at drainMax with rows left
-	woken              bool // a wake-up came during the pass, and it selected again (passOpts.wake)
-	ran                bool // the pass ran: elected, or direct
-	err                error
-}
-
-func (p *passResult) processed() int { return p.sent + p.failed + p.dead }
-
-// coalesced says another session held the election: the pass neither ran nor failed.
-func (p *passResult) coalesced() bool { return !p.ran && p.err == nil }
+// to DrainMax) and in whether a graceful stop can halt them.
 
 // group is one natural key's messages of a batch, in id order.
-type group []*row
+type group []*store.Row
 
 // task is what a worker takes at a time: a run of keys of one lane, each
 // delivered in turn, or, for a [BatchSender], the keys of its type that it
@@ -112,18 +72,14 @@ const tasksPerWorker = 4
 // bounded by BatchSize rows and BatchBytes of payload per batch, plus those in
 // flight.
 type engine struct {
-	r   *Relay
-	src fetcher
+	r   *Runner
+	src Outbox
 	ctx context.Context
-	o   passOpts
-	res passResult
+	o   Opts
+	res Result
 	rec *recorder
 
 	lanes []*lane // the relay's, by index
-	// separable says the selects may leave lanes out: the relay has several
-	// types, and the table its key index (without it, holding a row back
-	// behind another type's would read that type's whole backlog per row).
-	separable bool
 
 	// blocked are the keys whose earliest row this pass left behind: their
 	// later rows wait behind it. again: the key was in flight, and a select
@@ -150,47 +106,16 @@ type blockedRow struct {
 	lane  int
 }
 
-// fetcher is where an engine's batches come from: the table, through the
-// Relay (relay.go), or an in-memory table in the engine's unit tests.
-type fetcher interface {
-	fetch(ctx context.Context, q fetchQuery) (fetched, error)
-	// starved reports whether no connection is free for a select.
-	starved() bool
-}
-
-// fetchQuery is what one select asks for.
-type fetchQuery struct {
-	preflight bool  // the pass's first: ask whether the server is writable
-	after     int64 // only rows past this id
-	parts     []int // only rows of these partitions; nil: all
-	// types are the types to select; others, when set, those left out whose
-	// earlier live rows of a key hold back its later rows.
-	types, others []string
-}
-
-// dispatch runs one pass's engine under whatever election the caller holds.
-func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
-	if err := r.learnTable(ctx); err != nil {
-		return passResult{err: err}
-	}
-	e := r.newEngine(ctx, o, r)
-	e.separable = len(r.types) > 1 && r.table().keyIndex
-	e.rec = r.newRecorder(ctx, &e.res)
-	e.run()
-	e.res.outcomesWaiting = int(e.rec.waiting.peak.Load())
-	return e.res
-}
-
 // newEngine is a pass's engine on src, without its recorder.
-func (r *Relay) newEngine(ctx context.Context, o passOpts, src fetcher) *engine {
+func (r *Runner) newEngine(ctx context.Context, o Opts, src Outbox) *engine {
 	return &engine{
 		r: r, src: src, ctx: ctx, o: o,
 		lanes:   r.lanes.all,
 		work:    make(chan task),
-		idle:    make(chan int, r.workers()),
+		idle:    make(chan int, r.cfg.Workers),
 		blocked: make(map[string]blockedRow),
-		done:    make(chan taskDone, r.cfg.Concurrency),
-		back:    make(chan task, r.workers()),
+		done:    make(chan taskDone, r.cfg.Workers),
+		back:    make(chan task, r.cfg.Workers),
 		stop:    make(chan struct{}),
 	}
 }
@@ -208,7 +133,7 @@ func (e *engine) halted() bool {
 	if err := lease.Valid(e.ctx); err != nil {
 		e.leaseOut.Do(func() {
 			e.rec.keep(err)
-			e.r.logger.LogAttrs(e.ctx, slog.LevelWarn, "relay: the election's lease ran out; starting no new message",
+			e.r.deps.Logger.LogAttrs(e.ctx, slog.LevelWarn, "relay: the election's lease ran out; starting no new message",
 				slog.String("error", err.Error()))
 		})
 		return true
@@ -219,7 +144,7 @@ func (e *engine) halted() bool {
 	select {
 	case <-e.stop:
 		return true
-	case <-e.o.halt:
+	case <-e.o.Halt:
 		return true
 	default:
 		return false
@@ -228,7 +153,7 @@ func (e *engine) halted() bool {
 
 func (e *engine) run() {
 	start := time.Now()
-	c := newCursor(e.o.drain, e.r.cfg.BatchSize)
+	c := newCursor(e.o.Drain, e.r.cfg.BatchSize)
 	fl := newFlight(len(e.lanes))
 	defer func() {
 		for _, l := range e.claimed {
@@ -238,7 +163,7 @@ func (e *engine) run() {
 	// While some lanes have work queued, the others are selected for at a
 	// wake-up, and every Interval for rows written without one.
 	var tick <-chan time.Time
-	if e.separable && e.o.drain {
+	if e.o.Separable && e.o.Drain {
 		t := time.NewTicker(e.r.cfg.Interval)
 		defer t.Stop()
 		tick = t.C
@@ -251,7 +176,7 @@ func (e *engine) run() {
 		}
 		fl.dropPaused(e)
 		queued := fl.queued()
-		if queued == 0 && c.more && !fl.waitDone && fl.tasks > 0 && e.src.starved() {
+		if queued == 0 && c.more && !fl.waitDone && fl.tasks > 0 && e.src.Starved() {
 			// Every connection is taken, by the election and the workers
 			// holding theirs for their outcomes: select once one is back.
 			fl.waitDone = true
@@ -279,8 +204,8 @@ func (e *engine) run() {
 		var send chan task
 		var next task
 		var woken <-chan struct{}
-		if fl.tasks > 0 && !e.halted() && (!c.more || queued > 0 && e.separable) {
-			woken = e.o.wake // a commit notified meanwhile: select again beside the writes
+		if fl.tasks > 0 && !e.halted() && (!c.more || queued > 0 && e.o.Separable) {
+			woken = e.o.Wake // a commit notified meanwhile: select again beside the writes
 		}
 		if queued > 0 {
 			if fl.tasks == 0 && e.rec.ready(e.ctx) != nil {
@@ -289,19 +214,19 @@ func (e *engine) run() {
 				fl.dropAll()
 				continue
 			}
-			if fl.idle == 0 && fl.workers < e.r.workers() && !fl.starting {
+			if fl.idle == 0 && fl.workers < e.r.cfg.Workers && !fl.starting {
 				fl.workers++
 				fl.starting = true
 				e.workers.Add(1)
 				go e.worker()
 			}
 			if fl.idle > 0 {
-				if t, ok := fl.next(e.lanes, e.r.workers()); ok {
+				if t, ok := fl.next(e.lanes, e.r.cfg.Workers); ok {
 					send, next = e.work, t
 				}
 			}
 		}
-		e.starving.Store(fl.starving(e.r.workers()))
+		e.starving.Store(fl.starving(e.r.cfg.Workers))
 		select {
 		case send <- next:
 			fl.handed(next)
@@ -312,7 +237,7 @@ func (e *engine) run() {
 			for _, l := range d.failed {
 				// The lane's destination may be struggling: its failed rows
 				// wait for the next pass, not the next batch.
-				if !e.separable {
+				if !e.o.Separable {
 					c.stop()
 				}
 				fl.lanes[l].stopped = true
@@ -320,14 +245,14 @@ func (e *engine) run() {
 		case t := <-e.back:
 			fl.requeue(t)
 		case <-woken:
-			e.res.woken = true
+			e.res.Woken = true
 			if queued == 0 {
 				c.woken()
 			} else {
 				hungry = true
 			}
 		case <-tick:
-			hungry = e.separable
+			hungry = e.o.Separable
 		}
 	}
 	e.starving.Store(false)
@@ -342,9 +267,9 @@ func (e *engine) run() {
 	err := e.rec.close()
 	switch {
 	case err != nil:
-		e.res.err = err
+		e.res.Err = err
 	case e.ctx.Err() != nil:
-		e.res.err = context.Cause(e.ctx)
+		e.res.Err = context.Cause(e.ctx)
 	}
 }
 
@@ -366,7 +291,7 @@ func (e *engine) selection(fl *flight, hungry bool) (types, others []string, ok 
 	switch {
 	case len(types) == 0:
 		return nil, nil, false
-	case !e.separable:
+	case !e.o.Separable:
 		return e.r.types, nil, !hungry
 	}
 	return types, others, true
@@ -389,29 +314,29 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
 		return false
 	}
 	first := c.first
-	f, err := e.src.fetch(e.ctx, fetchQuery{preflight: first, after: from, parts: e.o.parts, types: types, others: others})
+	f, err := e.src.Fetch(e.ctx, Query{Preflight: first, After: from, Parts: e.o.Parts, Types: types, Others: others})
 	if err != nil {
 		e.rec.keep(err)
 		return false
 	}
-	if first && f.readOnly {
-		e.rec.keep(fmt.Errorf("%w: nothing is sent from it, since no outcome could be recorded", ErrReadOnly))
+	if first && f.ReadOnly {
+		e.rec.keep(fmt.Errorf("%w: nothing is sent from it, since no outcome could be recorded", store.ErrReadOnly))
 		return false
 	}
 	if first {
-		e.res.lag = lagOf(f)
+		e.res.Lag = lagOf(f)
 	}
 	if from == math.MinInt64 {
 		// A select from the start finds every row left behind, of the lanes
 		// it selects; the others' rows hold their keys' later rows back.
 		clear(e.blocked)
 	}
-	rows := c.take(f.rows)
+	rows := c.take(f.Rows)
 	skipped := e.plan(rows, fl, time.Now())
-	c.selected(rows, f.full, f.cut, skipped)
-	if c.more && time.Since(start) > cmp.Or(e.o.drainFor, drainMax) {
+	c.selected(rows, f.Full, f.Cut, skipped)
+	if c.more && time.Since(start) > cmp.Or(e.o.DrainFor, DrainMax) {
 		c.stop()
-		e.res.backlog = true
+		e.res.Backlog = true
 	}
 	fl.planned(c)
 	return true
@@ -429,7 +354,7 @@ func (e *engine) selectHungry(c *cursor, fl *flight) bool {
 	if e.rec.flush() != nil {
 		return false
 	}
-	f, err := e.src.fetch(e.ctx, fetchQuery{after: math.MinInt64, parts: e.o.parts, types: types, others: others})
+	f, err := e.src.Fetch(e.ctx, Query{After: math.MinInt64, Parts: e.o.Parts, Types: types, Others: others})
 	if err != nil {
 		e.rec.keep(err)
 		return false
@@ -443,29 +368,16 @@ func (e *engine) selectHungry(c *cursor, fl *flight) bool {
 			delete(e.blocked, k) // this select finds the row again
 		}
 	}
-	c.reread(f.rows, e.plan(f.rows, fl, time.Now()))
+	c.reread(f.Rows, e.plan(f.Rows, fl, time.Now()))
 	return true
-}
-
-// workers is how many workers a pass runs at most: Concurrency, unless the
-// pool is too small to give each its connection next to the election's and
-// the select's (New warns of it).
-func (r *Relay) workers() int {
-	return min(r.cfg.Concurrency, max(1, r.maxConns-2))
-}
-
-// starved reports whether the pool has no idle connection and may open no more.
-func (r *Relay) starved() bool {
-	st := r.pool.Stat()
-	return st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns()
 }
 
 // lagOf is how long the oldest row of the first batch has waited, on the
 // database's clock (the producers' now() filled created_at).
-func lagOf(f fetched) time.Duration {
-	for _, m := range f.rows {
+func lagOf(f store.Batch) time.Duration {
+	for _, m := range f.Rows {
 		if !m.CreatedAt.IsZero() {
-			return max(f.now.Sub(m.CreatedAt), 0)
+			return max(f.Now.Sub(m.CreatedAt), 0)
 		}
 	}
 	return 0
@@ -482,7 +394,7 @@ func lagOf(f fetched) time.Duration {
 // send now (paused, or probing with its probe taken), which blocks the key
 // past this pass; a probing lane's probe is the first key that starts with
 // one of its rows, alone.
-func (e *engine) plan(rows []row, fl *flight, now time.Time) (skipped bool) {
+func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped bool) {
 	index := make(map[string]int, len(rows))
 	var groups []group
 	for i := range rows {
@@ -491,14 +403,14 @@ func (e *engine) plan(rows []row, fl *flight, now time.Time) (skipped bool) {
 			skipped = skipped || b.again
 			continue
 		}
-		m.lane = e.r.lanes.byType[m.Type]
+		m.Lane = e.r.lanes.byType[m.Type].index
 		switch {
 		case fl.busy[m.Key]:
 			// Selected again once idle; its later rows wait behind this one.
-			e.blocked[m.Key], skipped = blockedRow{again: true, lane: m.lane.index}, true
+			e.blocked[m.Key], skipped = blockedRow{again: true, lane: m.Lane}, true
 			continue
 		case e.r.held.waiting(m.ID, now):
-			e.blocked[m.Key] = blockedRow{lane: m.lane.index} // waits out its backoff; its later rows wait behind it
+			e.blocked[m.Key] = blockedRow{lane: m.Lane} // waits out its backoff; its later rows wait behind it
 			continue
 		}
 		g, ok := index[m.Key]
@@ -516,8 +428,8 @@ func (e *engine) plan(rows []row, fl *flight, now time.Time) (skipped bool) {
 		if g = e.sendable(g, now); len(g) == 0 {
 			continue
 		}
-		l := g[0].lane
-		if _, ok := e.r.senders[l.typ].(BatchSender); ok && g[0].bad == "" {
+		l := e.lanes[g[0].Lane]
+		if _, ok := e.r.deps.Senders[l.typ].(BatchSender); ok && g[0].Bad == "" {
 			if t, ok := batched[l]; ok {
 				tasks[t].groups = append(tasks[t].groups, g)
 				continue
@@ -529,7 +441,7 @@ func (e *engine) plan(rows []row, fl *flight, now time.Time) (skipped bool) {
 		singles[l.index] = append(singles[l.index], g)
 	}
 	for lane, single := range singles {
-		size := max(1, (len(single)+e.r.workers()*tasksPerWorker-1)/(e.r.workers()*tasksPerWorker))
+		size := max(1, (len(single)+e.r.cfg.Workers*tasksPerWorker-1)/(e.r.cfg.Workers*tasksPerWorker))
 		for len(single) > 0 {
 			n := min(size, len(single))
 			tasks = append(tasks, task{groups: single[:n:n], lane: lane, first: single[0][0].ID})
@@ -547,15 +459,16 @@ func (e *engine) plan(rows []row, fl *flight, now time.Time) (skipped bool) {
 // probing lane's probe alone.
 func (e *engine) sendable(g group, now time.Time) group {
 	for j, m := range g {
-		ok, probe := m.lane.dispatchable(now)
+		l := e.lanes[m.Lane]
+		ok, probe := l.dispatchable(now)
 		switch {
 		case ok && !probe:
 			continue
-		case ok && j == 0 && m.lane.claimProbe():
-			e.claimed = append(e.claimed, m.lane)
+		case ok && j == 0 && l.claimProbe():
+			e.claimed = append(e.claimed, l)
 			return g[:1]
 		}
-		e.blocked[g[0].Key] = blockedRow{lane: m.lane.index}
+		e.blocked[g[0].Key] = blockedRow{lane: m.Lane}
 		return g[:j]
 	}
 	return g
@@ -567,7 +480,7 @@ func (e *engine) sendable(g group, now time.Time) group {
 // once the last one's outcomes are written. rest is what it hands back
 // undelivered when another lane waits for a worker, or its own lane paused.
 func (e *engine) deliverRounds(t task, w *writer) (failed bool, rest []group) {
-	s := e.r.senders[t.groups[0][0].Type].(BatchSender)
+	s := e.r.deps.Senders[t.groups[0][0].Type].(BatchSender)
 	next := make([]int, len(t.groups)) // per key, the index of its next message
 	for round := 0; ; round++ {
 		if e.halted() {
@@ -581,7 +494,7 @@ func (e *engine) deliverRounds(t task, w *writer) (failed bool, rest []group) {
 			}
 			return failed, rest
 		}
-		var ms []*row
+		var ms []*store.Row
 		var keys []int
 		for k, g := range t.groups {
 			if next[k] < len(g) {
@@ -596,13 +509,13 @@ func (e *engine) deliverRounds(t task, w *writer) (failed bool, rest []group) {
 		recorded := ds[:0:0]
 		more := false
 		for i, d := range ds {
-			if d.out == outcomeInterrupted {
+			if d.out == OutcomeInterrupted {
 				e.halt()
 				break
 			}
 			recorded = append(recorded, d)
 			k := keys[i]
-			if d.out == outcomeSent {
+			if d.out == OutcomeSent {
 				next[k]++
 				more = more || next[k] < len(t.groups[k])
 			} else {
@@ -623,13 +536,13 @@ func (e *engine) preempt() bool {
 }
 
 // deliverMany sends ms through one SendBatch call.
-func (r *Relay) deliverMany(ctx context.Context, s BatchSender, ms []*row) []delivery {
-	msgs := make([]Message, len(ms))
+func (r *Runner) deliverMany(ctx context.Context, s BatchSender, ms []*store.Row) []delivery {
+	rows := make([]store.Row, len(ms)) // the Sender's copies: an abandoned call may read them on
 	for i, m := range ms {
-		msgs[i] = m.Message
+		rows[i] = *m
 	}
 	start := time.Now()
-	errs := r.sendBatch(ctx, s, msgs)
+	errs := r.sendBatch(ctx, s, rows)
 	took := time.Since(start)
 	ds := make([]delivery, len(ms))
 	for i, m := range ms {
@@ -639,28 +552,29 @@ func (r *Relay) deliverMany(ctx context.Context, s BatchSender, ms []*row) []del
 }
 
 // outcomeOf classifies a send's error.
-func (r *Relay) outcomeOf(ctx context.Context, m *row, err error, took time.Duration) delivery {
+func (r *Runner) outcomeOf(ctx context.Context, m *store.Row, err error, took time.Duration) delivery {
 	m.Payload = nil // sent: a batch's payloads are held until their sends return, not until their outcomes are written
 	d := delivery{m: m, sendErr: err, took: took}
 	permanent := false
 	switch {
 	case err == nil:
-		d.out = outcomeSent
+		d.out = OutcomeSent
 	case ctx.Err() != nil:
 		// Our own cancellation (stop, lost election) cut the send short: its
 		// outcome is unknown, so the row stays as read and a later pass re-sends it.
-		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: send interrupted",
-			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("error", errorText(err, 0)))
-		d.out = outcomeInterrupted
+		r.deps.Logger.LogAttrs(ctx, slog.LevelDebug, "relay: send interrupted",
+			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("error", ErrorText(err, 0)))
+		d.out = OutcomeInterrupted
 		return d
 	case permanentFailure(err):
-		d.out, permanent = outcomeDead, true
+		d.out, permanent = OutcomeDead, true
 	case m.Attempts+1 >= r.cfg.MaxAttempts:
-		d.out = outcomeDead
+		d.out = OutcomeDead
 	default:
-		d.out = outcomeFailed
+		d.out = OutcomeFailed
 	}
-	m.lane.observe(d.out, permanent, err) // the type's health (lanes.go)
-	m.lane.took(took)
+	l := r.lanes.all[m.Lane]
+	l.observe(d.out, permanent, err) // the type's health (lanes.go)
+	l.took(took)
 	return d
 }

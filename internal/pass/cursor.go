@@ -1,6 +1,10 @@
-package relay
+package pass
 
-import "math"
+import (
+	"math"
+
+	"github.com/xadm/relay/internal/store"
+)
 
 // This file holds the engine's state as two small types: the cursor, where
 // the next select of a pass starts and whether there is one, and the flight,
@@ -31,7 +35,7 @@ func newCursor(drain bool, limit int) cursor {
 }
 
 // take keeps, of a select's rows, those within a direct pass's limit.
-func (c *cursor) take(rows []row) []row {
+func (c *cursor) take(rows []store.Row) []store.Row {
 	if c.drain {
 		return rows
 	}
@@ -56,7 +60,7 @@ func (c *cursor) next() (from int64, rereads bool) {
 // batch (or, without drain, one cut by BatchBytes before the pass's limit),
 // back to the start when rows were left behind, or nowhere (the pass takes no
 // more batches).
-func (c *cursor) selected(rows []row, full, cut, skipped bool) {
+func (c *cursor) selected(rows []store.Row, full, cut, skipped bool) {
 	c.first = false
 	if n := len(rows); n > 0 {
 		c.after = rows[n-1].ID // onwards from here, whether this select was from the start or not
@@ -90,7 +94,7 @@ func (c *cursor) stop() { c.more = false }
 // reread takes, into the cursor, a select from the start for some lanes
 // (engine.selectHungry): the ids it went over, and whether it left rows
 // behind. Where the next select starts does not change.
-func (c *cursor) reread(rows []row, skipped bool) {
+func (c *cursor) reread(rows []store.Row, skipped bool) {
 	if n := len(rows); n > 0 {
 		c.seen = max(c.seen, rows[n-1].ID)
 	}

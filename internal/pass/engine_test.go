@@ -1,4 +1,4 @@
-package relay
+package pass
 
 import (
 	"context"
@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // These tests run the engine's ordering and hand-off logic on an in-memory
@@ -24,51 +27,67 @@ import (
 // selects them (deliverable, past after, in id order, at most limit).
 type memTable struct {
 	mu      sync.Mutex
-	rows    map[int64]*row
+	rows    map[int64]*store.Row
 	limit   int
 	ceiling int
 	selects int
 }
 
 func newMemTable(limit int, keys ...string) *memTable {
-	t := &memTable{rows: map[int64]*row{}, limit: limit, ceiling: 10}
+	t := &memTable{rows: map[int64]*store.Row{}, limit: limit, ceiling: 10}
 	for i, k := range keys {
 		id := int64(i + 1)
-		t.rows[id] = &row{Message: Message{ID: id, Type: "t", Key: k}}
+		t.rows[id] = &store.Row{ID: id, Type: "t", Key: k}
 	}
 	return t
 }
 
-func (t *memTable) fetch(_ context.Context, q fetchQuery) (fetched, error) {
+func (t *memTable) Fetch(_ context.Context, q Query) (store.Batch, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.selects++
-	live := func(r *row) bool { return r.status.String != statusSent && r.Attempts < t.ceiling }
+	live := func(r *store.Row) bool { return r.Status.String != store.StatusSent && r.Attempts < t.ceiling }
 	var ids []int64
 	for id, r := range t.rows {
-		if id <= q.after || !live(r) || q.types != nil && !slices.Contains(q.types, r.Type) {
+		if id <= q.After || !live(r) || q.Types != nil && !slices.Contains(q.Types, r.Type) {
 			continue
 		}
 		held := false // heldByOthers: an earlier live row of its key, of a type left out
 		for oid, o := range t.rows {
-			held = held || oid < id && o.Key == r.Key && live(o) && slices.Contains(q.others, o.Type)
+			held = held || oid < id && o.Key == r.Key && live(o) && slices.Contains(q.Others, o.Type)
 		}
 		if !held {
 			ids = append(ids, id)
 		}
 	}
 	slices.Sort(ids)
-	var f fetched
+	var f store.Batch
 	if len(ids) >= t.limit {
-		ids, f.full = ids[:t.limit], true
+		ids, f.Full = ids[:t.limit], true
 	}
 	for _, id := range ids {
-		f.rows = append(f.rows, *t.rows[id])
+		f.Rows = append(f.Rows, *t.rows[id])
 	}
 	return f, nil
 }
 
-func (t *memTable) starved() bool { return false }
+func (t *memTable) Starved() bool { return false }
+
+// The memOutcomes strategy records; the rest of Outbox is not called.
+func (t *memTable) Record(context.Context, store.Querier, []store.Outcome) (map[int64]bool, error) {
+	panic("memTable: Record")
+}
+
+func (t *memTable) RecordEach(context.Context, *pgxpool.Conn, []store.Outcome) (map[int64]bool, map[int64]error, error) {
+	panic("memTable: RecordEach")
+}
+
+func (t *memTable) States(context.Context, store.Querier, []int64) (map[int64]store.State, error) {
+	panic("memTable: States")
+}
+
+func (t *memTable) ErrWidth() int { return 0 }
+func (t *memTable) Relearn()      {}
 
 // memOutcomes records outcomes into its memTable, one at a time.
 type memOutcomes struct {
@@ -85,10 +104,10 @@ func (s memOutcomes) add(ds []delivery, _ *heldConn) error {
 	s.t.mu.Lock()
 	for _, d := range ds {
 		r := s.t.rows[d.m.ID]
-		if d.out == outcomeSent {
-			r.status.String = statusSent
+		if d.out == OutcomeSent {
+			r.Status.String = store.StatusSent
 		} else {
-			r.status.String = statusError
+			r.Status.String = store.StatusError
 			r.Attempts = int(d.newAttempts(s.t.ceiling))
 		}
 	}
@@ -102,15 +121,15 @@ func (s memOutcomes) add(ds []delivery, _ *heldConn) error {
 type orderSender struct {
 	mu       sync.Mutex
 	inFlight map[string]bool
-	sent     []Message
+	sent     []store.Row
 	overlaps []string
-	fail     func(m Message) bool
+	fail     func(m store.Row) bool
 	hold     chan struct{} // when set, each send waits for it
 }
 
 func (s *orderSender) Type() string { return "t" }
 
-func (s *orderSender) Send(ctx context.Context, m Message) error {
+func (s *orderSender) Send(ctx context.Context, m store.Row) error {
 	s.mu.Lock()
 	if s.inFlight[m.Key] {
 		s.overlaps = append(s.overlaps, m.Key)
@@ -130,19 +149,17 @@ func (s *orderSender) Send(ctx context.Context, m Message) error {
 	return nil
 }
 
-// memRelay is a Relay with no pool, for the engine alone.
-func memRelay(t *testing.T, concurrency, batch int, s Sender) *Relay {
+// memRelay is a Runner with no pool, for the engine alone, its senders of
+// type "t".
+func memRelay(t *testing.T, concurrency, batch int, s Sender) *Runner {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Concurrency, cfg.BatchSize, cfg.MaxAttempts = concurrency, batch, 10
-	r := &Relay{cfg: cfg, maxConns: concurrency + 2, logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		senders: map[string]Sender{"t": s}, types: []string{"t"}, sendTimedOut: errors.New("send timed out")}
-	r.lanes = newLanes(r.types, cfg, r.logger)
-	return r
+	cfg := Config{Concurrency: concurrency, Workers: concurrency, BatchSize: batch, MaxAttempts: 10, PauseAfter: 5,
+		SendTimeout: time.Hour, Interval: time.Second}
+	return New(cfg, []string{"t"}, Deps{Senders: map[string]Sender{"t": s}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 }
 
 // runMem runs one pass of r's engine over t.
-func runMem(r *Relay, t *memTable, o passOpts) passResult {
+func runMem(r *Runner, t *memTable, o Opts) Result {
 	e := r.newEngine(context.Background(), o, t)
 	e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res, pipeline: outcomePipeline}
 	e.rec.outcomeStrategy = memOutcomes{rc: e.rec, t: t}
@@ -169,9 +186,9 @@ func TestEngineDrainsInKeyOrder(t *testing.T) {
 			table := newMemTable(tc.batch, keys...)
 			s := &orderSender{inFlight: map[string]bool{}}
 			r := memRelay(t, tc.concurrency, tc.batch, s)
-			res := runMem(r, table, passOpts{drain: true, drainFor: time.Hour})
-			require.NoError(t, res.err)
-			require.Equal(t, tc.rows, res.sent)
+			res := runMem(r, table, Opts{Drain: true, DrainFor: time.Hour})
+			require.NoError(t, res.Err)
+			require.Equal(t, tc.rows, res.Sent)
 			require.Empty(t, s.overlaps, "two messages of one key in flight at once")
 			last := map[string]int64{}
 			seen := map[int64]bool{}
@@ -188,9 +205,9 @@ func TestEngineDrainsInKeyOrder(t *testing.T) {
 func TestEngineOneBatchWithoutDrain(t *testing.T) {
 	table := newMemTable(5, "a", "b", "c", "d", "e", "f", "g")
 	s := &orderSender{inFlight: map[string]bool{}}
-	res := runMem(memRelay(t, 2, 5, s), table, passOpts{})
-	require.NoError(t, res.err)
-	require.Equal(t, 5, res.sent, "Run and RunIfElected take one batch")
+	res := runMem(memRelay(t, 2, 5, s), table, Opts{})
+	require.NoError(t, res.Err)
+	require.Equal(t, 5, res.Sent, "Run and RunIfElected take one batch")
 	require.Equal(t, 1, table.selects)
 }
 
@@ -202,10 +219,10 @@ func TestEngineFailureStopsItsKey(t *testing.T) {
 		keys = append(keys, "a", "b")
 	}
 	table := newMemTable(20, keys...)
-	s := &orderSender{inFlight: map[string]bool{}, fail: func(m Message) bool { return m.ID == 3 }}
-	res := runMem(memRelay(t, 2, 20, s), table, passOpts{drain: true, drainFor: time.Hour})
-	require.NoError(t, res.err)
-	require.Equal(t, 1, res.failed)
+	s := &orderSender{inFlight: map[string]bool{}, fail: func(m store.Row) bool { return m.ID == 3 }}
+	res := runMem(memRelay(t, 2, 20, s), table, Opts{Drain: true, DrainFor: time.Hour})
+	require.NoError(t, res.Err)
+	require.Equal(t, 1, res.Failed)
 	var a, b []int64
 	for _, m := range s.sent {
 		if m.Key == "a" {
@@ -217,7 +234,7 @@ func TestEngineFailureStopsItsKey(t *testing.T) {
 	require.Equal(t, []int64{1}, a, "nothing of a after its failed message")
 	require.Len(t, b, 10, "b goes on")
 	for id := int64(5); id <= 19; id += 2 {
-		require.Empty(t, table.rows[id].status.String, "a's row %d waits, unsent, for a later pass", id)
+		require.Empty(t, table.rows[id].Status.String, "a's row %d waits, unsent, for a later pass", id)
 	}
 }
 
@@ -227,14 +244,14 @@ func TestEngineKeyInFlightIsNotHandedOutTwice(t *testing.T) {
 	table := newMemTable(2, "a", "a", "a", "a", "a", "a")
 	s := &orderSender{inFlight: map[string]bool{}, hold: make(chan struct{})}
 	r := memRelay(t, 4, 2, s)
-	done := make(chan passResult)
-	go func() { done <- runMem(r, table, passOpts{drain: true, drainFor: time.Hour}) }()
+	done := make(chan Result)
+	go func() { done <- runMem(r, table, Opts{Drain: true, DrainFor: time.Hour}) }()
 	for range 6 {
 		s.hold <- struct{}{}
 	}
 	res := <-done
-	require.NoError(t, res.err)
-	require.Equal(t, 6, res.sent)
+	require.NoError(t, res.Err)
+	require.Equal(t, 6, res.Sent)
 	require.Empty(t, s.overlaps)
 	var ids []int64
 	for _, m := range s.sent {
@@ -248,17 +265,17 @@ func TestEngineHaltStartsNothingNew(t *testing.T) {
 	s := &orderSender{inFlight: map[string]bool{}}
 	halt := make(chan struct{})
 	close(halt)
-	res := runMem(memRelay(t, 2, 10, s), table, passOpts{halt: halt, drain: true})
-	require.NoError(t, res.err)
-	require.Zero(t, res.sent)
+	res := runMem(memRelay(t, 2, 10, s), table, Opts{Halt: halt, Drain: true})
+	require.NoError(t, res.Err)
+	require.Zero(t, res.Sent)
 	require.Empty(t, s.sent)
 }
 
 func TestCursor(t *testing.T) {
-	rows := func(ids ...int64) []row {
-		var rs []row
+	rows := func(ids ...int64) []store.Row {
+		var rs []store.Row
 		for _, id := range ids {
-			rs = append(rs, row{Message: Message{ID: id}})
+			rs = append(rs, store.Row{ID: id})
 		}
 		return rs
 	}
@@ -306,7 +323,7 @@ type gateSender struct {
 }
 
 func (gateSender) Type() string { return "t" }
-func (s gateSender) Send(_ context.Context, m Message) error {
+func (s gateSender) Send(_ context.Context, m store.Row) error {
 	s.began <- m.ID
 	<-s.release
 	return nil
@@ -322,15 +339,15 @@ func TestEngineWokenSelectsAgain(t *testing.T) {
 			tb := newMemTable(100, "a")
 			s := gateSender{began: make(chan int64), release: make(chan struct{})}
 			wake := make(chan struct{}, 1)
-			o := passOpts{drain: true}
+			o := Opts{Drain: true}
 			if withWake {
-				o.wake = wake
+				o.Wake = wake
 			}
-			done := make(chan passResult, 1)
+			done := make(chan Result, 1)
 			go func() { done <- runMem(memRelay(t, 2, 100, s), tb, o) }() // a second worker for b
 			require.EqualValues(t, 1, <-s.began)                          // the batch, short, was the pass's last
 			tb.mu.Lock()
-			tb.rows[2] = &row{Message: Message{ID: 2, Type: "t", Key: "b"}} // committed meanwhile, and notified
+			tb.rows[2] = &store.Row{ID: 2, Type: "t", Key: "b"} // committed meanwhile, and notified
 			tb.mu.Unlock()
 			wake <- struct{}{}
 			if withWake {
@@ -339,13 +356,13 @@ func TestEngineWokenSelectsAgain(t *testing.T) {
 			}
 			s.release <- struct{}{}
 			res := <-done
-			require.Equal(t, withWake, res.woken)
+			require.Equal(t, withWake, res.Woken)
 			if withWake {
-				require.Equal(t, 2, res.sent)
+				require.Equal(t, 2, res.Sent)
 				require.Len(t, wake, 0, "the pass took the wake-up")
 				return
 			}
-			require.Equal(t, 1, res.sent)
+			require.Equal(t, 1, res.Sent)
 			require.Len(t, wake, 1, "left to the loop")
 		})
 	}

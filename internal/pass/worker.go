@@ -1,4 +1,4 @@
-package relay
+package pass
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // A pass's worker takes tasks from its engine (engine.go) and delivers their
@@ -42,7 +44,7 @@ type place struct {
 	t      task
 	g      int   // the group of t being delivered
 	failed []int // the lanes of the messages of t's groups before g that failed
-	m      *row
+	m      *store.Row
 	ctx    context.Context // the Send's
 }
 
@@ -76,7 +78,7 @@ func (k *worker) run(given *delivery) {
 		at := k.at
 		failed := at.failed
 		if f, _ := k.settle(*given, false); f {
-			failed = append(failed, at.m.lane.index)
+			failed = append(failed, at.m.Lane)
 		}
 		if !k.finish(at.t, at.g+1, failed) {
 			return
@@ -173,10 +175,10 @@ func (k *worker) deliverKey(g group) (failed int, kept bool) {
 		if !kept {
 			return -1, false
 		}
-		more := i < len(g)-1 && (d.out == outcomeSent || m.bad != "")
+		more := i < len(g)-1 && (d.out == OutcomeSent || m.Bad != "")
 		if f, stop := k.settle(d, more); stop {
 			if f {
-				return m.lane.index, true
+				return m.Lane, true
 			}
 			return -1, true
 		}
@@ -190,12 +192,12 @@ func (k *worker) deliverKey(g group) (failed int, kept bool) {
 // could not be recorded, or the message failed (failed).
 func (k *worker) settle(d delivery, more bool) (failed, stop bool) {
 	switch {
-	case d.out == outcomeInterrupted:
+	case d.out == OutcomeInterrupted:
 		k.e.halt()
 		return false, true
 	case k.w.record([]delivery{d}, more) != nil:
 		return false, true
-	case d.out != outcomeSent && d.m.bad == "":
+	case d.out != OutcomeSent && d.m.Bad == "":
 		return true, true
 	}
 	return false, false
@@ -203,9 +205,9 @@ func (k *worker) settle(d delivery, more bool) (failed, stop bool) {
 
 // deliverOne sends one message, or marks it dead unsent when it cannot be
 // delivered, and says what became of it; recording it is the recorder's job.
-func (k *worker) deliverOne(m *row) (d delivery, kept bool) {
-	if m.bad != "" {
-		return delivery{m: m, out: outcomeDead, sendErr: errors.New(m.bad)}, true
+func (k *worker) deliverOne(m *store.Row) (d delivery, kept bool) {
+	if m.Bad != "" {
+		return delivery{m: m, out: OutcomeDead, sendErr: errors.New(m.Bad)}, true
 	}
 	kept, err := k.send(m)
 	if !kept {
@@ -217,11 +219,11 @@ func (k *worker) deliverOne(m *row) (d delivery, kept bool) {
 // send calls m's Sender on this goroutine under SendTimeout. kept is false
 // when the Send was given up while it ran: the goroutine must then leave at
 // once, since another holds the worker.
-func (k *worker) send(m *row) (kept bool, err error) {
+func (k *worker) send(m *store.Row) (kept bool, err error) {
 	r := k.e.r
 	ctx, cancel := context.WithTimeoutCause(k.e.ctx, r.cfg.SendTimeout, r.sendTimedOut)
 	defer cancel()
-	s, msg, l := r.senders[m.Type], m.Message, m.lane // read before the turn: m is the taker's after it
+	s, msg, l := r.deps.Senders[m.Type], *m, k.e.lanes[m.Lane] // read before the turn: m is the taker's after it
 	turn := 2*k.sent + 1
 	k.sent++
 	k.at.m, k.at.ctx = m, ctx
@@ -234,7 +236,7 @@ func (k *worker) send(m *row) (kept bool, err error) {
 			go k.takeOver(errSenderExited)
 		}
 	}()
-	err = r.callSend(ctx, s, msg)
+	err = s.Send(ctx, msg)
 	returned = true
 	if !k.turn.CompareAndSwap(turn, turn+1) {
 		// Given up: the worker, and its overdue timer, are another
@@ -279,9 +281,9 @@ func (k *worker) giveUp(turn uint64) {
 		return // it answered in time
 	}
 	m := k.at.m
-	k.e.r.logger.LogAttrs(k.e.ctx, slog.LevelError, "relay: sender did not return after its context ended; abandoned",
+	k.e.r.deps.Logger.LogAttrs(k.e.ctx, slog.LevelError, "relay: sender did not return after its context ended; abandoned",
 		slog.Int64("id", m.ID), slog.String("type", m.Type))
-	m.lane.abandon()
+	k.e.lanes[m.Lane].abandon()
 	k.takeOver(context.Cause(k.at.ctx))
 }
 

@@ -1,4 +1,4 @@
-package relay
+package pass
 
 import "context"
 
@@ -31,7 +31,10 @@ type submission struct {
 func (rc *recorder) newWriter(ctx context.Context) (*writer, error) {
 	// The worker sends on while up to the recorder's pipeline of outcomes wait to be
 	// written (slots), in submissions that also carry its tasks' keys.
-	w := &writer{rc: rc, conn: heldConn{pool: rc.r.pool}, in: make(chan submission, 2*rc.pipeline),
+	if err := rc.errorOf(); err != nil {
+		return nil, err // the pass failed: hold nothing for sends that will not start
+	}
+	w := &writer{rc: rc, conn: heldConn{pool: rc.r.deps.Pool}, in: make(chan submission, 2*rc.pipeline),
 		slots: make(chan struct{}, rc.pipeline), done: make(chan struct{})}
 	if err := rc.hold(ctx, &w.conn); err != nil {
 		// The pass failed meanwhile (another worker's outcome could not be

@@ -1,4 +1,4 @@
-package relay
+package pass
 
 import (
 	"context"
@@ -53,7 +53,7 @@ type lane struct {
 	index      int   // in lanes.all
 	pauseAfter int   // Config.PauseAfter; 0: never
 	abandonMax int32 // Sends abandoned and still running at which the lane pauses
-	owner      *lanes
+	owner      *Lanes
 
 	st        atomic.Int32 // state, for readers that take no lock
 	abandoned atomic.Int32 // Sends given up that have not returned yet
@@ -69,18 +69,17 @@ type lane struct {
 	reason   string
 }
 
-// lanes are a relay's lanes, one per type, in the order of its types.
-type lanes struct {
+// Lanes are a relay's lanes, one per type, in the order of its types.
+type Lanes struct {
 	all    []*lane
 	byType map[string]*lane
 	logger *slog.Logger
-	// changed, when set, is told that a lane paused or opened (presence says
-	// it: wake.go).
+	// changed, when set, is told that a lane paused or opened.
 	changed atomic.Pointer[func()]
 }
 
-func newLanes(types []string, cfg Config, logger *slog.Logger) *lanes {
-	ls := &lanes{byType: make(map[string]*lane, len(types)), logger: logger}
+func newLanes(types []string, cfg Config, logger *slog.Logger) *Lanes {
+	ls := &Lanes{byType: make(map[string]*lane, len(types)), logger: logger}
 	for i, typ := range types {
 		l := &lane{typ: typ, index: i, pauseAfter: cfg.PauseAfter, abandonMax: int32(max(cfg.Concurrency, 1)), owner: ls}
 		ls.all = append(ls.all, l)
@@ -142,11 +141,11 @@ func (l *lane) releaseProbe() {
 // observe takes a Send's outcome into l's health: a success (or a
 // Permanent refusal: the receiver answered) opens the lane, a failure
 // counts, and pauses it after pauseAfter in a row, or at once for a probe.
-func (l *lane) observe(out outcome, permanent bool, err error) {
+func (l *lane) observe(out Outcome, permanent bool, err error) {
 	if l == nil {
 		return
 	}
-	healthy := out == outcomeSent || permanent
+	healthy := out == OutcomeSent || permanent
 	l.mu.Lock()
 	if healthy && l.state == laneOpen && l.failures == 0 {
 		l.mu.Unlock()
@@ -161,11 +160,11 @@ func (l *lane) observe(out outcome, permanent bool, err error) {
 		l.failures, l.pauses, l.probe = 0, 0, false
 	case l.state == laneProbing:
 		l.failures++
-		paused = l.pauseLocked(now, "the probe failed: "+errorText(err, 200))
+		paused = l.pauseLocked(now, "the probe failed: "+ErrorText(err, 200))
 	case l.state == laneOpen:
 		l.failures++
 		if l.pauseAfter > 0 && l.failures >= l.pauseAfter {
-			paused = l.pauseLocked(now, fmt.Sprintf("%d sends in a row failed, the last: %s", l.failures, errorText(err, 200)))
+			paused = l.pauseLocked(now, fmt.Sprintf("%d sends in a row failed, the last: %s", l.failures, ErrorText(err, 200)))
 		}
 	}
 	l.mu.Unlock()
@@ -233,9 +232,9 @@ func (l *lane) pausedType() (PausedType, bool) {
 	return PausedType{Type: l.typ, Reason: l.reason, Since: l.since, Until: l.until, Probing: l.state == laneProbing}, true
 }
 
-// sendable lists the types whose rows may be sent now: not paused, or whose
+// Sendable lists the types whose rows may be sent now: not paused, or whose
 // pause ended (the idle poll's).
-func (ls *lanes) sendable() []string {
+func (ls *Lanes) Sendable() []string {
 	types := make([]string, 0, len(ls.all))
 	now := time.Now()
 	for _, l := range ls.all {
@@ -246,8 +245,8 @@ func (ls *lanes) sendable() []string {
 	return types
 }
 
-// paused lists the lanes paused or probing now.
-func (ls *lanes) paused() []PausedType {
+// Paused lists the lanes paused or probing now.
+func (ls *Lanes) Paused() []PausedType {
 	var ps []PausedType
 	for _, l := range ls.all {
 		if p, ok := l.pausedType(); ok {
@@ -269,3 +268,7 @@ type PausedType struct {
 	// probe: its success resumes the type.
 	Probing bool
 }
+
+// OnChange has f told, from the goroutine that saw it, each time a lane
+// pauses or opens.
+func (ls *Lanes) OnChange(f func()) { ls.changed.Store(&f) }
