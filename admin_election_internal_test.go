@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 func TestElectionMark(t *testing.T) {
@@ -13,17 +15,17 @@ func TestElectionMark(t *testing.T) {
 	won := time.Date(2026, 11, 30, 10, 0, 0, 123, time.FixedZone("BRT", -3*3600))
 	started := time.Date(2026, 11, 30, 13, 0, 5, 0, time.UTC)
 
-	since, id, ok := parseElectionMark(heartbeatSQL(won), started)
+	since, id, ok := parseElectionMark(store.HeartbeatSQL(won), started)
 	require.True(t, ok)
 	require.Empty(t, id)
 	require.True(t, since.Equal(won.Truncate(time.Second)), "the heartbeat says when the election was won, to the second")
 
-	since, id, ok = parseElectionMark(markReplica(heartbeatSQL(won), "0a1b2c3d"), started)
+	since, id, ok = parseElectionMark(store.MarkReplica(store.HeartbeatSQL(won), "0a1b2c3d"), started)
 	require.True(t, ok)
 	require.Equal(t, "0a1b2c3d", id, "a marked heartbeat names its replica")
 	require.True(t, since.Equal(won.Truncate(time.Second)))
 
-	since, id, ok = parseElectionMark(markReplica(lockSQL, "0a1b2c3d"), started)
+	since, id, ok = parseElectionMark(store.MarkReplica(store.LockSQL, "0a1b2c3d"), started)
 	require.True(t, ok)
 	require.Equal(t, "0a1b2c3d", id)
 	require.Equal(t, started, since, "right after winning, the lock statement's start")
@@ -43,9 +45,9 @@ func TestClassify(t *testing.T) {
 		classify(&h, app)
 		return h.Kind
 	}
-	beat := heartbeatSQL(start)
+	beat := store.HeartbeatSQL(start)
 	require.Equal(t, HolderRelay, kind("orders-1", beat, "billing"))
-	require.Equal(t, HolderRelay, kind("", lockSQL, "billing"))
+	require.Equal(t, HolderRelay, kind("", store.LockSQL, "billing"))
 	require.Equal(t, HolderPause, kind("relayctl pause billing", "SELECT pg_try_advisory_lock(hashtext($1))", "billing"))
 	require.Equal(t, HolderOther, kind("relayctl pause bill", "", "billing"), "a prefix counts only when PostgreSQL cut the name")
 	long := strings.Repeat("a", 80)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // History is the recent past of an outbox table, by type and step (a
@@ -108,19 +110,19 @@ var historyIndexes = []string{"_outbox", "_outbox_pending", "_outbox_error"}
 
 // historyIndexed reports whether table has the partial indexes History's
 // skip scans need.
-func historyIndexed(ctx context.Context, db querier, table string) (bool, error) {
+func historyIndexed(ctx context.Context, db store.Querier, table string) (bool, error) {
 	missing, err := missingIndexes(ctx, db, table)
 	if err != nil {
 		return false, err
 	}
-	id, err := parseTable(table)
+	id, err := store.ParseTable(table)
 	if err != nil {
 		return false, err
 	}
 	name := id[len(id)-1]
 	for _, m := range missing {
 		for _, suffix := range historyIndexes {
-			if m.Name == strings.Trim(indexName(name, suffix), `"`) {
+			if m.Name == strings.Trim(store.IndexName(name, suffix), `"`) {
 				return false, nil
 			}
 		}
@@ -128,13 +130,13 @@ func historyIndexed(ctx context.Context, db querier, table string) (bool, error)
 	return true, nil
 }
 
-func (r *adminRepository) history(ctx context.Context, db querier, ceiling int, window, step time.Duration, indexed bool) (History, error) {
+func (r *adminRepository) history(ctx context.Context, db store.Querier, ceiling int, window, step time.Duration, indexed bool) (History, error) {
 	var h History
 	steps := int(window / step)
 	if window%step != 0 {
 		steps++
 	}
-	rows, err := db.Query(ctx, r.historySQL, window.Seconds(), step.Seconds(), steps, ceiling,
+	rows, err := db.Query(ctx, r.HistorySQL, window.Seconds(), step.Seconds(), steps, ceiling,
 		historyChunk, historyGap, HistoryLookbackMax.Seconds(), indexed)
 	if err != nil {
 		return h, err

@@ -43,7 +43,7 @@ type Overview struct {
 	DefaultReadOnly bool
 
 	// MissingIndexes are the partial indexes of [SchemaSQL] the table lacks
-	// (a table made by the JVM service or by hand), with the statements that
+	// (a table made by the JVM service or by hand), with the store.statements that
 	// add them: without them every pass reads past the SENT, dead and other
 	// apps' rows.
 	MissingIndexes []MissingIndex
@@ -168,7 +168,7 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		}
 	case srv.analyzed:
 		o.SentEstimated = true
-		if o.Sent, err = a.repo.estimate(ctx, a.pool, a.repo.estimateSentSQL); err != nil {
+		if o.Sent, err = a.repo.estimate(ctx, a.pool, a.repo.EstimateSentSQL); err != nil {
 			return o, fmt.Errorf("relay: estimate the SENT rows of %s: %w", a.table, err)
 		}
 	default:

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // Replica is a live relay of the Admin's app, as its presence shows it
@@ -12,7 +14,7 @@ import (
 // process and its session live, whether it is in a pass or not.
 type Replica struct {
 	// ID is the replica's id, 8 hex digits drawn when the relay was built;
-	// the election's statements name it (LockHolder.ReplicaID).
+	// the election's store.statements name it (LockHolder.ReplicaID).
 	ID string
 	// Types are the message types it has senders for. UnnamedTypes counts
 	// those whose names the Admin could not read (another role's session
@@ -82,10 +84,10 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 const replicasReads = 4
 
 // replicas reads the presence of the app's relays; names are type names to
-// recognise besides those the replicas' own statements carry.
+// recognise besides those the replicas' own store.statements carry.
 func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error) {
 	read := func(names []string) ([]Replica, map[int][]int64, []int64, error) {
-		rows, err := replicasStatement(ctx, a.pool, a.app, names)
+		rows, err := store.ReplicasStatement(ctx, a.pool, a.app, names)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("relay: read the live replicas of app %q: %w", a.app, err)
 		}
@@ -93,14 +95,15 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 		hashes := make(map[int][]int64)
 		var nameHashes []int64
 		for i, x := range rows {
-			r := x.r
-			if d, ok := parsePresenceComment(x.query); ok && d.App == a.app && d.Replica == r.ID {
+			r := Replica{ID: replicaID(x.Replica), MaxAttempts: x.MaxAttempts, Partitions: x.Partitions, PID: x.PID,
+				ApplicationName: x.ApplicationName, ClientAddr: x.ClientAddr, BackendStart: x.BackendStart, Hidden: x.Hidden, At: x.At}
+			if d, ok := parsePresenceComment(x.Query); ok && d.App == a.app && d.Replica == r.ID {
 				r.Types, r.Host, r.Process, r.Since = d.Types, d.Host, d.Process, d.Since
 				for _, p := range d.Paused {
 					r.Paused = append(r.Paused, PausedType{Type: p.Type, Reason: p.Reason, Since: p.Since, Until: p.Until, Probing: p.Probing})
 				}
 			}
-			hashes[i], nameHashes = x.typeHashes, x.nameHashes
+			hashes[i], nameHashes = x.TypeHashes, x.NameHashes
 			reps = append(reps, r)
 		}
 		if a.afterRead != nil {

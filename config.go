@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // Defaults of [Config], as [DefaultConfig] fills them in (each field's doc
@@ -249,7 +251,7 @@ func (c *Config) validate() error {
 	if msg := checkAppName(c.AppName); msg != "" {
 		bad("AppName", "%s", msg)
 	}
-	if _, err := parseTable(c.Table); err != nil {
+	if _, err := store.ParseTable(c.Table); err != nil {
 		bad("Table", "%v", err)
 	}
 	if c.Interval <= 0 {

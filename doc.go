@@ -8,7 +8,7 @@
 // PUT, see [HTTPSender]). Delivery is at-least-once: receivers deduplicate by
 // the message ([Message.IdempotencyKey]), and a receiver that stores each
 // natural key's state ignores a message older than the last one it applied for
-// that key (docs/receivers.md in the repository).
+// that key (docs/receivers.md in the store.Table).
 //
 // # The pass
 //
@@ -59,7 +59,7 @@
 // [Observer] show what the relay does; [Admin] counts, lists and re-queues dead
 // rows, purges the SENT history and tells who holds the election. The command
 // relayctl and the console package (an http.Handler) put it in front of an
-// operator. docs/operations.md in the repository lists the failure modes and
+// operator. docs/operations.md in the store.Table lists the failure modes and
 // their log lines.
 //
 // Any other job that must run on one replica of N can use the same [Guard]:

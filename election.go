@@ -216,7 +216,7 @@ func (e guardElection) tryRun(ctx context.Context, fn func(ctx context.Context) 
 			err = fmt.Errorf("relay: the election panicked: %v", p)
 		}
 	}()
-	return e.guard.TryRun(withReplica(ctx, e.r.presence.id), e.r.key, fn)
+	return e.guard.TryRun(store.WithReplica(ctx, e.r.presence.id), e.r.key, fn)
 }
 
 // polledElection is the relay's own PostgresGuard on its pool. Its poll is one
@@ -297,7 +297,7 @@ func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, 
 	err := o.own.do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
-		readOnly, won, work, got, err = r.repo.poll(ctx, conn, r.presence.mark(), r.cfg.MaxAttempts, types, r.key)
+		readOnly, won, work, got, err = r.repo.Poll(ctx, conn, r.presence.mark(), r.cfg.MaxAttempts, types, r.key)
 		if err == nil && got != pid {
 			err = errPresenceMoved
 		}
@@ -308,7 +308,7 @@ func (e *polledElection) poll(ctx context.Context, o passOpts) (res passResult, 
 		if c, err = store.Acquire(pctx, r.pool, "poll for work"); err != nil {
 			return passResult{err: err}, false
 		}
-		readOnly, won, work, _, err = r.repo.poll(pctx, c, "", r.cfg.MaxAttempts, types, r.key)
+		readOnly, won, work, _, err = r.repo.Poll(pctx, c, "", r.cfg.MaxAttempts, types, r.key)
 		c.Release()
 	}
 	switch {
@@ -340,7 +340,7 @@ func (e *polledElection) run(ctx context.Context, o passOpts) (res passResult) {
 	}
 	if h == nil {
 		var err error
-		h, err = e.own.elect(withReplica(ctx, r.presence.id), r.key)
+		h, err = e.own.elect(store.WithReplica(ctx, r.presence.id), r.key)
 		switch {
 		case err != nil:
 			return passResult{err: err}

@@ -2,24 +2,23 @@ package relay
 
 import (
 	"context"
-	"math"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // FetchForTest is the select of a batch of at most limit rows of types as a
 // relay of table with backoff runs it, with its arguments, for tests that
 // look at its plan.
 func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []string, limit int) (string, []any) {
-	r, err := newRepository(table, backoff, false)
+	r, err := store.NewTable(table, backoff, retryBackoffMax, false)
 	if err != nil {
 		panic(err)
 	}
-	q := r.fetchSQL[0][0][0]
-	return q.sql, q.args(map[string]any{"max": maxAttempts, "types": types, "limit": limit,
-		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
+	return r.FetchSQL(maxAttempts, types, limit)
 }
 
 // WithWakeUpForTest makes the Enqueue calls given the same option share
@@ -62,7 +61,7 @@ func HistoryPlanForTest(ctx context.Context, a *Admin, window, step time.Duratio
 		return "", false, err
 	}
 	steps := int(window / step)
-	rows, err := a.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+a.repo.historySQL, window.Seconds(), step.Seconds(), steps,
+	rows, err := a.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+a.repo.HistorySQL, window.Seconds(), step.Seconds(), steps,
 		a.maxAttempts, historyChunk, historyGap, HistoryLookbackMax.Seconds(), indexed)
 	if err != nil {
 		return "", false, err

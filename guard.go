@@ -110,35 +110,6 @@ func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
 	return &PostgresGuard{pool: pool, logger: slog.Default(), sessions: &sessionCheck{}, held: make(map[string]bool)}
 }
 
-// markReplica adds a relay's replica id (presence.go) to the election mark
-// of stmt: "/* relay election replica=1a2b3c4d */ …", so that Admin links an
-// election's session to the live replica whose pass it runs. Statements
-// without the mark, and an empty id, are returned as they are.
-func markReplica(stmt, replica string) string {
-	if replica == "" || !strings.HasPrefix(stmt, "/* relay election") {
-		return stmt
-	}
-	i := strings.Index(stmt, " */")
-	if i < 0 {
-		return stmt
-	}
-	return stmt[:i] + " replica=" + replica + stmt[i:]
-}
-
-type replicaKey struct{}
-
-// withReplica marks ctx with the replica id whose election statements the
-// guard marks (markReplica).
-func withReplica(ctx context.Context, replica string) context.Context {
-	return context.WithValue(ctx, replicaKey{}, replica)
-}
-
-// replicaOf is the replica id withReplica put in ctx, "" if none.
-func replicaOf(ctx context.Context) string {
-	id, _ := ctx.Value(replicaKey{}).(string)
-	return id
-}
-
 // parseElectionMark reads a holder's last statement: whether a Go relay's
 // guard ran it, since when it holds the election — the heartbeat's mark,
 // or else the start of the statement (the lock's own, which won it) — and
@@ -214,7 +185,7 @@ func (g *PostgresGuard) elect(ctx context.Context, key string) (*heldElection, e
 	lctx, cancelLock := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancelLock()
 	won := time.Now()
-	conn, locked, sess, err := tryElection(lctx, g.pool, key, markReplica(lockSQL, replicaOf(ctx)), g.sessions.isDirect())
+	conn, locked, sess, err := tryElection(lctx, g.pool, key, store.MarkReplica(store.LockSQL, store.ReplicaOf(ctx)), g.sessions.isDirect())
 	if err != nil {
 		g.unclaim(key)
 		return nil, err
@@ -245,7 +216,7 @@ func (g *PostgresGuard) elect(ctx context.Context, key string) (*heldElection, e
 	}
 	h := &heldElection{g: g, key: key, conn: conn, sess: sess}
 	h.lost, h.loseWith = context.WithCancelCause(context.Background())
-	h.w = startWatch(conn.Conn().PgConn(), sess.pid, won, won, guardHeartbeat, replicaOf(ctx), h.loseWith)
+	h.w = startWatch(conn.Conn().PgConn(), sess.pid, won, won, guardHeartbeat, store.ReplicaOf(ctx), h.loseWith)
 	return h, nil
 }
 
@@ -291,7 +262,7 @@ func (h *heldElection) release(ctx context.Context, err error) error {
 		}
 		return err
 	}
-	if uerr := releaseElection(ctx, conn, key, sess, unlockSQL); uerr != nil {
+	if uerr := releaseElection(ctx, conn, key, sess, store.UnlockSQL); uerr != nil {
 		err = errors.Join(err, uerr)
 	}
 	return err
@@ -307,7 +278,7 @@ func waitLockGone(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardSessionEndTimeout)
 	defer cancel()
 	for {
-		held, err := sessionLocksHeld(wctx, pool, pid)
+		held, err := store.SessionLocksHeld(wctx, pool, pid)
 		switch {
 		case err != nil:
 			return err
@@ -323,7 +294,7 @@ func waitLockGone(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
 }
 
 // tryElection takes a connection from pool and tries the election's lock on
-// it with stmt (lockSQL, or lockSharedSQL), on the backend the connection
+// it with stmt (store.LockSQL, or store.LockSharedSQL), on the backend the connection
 // answers from first (direct: the one pgx learned at connect). After a failover or a restart the
 // pool's idle connections are dead, and the first statement on each fails:
 // such a connection is closed (a dead session holds no lock) and the try goes
@@ -337,11 +308,13 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 		var pid uint32
 		pid, err = lockSessionPID(ctx, conn, direct)
 		if err == nil {
-			locked, sess, err = lockStatement(ctx, conn, stmt, key, pid)
+			var ls store.LockSession
+			locked, ls, err = store.LockStatement(ctx, conn, stmt, key, pid)
+			sess = session{pid: ls.PID, readOnly: ls.ReadOnly, idle: ls.Idle}
 		}
 		if err == nil && sess.pid != pid {
 			closeConn(conn) // nothing was tried on that backend
-			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, sessionMoved("the lock statement", pid, sess.pid))
+			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, store.SessionMoved("the lock statement", pid, sess.pid))
 		}
 		if !direct {
 			sess.pooled = pool
@@ -374,7 +347,7 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 // guardLockAttempts bounds how many dead pooled connections one try skips.
 const guardLockAttempts = 3
 
-// releaseElection releases the lock (stmt: unlockSQL, or unlockSharedSQL) on
+// releaseElection releases the lock (stmt: store.UnlockSQL, or store.UnlockSharedSQL) on
 // the connection that took it, under its own deadline: the caller's ctx may be
 // cancelled already, and pgconn sends nothing under a cancelled context. A
 // connection that may still hold the lock is closed.
@@ -382,7 +355,7 @@ func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess s
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
 	defer cancel()
 	pid := sess.pid
-	unlocked, upid, letGo, err := unlockStatement(uctx, conn, stmt, key, sess.idle, pid)
+	unlocked, upid, letGo, err := store.UnlockStatement(uctx, conn, stmt, key, sess.idle, pid)
 	switch {
 	case err != nil:
 		closeSession(ctx, conn, key, sess)
@@ -390,7 +363,7 @@ func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess s
 	case upid != pid:
 		closeConn(conn)
 		return fmt.Errorf("relay: unlock %q: %w (released nothing there; the lock's backend was ended, which lets it go: %v)",
-			key, sessionMoved("the unlock", pid, upid), letGo)
+			key, store.SessionMoved("the unlock", pid, upid), letGo)
 	case unlocked == nil || !*unlocked:
 		closeSession(ctx, conn, key, sess)
 		return fmt.Errorf("%w: unlock %q returned false: backend %d did not hold the lock", ErrElectionLost, key, pid)
@@ -413,7 +386,7 @@ func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess sess
 		// (another replica letting go of its own): try again, a few times.
 		for range guardLockAttempts {
 			if !conn.Conn().IsClosed() {
-				if err := letGoStatement(uctx, conn, key, sess.pid); err == nil {
+				if err := store.LetGoStatement(uctx, conn, key, sess.pid); err == nil {
 					break
 				}
 				continue
@@ -422,7 +395,7 @@ func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess sess
 			if err != nil {
 				break
 			}
-			err = letGoStatement(uctx, c, key, sess.pid)
+			err = store.LetGoStatement(uctx, c, key, sess.pid)
 			if err != nil {
 				closeConn(c)
 				continue

@@ -16,13 +16,15 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/xadm/relay/internal/headers"
 )
 
 // httpSenderTimeoutDefault is the default of [HTTPSenderConfig.Timeout].
 const httpSenderTimeoutDefault = 10 * time.Second
 
 // The request headers an HTTPSender sets from the message. docs/receivers.md
-// in the repository is the contract they make with a receiver.
+// in the store.Table is the contract they make with a receiver.
 const (
 	headerIdempotencyKey = "Idempotency-Key"
 	headerMessageKey     = "Relay-Message-Key"
@@ -69,7 +71,7 @@ const (
 // failover, an older message of a key can arrive after a newer one: a receiver
 // that stores each key's state ignores a message whose Relay-Message-Id is lower
 // than the last one it applied for that key, and answers it 2xx.
-// docs/receivers.md in the repository is the whole contract, with a receiver.
+// docs/receivers.md in the store.Table is the whole contract, with a receiver.
 //
 // By default any 2xx answer is success. A 4xx answer is [Permanent], except
 // 408 Request Timeout, 425 Too Early and 429 Too Many Requests; 5xx, those
@@ -212,13 +214,13 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 	}
 	if strings.TrimSpace(s.typ) == "" {
 		bad("Type", "must not be empty")
-	} else if !validHeaderValue(s.typ) {
+	} else if !headers.ValidValue(s.typ) {
 		bad("Type", "%q must not contain control characters: it is sent in the %s header", s.typ, headerMessageType)
 	}
 	if s.url == nil {
 		bad("URL", "must not be nil (try relay.URLWithKey(base))")
 	}
-	if !validToken(s.method) {
+	if !headers.ValidToken(s.method) {
 		bad("Method", "%q is not a valid HTTP method", s.method)
 	}
 	if s.timeout < 0 {
@@ -226,7 +228,7 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 	}
 	for name, values := range cfg.Header {
 		switch canonical := http.CanonicalHeaderKey(name); {
-		case !validToken(name):
+		case !headers.ValidToken(name):
 			bad("Header", "%q is not a valid header name", name)
 		case canonical == headerIdempotencyKey || strings.HasPrefix(canonical, headerReservedPrefix):
 			bad("Header", "must not set %s: the sender sets Idempotency-Key and the Relay-* headers from each message", canonical)
@@ -234,7 +236,7 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 			bad("Header", "must not set %s: Go ignores it in a request's headers", canonical)
 		default:
 			for _, v := range values {
-				if !validHeaderValue(v) {
+				if !headers.ValidValue(v) {
 					bad("Header", "%s has a value with control characters", canonical)
 					break
 				}
@@ -271,13 +273,13 @@ func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 		return Permanent(fmt.Errorf("URL of message %d: %w", m.ID, err))
 	}
 	// A header value the transport would refuse fails every attempt alike.
-	if !validHeaderValue(m.Key) {
+	if !headers.ValidValue(m.Key) {
 		return Permanent(fmt.Errorf("message %d: Key %q has control characters, which the %s header cannot carry", m.ID, m.Key, headerMessageKey))
 	}
-	if !validHeaderValue(m.Type) {
+	if !headers.ValidValue(m.Type) {
 		return Permanent(fmt.Errorf("message %d: Type %q has control characters, which the %s header cannot carry", m.ID, m.Type, headerMessageType))
 	}
-	if err := validateHeaders(m.Headers); err != nil {
+	if err := headers.Validate(m.Headers); err != nil {
 		return Permanent(fmt.Errorf("message %d: Headers %w", m.ID, err))
 	}
 
@@ -454,29 +456,3 @@ var defaultHTTPClient = sync.OnceValue(func() *http.Client {
 		},
 	}
 })
-
-// validToken reports whether s is an HTTP token (RFC 9110), as method and
-// header names must be.
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
-
-// validHeaderValue reports whether s can be sent as a header value: no control
-// characters other than tab, as net/http's transport demands.
-func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file finds which of the relay's partial indexes (schema.sql) a table
@@ -53,12 +55,12 @@ type tableIndex struct {
 // key columns in the same order with a predicate on status (a partial index
 // of the live rows made under another name); an invalid one (a failed CREATE
 // INDEX CONCURRENTLY) does not count.
-func missingIndexes(ctx context.Context, db querier, table string) ([]MissingIndex, error) {
-	id, err := parseTable(table)
+func missingIndexes(ctx context.Context, db store.Querier, table string) ([]MissingIndex, error) {
+	id, err := store.ParseTable(table)
 	if err != nil {
 		return nil, err
 	}
-	doc, err := tableIndexesStatement(ctx, db, table)
+	doc, err := store.TableIndexesStatement(ctx, db, table)
 	if err != nil {
 		return nil, fmt.Errorf("read the indexes of %s: %w", table, err)
 	}
@@ -73,7 +75,7 @@ func missingIndexes(ctx context.Context, db querier, table string) ([]MissingInd
 	name := id[len(id)-1]
 	var missing []MissingIndex
 	for _, want := range relayIndexes {
-		wantName := strings.Trim(indexName(name, want.suffix), `"`)
+		wantName := strings.Trim(store.IndexName(name, want.suffix), `"`)
 		found := slices.ContainsFunc(have, func(h tableIndex) bool {
 			return h.Valid && (h.Name == wantName || slices.Equal(h.Cols, want.columns) && strings.Contains(h.Pred, want.pred))
 		})
@@ -84,7 +86,7 @@ func missingIndexes(ctx context.Context, db querier, table string) ([]MissingInd
 	return missing, nil
 }
 
-// indexStatements maps each index name of SchemaSQL(table) to its statement.
+// indexstatements maps each index name of SchemaSQL(table) to its statement.
 func indexStatements(table string) (map[string]string, error) {
 	ddl, err := SchemaSQL(table)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file is the watch over a lock's session, which renews the election's
@@ -51,7 +52,7 @@ type watch struct {
 // names replica (markReplica).
 func startWatch(conn *pgconn.PgConn, pid uint32, won, answered time.Time, every time.Duration, replica string, lost func(error)) *watch {
 	w := &watch{conn: conn, pid: pid, every: every, lease: lease.New(answered), lost: lost, done: make(chan struct{}),
-		beat: markReplica(heartbeatSQL(won), replica)}
+		beat: store.MarkReplica(store.HeartbeatSQL(won), replica)}
 	go w.run()
 	return w
 }
@@ -109,7 +110,7 @@ func (w *watch) heartbeat() error {
 	}
 	if got := string(rr.Rows[0][0]); got != fmt.Sprint(w.pid) {
 		pid, _ := strconv.ParseUint(got, 10, 32)
-		return fmt.Errorf("heartbeat: the session answers as another backend: %w", sessionMoved("the heartbeat", w.pid, uint32(pid)))
+		return fmt.Errorf("heartbeat: the session answers as another backend: %w", store.SessionMoved("the heartbeat", w.pid, uint32(pid)))
 	}
 	w.lease.Renew(sent)
 	return nil

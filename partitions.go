@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/store"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -87,7 +88,7 @@ type membership struct {
 	// (idleCheck).
 	idle bool
 	// left is the election's state as the last rebalance left it.
-	left partitionLook
+	left store.PartitionLook
 
 	// announced logs each condition that keeps partitions unheld once per streak.
 	announced string
@@ -121,9 +122,9 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 	// partitions have anything to deliver: an idle one then makes no select,
 	// nor its pooled connection's ping.
 	before := m.held
-	var check *workCheck
+	var check *store.WorkCheck
 	if m.stay && len(before) > 0 {
-		check = m.r.repo.partitionWork(m.r.cfg.MaxAttempts, m.r.types, m.n, before)
+		check = m.r.repo.PartitionWork(m.r.cfg.MaxAttempts, m.r.types, m.n, before)
 	}
 	m.idle = false
 	st, idle, err := m.rebalance(ctx, check, before)
@@ -184,14 +185,14 @@ func (m *membership) idleCheck(ctx context.Context, own *ownSession) (work bool)
 		return true
 	}
 	r := m.r
-	check := r.repo.partitionWork(r.cfg.MaxAttempts, r.types, m.n, m.held)
-	var look partitionLook
+	check := r.repo.PartitionWork(r.cfg.MaxAttempts, r.types, m.n, m.held)
+	var look store.PartitionLook
 	cctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	err := own.do(cctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
-		look, got, err = idleLookStatement(ctx, conn, r.presence.mark(), check, r.key, m.n)
+		look, got, err = store.IdleLookStatement(ctx, conn, r.presence.mark(), check, r.key, m.n)
 		if err == nil && got != pid {
 			err = errPresenceMoved
 		}
@@ -199,7 +200,7 @@ func (m *membership) idleCheck(ctx context.Context, own *ownSession) (work bool)
 	})
 	// A member came or went, a partition was let go of, or a pause waits:
 	// the rebalance takes it into account now, as it would have.
-	return err != nil || !check.ran || check.work || look != m.left
+	return err != nil || !check.Ran || check.Work || look != m.left
 }
 
 // join tries the shared hold of the app's key on a connection of its own.
@@ -211,7 +212,7 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 	lctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	now := time.Now()
-	conn, locked, sess, err := tryElection(lctx, r.pool, r.key, markReplica(lockSharedSQL, r.presence.id), r.sessions.isDirect())
+	conn, locked, sess, err := tryElection(lctx, r.pool, r.key, store.MarkReplica(store.LockSharedSQL, r.presence.id), r.sessions.isDirect())
 	switch {
 	case err != nil:
 		return false, err
@@ -228,11 +229,11 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 		return false, nil
 	case !*locked:
 		conn.Release() // an exclusive holder: a JVM relay, a replica with Partitions 1, a pause
-		m.announce(partitionState{excluded: true})
+		m.announce(store.PartitionState{Excluded: true})
 		return false, nil
 	}
 	m.conn, m.sess, m.since, m.held = conn, sess, now, nil
-	if ok, err := markStatement(withReplica(lctx, r.presence.id), conn, r.key, m.n, sess.pid); err != nil || !ok {
+	if ok, err := store.MarkStatement(store.WithReplica(lctx, r.presence.id), conn, r.key, m.n, sess.pid); err != nil || !ok {
 		m.drop(err)
 		return false, fmt.Errorf("relay: mark the membership of %q with Partitions %d: %w", r.key, m.n, cmp.Or(err, errors.New("refused")))
 	}
@@ -246,45 +247,45 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 // those above it (see the top of the file), and reports whether the pass is
 // idle: check found nothing in the partitions held before, which it still
 // holds. The watch is paused while it runs; a failure ends the membership.
-func (m *membership) rebalance(ctx context.Context, check *workCheck, before []int) (_ partitionState, idle bool, err error) {
+func (m *membership) rebalance(ctx context.Context, check *store.WorkCheck, before []int) (_ store.PartitionState, idle bool, err error) {
 	r := m.r
 	if err := m.pause(); err != nil {
 		m.drop(err)
-		return partitionState{}, false, err
+		return store.PartitionState{}, false, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
 	defer cancel()
 	sent := time.Now()
-	st, err := rebalanceStatement(withReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start, m.sess.pid, check)
+	st, err := store.RebalanceStatement(store.WithReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start, m.sess.pid, check)
 	if err != nil {
 		m.drop(err)
-		return partitionState{}, false, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)
+		return store.PartitionState{}, false, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)
 	}
-	m.held = st.held
+	m.held = st.Held
 	var release []int
-	switch floor, ceil := m.n/st.members, (m.n+st.members-1)/st.members; {
-	case st.waiter:
+	switch floor, ceil := m.n/st.Members, (m.n+st.Members-1)/st.Members; {
+	case st.Waiter:
 		m.leave(ctx)
 		return st, false, nil
 	case len(m.held) > ceil:
 		release = m.held[ceil:]
-	case len(m.held) > floor && st.fewest < floor:
+	case len(m.held) > floor && st.Fewest < floor:
 		release = m.held[len(m.held)-1:]
 	}
 	if len(release) > 0 {
 		r.stats.setPartitions(m.held[:len(m.held)-len(release)]) // before another can take them
-		ok, err := releasePartitionsStatement(rctx, m.conn, r.key, m.n, release, false, m.sess.pid)
+		ok, err := store.ReleasePartitionsStatement(rctx, m.conn, r.key, m.n, release, false, m.sess.pid)
 		if err == nil && !ok {
 			err = fmt.Errorf("%w: backend %d did not hold partitions %v it was given", ErrElectionLost, m.sess.pid, release)
 		}
 		if err != nil {
 			m.drop(err)
-			return partitionState{}, false, fmt.Errorf("relay: release partitions %v of %q: %w", release, r.key, err)
+			return store.PartitionState{}, false, fmt.Errorf("relay: release partitions %v of %q: %w", release, r.key, err)
 		}
 		m.held = slices.Clone(m.held[:len(m.held)-len(release)])
 	}
-	m.left = partitionLook{members: st.members, held: st.others + len(m.held)}
-	idle = check != nil && check.ran && !check.work && slices.Equal(before, m.held)
+	m.left = store.PartitionLook{Members: st.Members, Held: st.Others + len(m.held)}
+	idle = check != nil && check.Ran && !check.Work && slices.Equal(before, m.held)
 	// Between idle passes the watch's heartbeat waits idleHeartbeat, past the
 	// next rebalance; a pass that delivers runs under the election's.
 	every := guardHeartbeat
@@ -355,14 +356,14 @@ func (m *membership) leave(ctx context.Context) {
 	r.stats.setPartitions(nil) // before another can take them
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
 	defer cancel()
-	ok, err := releasePartitionsStatement(uctx, m.conn, r.key, m.n, m.held, true, m.sess.pid)
+	ok, err := store.ReleasePartitionsStatement(uctx, m.conn, r.key, m.n, m.held, true, m.sess.pid)
 	if err == nil && !ok {
 		err = fmt.Errorf("%w: backend %d did not hold partitions %v and its member mark", ErrElectionLost, m.sess.pid, m.held)
 	}
 	if err != nil {
 		closeSession(uctx, m.conn, r.key, m.sess)
 	} else {
-		err = releaseElection(uctx, m.conn, r.key, m.sess, unlockSharedSQL)
+		err = releaseElection(uctx, m.conn, r.key, m.sess, store.UnlockSharedSQL)
 	}
 	if err != nil {
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: leave the partitioned election", slog.String("error", err.Error()))
@@ -372,17 +373,17 @@ func (m *membership) leave(ctx context.Context) {
 
 // announce logs, once per streak, why this member holds no partition, or
 // holds them while others wait.
-func (m *membership) announce(st partitionState) {
+func (m *membership) announce(st store.PartitionState) {
 	var msg string
 	var attrs []slog.Attr
 	switch {
-	case st.excluded:
+	case st.Excluded:
 		msg = "relay: an exclusive holder of the election's key (a JVM relay, a replica with Partitions 1, a pause) keeps this replica out of the partitioned election"
-	case st.waiter:
+	case st.Waiter:
 		msg = "relay: an exclusive request waits for the election's key (a pause, or a replica with Partitions 1): left the partitioned election until it is let go"
-	case st.foreignN != 0:
+	case st.ForeignN != 0:
 		msg = "relay: partitions are held with another Partitions: this replica takes none until their holders stop"
-		attrs = []slog.Attr{slog.Int("partitions", m.n), slog.Int("held_with", st.foreignN)}
+		attrs = []slog.Attr{slog.Int("partitions", m.n), slog.Int("held_with", st.ForeignN)}
 	}
 	if msg == m.announced {
 		return

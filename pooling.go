@@ -24,15 +24,13 @@ import (
 // No election runs on such a pool.
 
 // ErrTransactionPooling says the pool does not keep a session between
-// statements: a pooler in transaction or statement mode (PgBouncer's
+// store.statements: a pooler in transaction or statement mode (PgBouncer's
 // pool_mode=transaction) sits between the relay and PostgreSQL. Session
 // advisory locks, and so every election, need pool_mode=session or a direct
 // connection; the relay refuses to elect instead (Start fails, RunIfElected,
 // partitioned passes and Scheduler jobs return it) and delivers nothing under
 // an election.
-var ErrTransactionPooling = errors.New("relay: transaction pooling: the pool does not keep its session between statements " +
-	"(a pooler such as PgBouncer in pool_mode=transaction or statement sits in front of PostgreSQL); " +
-	"elections hold session advisory locks: connect the relay through pool_mode=session or directly to PostgreSQL")
+var ErrTransactionPooling = store.ErrTransactionPooling
 
 // Timings of the check.
 const (
@@ -204,13 +202,6 @@ func pooledStatementError(err error) bool {
 func lockTookNothing(err error) bool {
 	var pe *pgconn.PgError
 	return pooledStatementError(err) || errors.As(err, &pe) && (pe.Severity == "FATAL" || pe.Severity == "PANIC")
-}
-
-// sessionMoved is the error of a statement that should have run on the
-// lock's session, backend pid, and ran on backend got.
-func sessionMoved(what string, pid, got uint32) error {
-	return fmt.Errorf("%w: %w: %s ran on backend %d, not on the lock's session (backend %d)",
-		ErrElectionLost, ErrTransactionPooling, what, got, pid)
 }
 
 // lockSessionPID is the pid of conn's backend, the one the lock statement

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/store"
 )
 
 // endingTracer ends the backend of the first statement that contains
@@ -80,7 +81,7 @@ func TestLockStatementOfAnEndedSessionLetsGoOfNothing(t *testing.T) {
 	key := pgserver.Name(t)
 
 	// Pooled (not direct): the pid is asked, as behind a pooler.
-	conn, locked, sess, err := tryElection(ctx, pool, key, lockSQL, false)
+	conn, locked, sess, err := tryElection(ctx, pool, key, store.LockSQL, false)
 	tr.mu.Lock()
 	require.NoError(t, tr.err)
 	require.NotZero(t, tr.ended, "the first lock statement's session was ended")
@@ -89,9 +90,9 @@ func TestLockStatementOfAnEndedSessionLetsGoOfNothing(t *testing.T) {
 	require.NotNil(t, locked)
 	require.True(t, *locked)
 	require.NotEqual(t, tr.ended, sess.pid)
-	require.NoError(t, releaseElection(ctx, conn, key, sess, unlockSQL))
+	require.NoError(t, releaseElection(ctx, conn, key, sess, store.UnlockSQL))
 
-	require.Equal(t, 2, tr.statements("pg_try_advisory_lock("), "two lock statements, the first ended")
+	require.Equal(t, 2, tr.statements("pg_try_advisory_lock("), "two lock store.Statements, the first ended")
 	require.Zero(t, tr.statements("pg_advisory_unlock_all"), "nothing was let go of on the ended statement's backend, which took nothing")
 }
 
@@ -152,14 +153,14 @@ func TestPresenceReleaseLetsGoOfItsOwnLocksOnly(t *testing.T) {
 	require.Equal(t, 6, presence, "app, replica, max attempts, partitions and two types")
 	require.Equal(t, 1, others)
 
-	released, err := presenceReleaseStatement(ctx, conn, p.args, pid+1)
+	released, err := store.PresenceReleaseStatement(ctx, conn, p.args, pid+1)
 	require.NoError(t, err)
 	require.False(t, released, "another backend's: nothing let go of")
 	presence, others = held()
 	require.Equal(t, 6, presence)
 	require.Equal(t, 1, others)
 
-	released, err = presenceReleaseStatement(ctx, conn, p.args, pid)
+	released, err = store.PresenceReleaseStatement(ctx, conn, p.args, pid)
 	require.NoError(t, err)
 	require.True(t, released)
 	presence, others = held()

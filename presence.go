@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file is presence: every started relay (single key or partitioned)
@@ -55,19 +56,19 @@ const (
 	presenceLease = guardLease
 )
 
-// presence is what a relay says of itself, and the statements that say it.
+// presence is what a relay says of itself, and the store.statements that say it.
 type presence struct {
 	id   string // the replica id: 8 hex digits of num
 	num  int32  // the replica lock's second int
 	app  string
 	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types
 	desc presenceDescriptor
-	// marks is the comment the statements carry: desc, with the types
+	// marks is the comment the store.statements carry: desc, with the types
 	// paused now (setPaused). The next statement on the session says it.
 	marks atomic.Pointer[string]
 }
 
-// presenceDescriptor is the comment the presence statements carry.
+// presenceDescriptor is the comment the presence store.statements carry.
 type presenceDescriptor struct {
 	App         string             `json:"app"`
 	Replica     string             `json:"replica"`
@@ -90,14 +91,14 @@ type pausedDescriptor struct {
 }
 
 // presenceCommentMax is the most bytes of comment that paused types may grow
-// the presence statements to: track_activity_query_size (1024 by default)
+// the presence store.statements to: track_activity_query_size (1024 by default)
 // cuts a longer query, and Admin could then read no name.
 const presenceCommentMax = 800
 
 // pausedReasonMax is how much of a pause's reason presence says.
 const pausedReasonMax = 80
 
-// presenceMarkPrefix starts the presence statements' comment.
+// presenceMarkPrefix starts the presence store.statements' comment.
 const presenceMarkPrefix = "/* relay presence "
 
 func newPresence(cfg Config, types []string) *presence {
@@ -113,10 +114,10 @@ func newPresence(cfg Config, types []string) *presence {
 	return p
 }
 
-// mark is the comment the presence statements carry now.
+// mark is the comment the presence store.statements carry now.
 func (p *presence) mark() string { return *p.marks.Load() }
 
-// setPaused makes the statements say the types paused now, with as much of
+// setPaused makes the store.statements say the types paused now, with as much of
 // their reasons as fits presenceCommentMax (then only their names).
 func (p *presence) setPaused(paused []PausedType) {
 	d := p.desc
@@ -168,7 +169,7 @@ func parsePresenceComment(query string) (presenceDescriptor, bool) {
 // take takes the presence locks on conn, a session of this relay's own, and
 // returns its backend's pid.
 func (p *presence) take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
-	pid, ok, err := presenceTakeStatement(ctx, conn, p.mark(), p.args, presenceLease)
+	pid, ok, err := store.PresenceTakeStatement(ctx, conn, p.mark(), p.args, presenceLease)
 	if err != nil {
 		return 0, fmt.Errorf("relay: take the presence locks: %w", err)
 	}
@@ -188,7 +189,7 @@ var errPresenceMoved = errors.New("relay: the presence session answers from anot
 func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 	bctx, cancel := context.WithTimeout(ctx, guardHeartbeatTimeout)
 	defer cancel()
-	got, err := presenceBeatStatement(bctx, conn, p.mark())
+	got, err := store.PresenceBeatStatement(bctx, conn, p.mark())
 	if err != nil {
 		return fmt.Errorf("relay: presence keepalive: %w", err)
 	}
@@ -205,7 +206,7 @@ func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 func (p *presence) release(conn *pgx.Conn, pid uint32) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), guardUnlockTimeout)
 	defer cancel()
-	released, _ := presenceReleaseStatement(ctx, conn, p.args, pid)
+	released, _ := store.PresenceReleaseStatement(ctx, conn, p.args, pid)
 	return released
 }
 
@@ -230,7 +231,7 @@ func (p *presence) leave(conn *pgx.Conn, pool *pgxpool.Pool, pid uint32, why err
 func (p *presence) gone(pool *pgxpool.Pool, pid uint32) error {
 	ctx, cancel := context.WithTimeout(context.Background(), guardSessionEndTimeout)
 	defer cancel()
-	if err := presenceStrandedStatement(ctx, pool, p.app, p.num, pid); err != nil {
+	if err := store.PresenceStrandedStatement(ctx, pool, p.app, p.num, pid); err != nil {
 		return fmt.Errorf("relay: end the presence session, backend %d: %w", pid, err)
 	}
 	return waitLockGone(ctx, pool, pid)

@@ -8,6 +8,9 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/xadm/relay/internal/headers"
+	"github.com/xadm/relay/internal/store"
 )
 
 // Querier is what [Enqueue] writes through: pgx.Tx (as pool.Begin returns
@@ -77,7 +80,7 @@ func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...E
 			opt(&o)
 		}
 	}
-	id, err := parseTable(table)
+	id, err := store.ParseTable(table)
 	if err != nil {
 		return 0, errors.New(errEnqueue + err.Error())
 	}
@@ -90,7 +93,7 @@ func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...E
 	var w *wakeState
 	channel, force := "", false
 	if !o.noWake {
-		if w, force = o.wakes.attempt(wakeChannel(id), m.Type); w != nil {
+		if w, force = o.wakes.attempt(store.WakeChannel(id), m.Type); w != nil {
 			channel = w.channel
 		}
 	}
@@ -141,7 +144,7 @@ func (m *Outgoing) validate() error {
 	case !json.Valid(m.Payload):
 		return bad("Payload", "is not valid JSON: %.80q", m.Payload)
 	}
-	if err := validateHeaders(m.Headers); err != nil {
+	if err := headers.Validate(m.Headers); err != nil {
 		return bad("Headers", "%w", err)
 	}
 	return nil

@@ -51,7 +51,7 @@ type Relay struct {
 	maxConns int // the pool's, read once: pool.Config() copies the whole configuration
 	cfg      Config
 	logger   *slog.Logger
-	repo     *repository
+	repo     *store.Table
 	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
@@ -75,7 +75,7 @@ type Relay struct {
 	runner *pass.Runner
 
 	tableMu        sync.Mutex
-	tableInfo      tableInfo
+	tableInfo      store.TableInfo
 	tableOK        bool
 	indexesChecked bool // the missing indexes were looked for (once)
 
@@ -122,11 +122,11 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		}
 		byType[t] = s
 	}
-	repo, err := newRepository(cfg.Table, cfg.RetryBackoff, cfg.AsyncCommit)
+	repo, err := store.NewTable(cfg.Table, cfg.RetryBackoff, retryBackoffMax, cfg.AsyncCommit)
 	if err != nil {
 		return nil, &FieldError{Field: "Table", msg: err.Error()}
 	}
-	tableID, _ := parseTable(cfg.Table) // valid: newRepository checked it
+	tableID, _ := store.ParseTable(cfg.Table) // valid: NewTable checked it
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -287,12 +287,12 @@ func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	table := r.table()
-	args := fetchArgs{
-		maxAttempts: r.cfg.MaxAttempts, types: q.Types, others: q.Others, limit: r.cfg.BatchSize, maxBytes: r.cfg.BatchBytes,
-		after: q.After, preflight: q.Preflight, source: table.qualified, headers: table.headers,
+	args := store.FetchArgs{
+		MaxAttempts: r.cfg.MaxAttempts, Types: q.Types, Others: q.Others, Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
+		After: q.After, Preflight: q.Preflight, Source: table.Qualified, Headers: table.Headers,
 	}
 	if q.Parts != nil {
-		args.partitions, args.parts = r.cfg.Partitions, q.Parts
+		args.Partitions, args.Parts = r.cfg.Partitions, q.Parts
 	}
 	once := func() (store.Batch, error) {
 		c, err := store.Acquire(fctx, r.pool, "select a batch")
@@ -300,7 +300,7 @@ func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
 			return store.Batch{}, err
 		}
 		defer c.Release()
-		return r.repo.fetch(fctx, c, args)
+		return r.repo.Fetch(fctx, c, args)
 	}
 	f, err := once()
 	if err != nil && store.ConnectionFailed(err) && fctx.Err() == nil {
@@ -311,7 +311,7 @@ func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
 		// learn it again, and select again, with the headers.
 		r.forgetTable()
 		if err = r.learnTable(fctx); err == nil {
-			args.headers = r.table().headers
+			args.Headers = r.table().Headers
 			f, err = once()
 		}
 	}
@@ -325,7 +325,7 @@ func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
 }
 
 // learnTable learns the table before the first pass, and again after an
-// outcome did not fit it (tableInfo).
+// outcome did not fit it (store.TableInfo).
 func (r *Relay) learnTable(ctx context.Context) error {
 	r.tableMu.Lock()
 	defer r.tableMu.Unlock()
@@ -339,7 +339,7 @@ func (r *Relay) learnTable(ctx context.Context) error {
 		return err
 	}
 	defer c.Release()
-	info, err := r.repo.probe(pctx, c)
+	info, err := r.repo.Probe(pctx, c)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
@@ -352,8 +352,8 @@ func (r *Relay) learnTable(ctx context.Context) error {
 }
 
 // warnMissingIndexes says once, at WARN, which of the relay's partial
-// indexes the table lacks (indexes.go), with the statements that add them.
-func (r *Relay) warnMissingIndexes(ctx context.Context, db querier) {
+// indexes the table lacks (indexes.go), with the store.statements that add them.
+func (r *Relay) warnMissingIndexes(ctx context.Context, db store.Querier) {
 	missing, err := missingIndexes(ctx, db, r.cfg.Table)
 	if err != nil {
 		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: could not read the table's indexes", slog.String("error", err.Error()))
@@ -373,7 +373,7 @@ func (r *Relay) warnMissingIndexes(ctx context.Context, db querier) {
 }
 
 // table is what learnTable learned.
-func (r *Relay) table() tableInfo {
+func (r *Relay) table() store.TableInfo {
 	r.tableMu.Lock()
 	defer r.tableMu.Unlock()
 	return r.tableInfo

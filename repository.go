@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/pass"
@@ -10,7 +11,7 @@ import (
 )
 
 // This file is the outbox table as the relay sees it: what the pass reads and
-// writes it through (pass.Outbox, over the relay's statements), and the
+// writes it through (pass.Outbox, over the relay's store.statements), and the
 // runner built once, in New, with its dependencies.
 //
 // A table made by another migration (the JVM's: nullable columns, varchar,
@@ -36,18 +37,18 @@ func (o outbox) Starved() bool {
 }
 
 func (o outbox) Record(ctx context.Context, db store.Querier, outs []store.Outcome) (map[int64]bool, error) {
-	return o.r.repo.record(ctx, db, outs)
+	return o.r.repo.Record(ctx, db, outs)
 }
 
 func (o outbox) RecordEach(ctx context.Context, c *pgxpool.Conn, outs []store.Outcome) (map[int64]bool, map[int64]error, error) {
-	return o.r.repo.recordEach(ctx, c, outs)
+	return o.r.repo.RecordEach(ctx, c, outs)
 }
 
 func (o outbox) States(ctx context.Context, db store.Querier, ids []int64) (map[int64]store.State, error) {
-	return o.r.repo.states(ctx, db, ids)
+	return o.r.repo.States(ctx, db, ids)
 }
 
-func (o outbox) ErrWidth() int { return o.r.table().errWidth }
+func (o outbox) ErrWidth() int { return o.r.table().ErrWidth }
 func (o outbox) Relearn()      { o.r.forgetTable() }
 
 // newRunner is the relay's pass runner, over senders by type.
@@ -76,7 +77,7 @@ func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
 		return passResult{err: err}
 	}
 	res := r.runner.Run(ctx, pass.Opts{Halt: o.halt, Drain: o.drain, DrainFor: o.drainFor, Parts: o.parts, Wake: o.wake,
-		Separable: len(r.types) > 1 && r.table().keyIndex})
+		Separable: len(r.types) > 1 && r.table().KeyIndex})
 	return passResult{sent: res.Sent, failed: res.Failed, dead: res.Dead, lag: res.Lag, outcomesWaiting: res.OutcomesWaiting,
 		backlog: res.Backlog, woken: res.Woken, err: res.Err}
 }
@@ -98,4 +99,20 @@ func (r *Relay) report(p pass.Report) {
 	if r.observer != nil {
 		r.callObserver("MessageDone", func() { r.observer.MessageDone(rep) })
 	}
+}
+
+// SchemaSQL returns the outbox table's DDL for table (optionally schema-qualified),
+// for adopters who keep it in their own migrations. It is idempotent.
+func SchemaSQL(table string) (string, error) { return store.SchemaSQL(table) }
+
+// Beginner starts a transaction: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// CreateTable creates the outbox table and its indexes if they do not exist.
+// Replicas may call it at the same time on start-up: it serialises them on a
+// transaction-scoped advisory lock.
+func CreateTable(ctx context.Context, db Beginner, table string) error {
+	return store.CreateTable(ctx, db, table)
 }

@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"sync/atomic"
 	"time"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // This file is one occurrence of a scheduled job: elected under the guard,
@@ -114,7 +116,7 @@ func (s *Scheduler) watch(ctx context.Context, halt <-chan struct{}, j *schedule
 // within the window, the runner vanished.
 func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time, watching bool) (ran, late bool, err error) {
 	deadline := at.Add(s.window(j, at))
-	now, err := databaseNow(ctx, s.pool)
+	now, err := store.DatabaseNow(ctx, s.pool)
 	if err != nil {
 		return false, false, fmt.Errorf("relay: scheduler: read the database's clock: %w", err)
 	}
@@ -198,7 +200,7 @@ func (s *Scheduler) runJob(ctx context.Context, j *scheduledJob, at time.Time) e
 // last one's window, so that a replica whose timer fired late for one of them
 // and finds the lock free finds that occurrence over too.
 func (s *Scheduler) holdUntil(ctx context.Context, j *scheduledJob, at, deadline time.Time) time.Time {
-	now, err := databaseNow(ctx, s.pool)
+	now, err := store.DatabaseNow(ctx, s.pool)
 	if err != nil {
 		now = time.Now()
 	}
@@ -237,7 +239,7 @@ func (s *Scheduler) call(ctx context.Context, j *scheduledJob, at time.Time) (er
 // election). If the clock cannot be read, it waits on the local clock.
 func (s *Scheduler) hold(ctx context.Context, j *scheduledJob, at, deadline time.Time) {
 	for {
-		now, err := databaseNow(ctx, s.pool)
+		now, err := store.DatabaseNow(ctx, s.pool)
 		if err != nil {
 			now = time.Now()
 		}

@@ -9,66 +9,27 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/xadm/relay/internal/store"
 )
 
-// Admin's statements, in sql/admin.sql.
+// Admin's statements, in internal/store's sql/admin.sql.
 
-// The statements of Admin that name no table.
-var (
-	purgeCutoffSQL = statements.positional("purgeCutoff", sqlData{})
-	serverStateSQL = statements.positional("serverState", sqlData{})
-	lockHoldersSQL = statements.positional("lockHolders", sqlData{})
-)
-
-// adminRepository holds the statements of Admin for one table. A dead row is
-// an outbound ERROR row whose attempts reached the ceiling (@ceiling everywhere).
-type adminRepository struct {
-	table          string // quoted
-	countSQL       string
-	deadPageSQL    string
-	deadTypeSQL    string
-	requeueAllSQL  string
-	requeueTypeSQL string
-	requeueIDsSQL  string
-	purgeSQL       string
-
-	liveGroupsSQL   string
-	sentByTypeSQL   string
-	estimateSentSQL string
-	sampleSentSQL   string
-	countPurgeSQL   string
-	samplePurgeSQL  string
-
-	historySQL string
-}
+// adminRepository runs Admin's statements (internal/store renders them) for
+// one table. A dead row is an outbound ERROR row whose attempts reached the
+// ceiling (@ceiling everywhere).
+type adminRepository struct{ *store.AdminSQL }
 
 func newAdminRepository(table string) (*adminRepository, error) {
-	id, err := parseTable(table)
+	a, err := store.NewAdminSQL(table)
 	if err != nil {
 		return nil, err
 	}
-	d := sqlData{Table: id.Sanitize()}
-	return &adminRepository{
-		table:           d.Table,
-		countSQL:        statements.positional("countByStatus", d),
-		deadPageSQL:     statements.positional("deadPage", d),
-		deadTypeSQL:     statements.positional("deadPageOfType", d),
-		requeueAllSQL:   statements.positional("requeueAll", d),
-		requeueTypeSQL:  statements.positional("requeueType", d),
-		requeueIDsSQL:   statements.positional("requeueIDs", d),
-		purgeSQL:        statements.positional("purgeChunk", d),
-		liveGroupsSQL:   statements.positional("liveGroups", d),
-		sentByTypeSQL:   statements.positional("sentByType", d),
-		estimateSentSQL: statements.positional("estimateSent", d),
-		sampleSentSQL:   statements.positional("sampleSent", d),
-		countPurgeSQL:   statements.positional("countPurge", d),
-		samplePurgeSQL:  statements.positional("samplePurge", d),
-		historySQL:      statements.positional("history", d),
-	}, nil
+	return &adminRepository{a}, nil
 }
 
-func (r *adminRepository) countByStatus(ctx context.Context, db querier, ceiling int) ([]StatusCount, error) {
-	rows, err := db.Query(ctx, r.countSQL, ceiling)
+func (r *adminRepository) countByStatus(ctx context.Context, db store.Querier, ceiling int) ([]StatusCount, error) {
+	rows, err := db.Query(ctx, r.CountSQL, ceiling)
 	if err != nil {
 		return nil, err
 	}
@@ -79,10 +40,10 @@ func (r *adminRepository) countByStatus(ctx context.Context, db querier, ceiling
 	})
 }
 
-func (r *adminRepository) deadPage(ctx context.Context, db querier, ceiling int, q DeadQuery) ([]DeadMessage, error) {
-	sql, args := r.deadPageSQL, []any{ceiling, q.AfterID, q.Limit, PayloadPreviewMax, LastErrorMax}
+func (r *adminRepository) deadPage(ctx context.Context, db store.Querier, ceiling int, q DeadQuery) ([]DeadMessage, error) {
+	sql, args := r.DeadPageSQL, []any{ceiling, q.AfterID, q.Limit, PayloadPreviewMax, LastErrorMax}
 	if q.Type != "" {
-		sql, args = r.deadTypeSQL, append(args, q.Type)
+		sql, args = r.DeadTypeSQL, append(args, q.Type)
 	}
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
@@ -110,27 +71,27 @@ func cutRunes(s string, n int) string {
 	return s
 }
 
-func (r *adminRepository) requeueAll(ctx context.Context, db execer, ceiling int, scope []string) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueAllSQL, ceiling, scope))
+func (r *adminRepository) requeueAll(ctx context.Context, db store.Execer, ceiling int, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.RequeueAllSQL, ceiling, scope))
 }
 
-func (r *adminRepository) requeueType(ctx context.Context, db execer, ceiling int, typ string) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueTypeSQL, ceiling, typ))
+func (r *adminRepository) requeueType(ctx context.Context, db store.Execer, ceiling int, typ string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.RequeueTypeSQL, ceiling, typ))
 }
 
-func (r *adminRepository) requeueIDs(ctx context.Context, db execer, ceiling int, ids []int64, scope []string) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.requeueIDsSQL, ceiling, ids, scope))
+func (r *adminRepository) requeueIDs(ctx context.Context, db store.Execer, ceiling int, ids []int64, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.RequeueIDsSQL, ceiling, ids, scope))
 }
 
 // cutoff is the database's now() minus retention, fixed once for a whole purge.
-func (r *adminRepository) cutoff(ctx context.Context, db querier, retention time.Duration) (time.Time, error) {
+func (r *adminRepository) cutoff(ctx context.Context, db store.Querier, retention time.Duration) (time.Time, error) {
 	var t time.Time
-	err := db.QueryRow(ctx, purgeCutoffSQL, retention.Seconds()).Scan(&t)
+	err := db.QueryRow(ctx, store.PurgeCutoffSQL, retention.Seconds()).Scan(&t)
 	return t, err
 }
 
-func (r *adminRepository) purgeChunk(ctx context.Context, db execer, cutoff time.Time, limit int, scope []string) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.purgeSQL, cutoff, limit, scope))
+func (r *adminRepository) purgeChunk(ctx context.Context, db store.Execer, cutoff time.Time, limit int, scope []string) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.PurgeSQL, cutoff, limit, scope))
 }
 
 // purgeSamplePages is about how many pages estimatePurge samples of a table
@@ -147,7 +108,7 @@ const purgeSamplePages = 1024
 // selectivities (9 rows for 960,000), and even analyzed it multiplies
 // status = 'SENT' by sent_at < cutoff as if they were independent, though
 // only SENT rows have a sent_at.
-func (r *adminRepository) estimatePurge(ctx context.Context, db querier, cutoff time.Time, scope []string) (PurgeEstimate, error) {
+func (r *adminRepository) estimatePurge(ctx context.Context, db store.Querier, cutoff time.Time, scope []string) (PurgeEstimate, error) {
 	est := PurgeEstimate{Cutoff: cutoff}
 	srv, err := r.server(ctx, db)
 	if err != nil {
@@ -173,9 +134,9 @@ func (r *adminRepository) estimatePurge(ctx context.Context, db querier, cutoff 
 // delivered before cutoff by type: all of
 // them with pages 0; else those of a sample of about purgeSamplePages of the
 // table's pages, scaled by the pages the sample read.
-func (r *adminRepository) purgeCounts(ctx context.Context, db querier, cutoff time.Time, pages int64, scope []string) ([]TypeCount, error) {
+func (r *adminRepository) purgeCounts(ctx context.Context, db store.Querier, cutoff time.Time, pages int64, scope []string) ([]TypeCount, error) {
 	if pages == 0 {
-		rows, err := db.Query(ctx, r.countPurgeSQL, cutoff, scope)
+		rows, err := db.Query(ctx, r.CountPurgeSQL, cutoff, scope)
 		if err != nil {
 			return nil, err
 		}
@@ -186,7 +147,7 @@ func (r *adminRepository) purgeCounts(ctx context.Context, db querier, cutoff ti
 		})
 	}
 	pct := min(100, 100*float64(purgeSamplePages)/float64(pages))
-	rows, err := db.Query(ctx, r.samplePurgeSQL, cutoff, pct, scope)
+	rows, err := db.Query(ctx, r.SamplePurgeSQL, cutoff, pct, scope)
 	if err != nil {
 		return nil, err
 	}
@@ -210,8 +171,8 @@ type liveGroup struct {
 	head        RowHead
 }
 
-func (r *adminRepository) liveGroups(ctx context.Context, db querier, ceiling int) ([]liveGroup, error) {
-	rows, err := db.Query(ctx, r.liveGroupsSQL, ceiling, LastErrorMax)
+func (r *adminRepository) liveGroups(ctx context.Context, db store.Querier, ceiling int) ([]liveGroup, error) {
+	rows, err := db.Query(ctx, r.LiveGroupsSQL, ceiling, LastErrorMax)
 	if err != nil {
 		return nil, err
 	}
@@ -230,8 +191,8 @@ type typeCount struct {
 	count int64
 }
 
-func (r *adminRepository) sentByType(ctx context.Context, db querier) ([]typeCount, error) {
-	rows, err := db.Query(ctx, r.sentByTypeSQL)
+func (r *adminRepository) sentByType(ctx context.Context, db store.Querier) ([]typeCount, error) {
+	rows, err := db.Query(ctx, r.SentByTypeSQL)
 	if err != nil {
 		return nil, err
 	}
@@ -250,9 +211,9 @@ type serverState struct {
 	pages                       int64 // the table's size now, in pages
 }
 
-func (r *adminRepository) server(ctx context.Context, db querier) (serverState, error) {
+func (r *adminRepository) server(ctx context.Context, db store.Querier) (serverState, error) {
 	var s serverState
-	err := db.QueryRow(ctx, serverStateSQL, r.table).Scan(&s.now, &s.inRecovery, &s.defaultReadOnly, &s.analyzed, &s.pages)
+	err := db.QueryRow(ctx, store.ServerStateSQL, r.Table).Scan(&s.now, &s.inRecovery, &s.defaultReadOnly, &s.analyzed, &s.pages)
 	return s, err
 }
 
@@ -261,17 +222,17 @@ const sampledPages = 256
 
 // sampleSent estimates the SENT rows of a table of pages pages that has no
 // statistics yet, from a sample of about sampledPages of its pages.
-func (r *adminRepository) sampleSent(ctx context.Context, db querier, pages int64) (int64, error) {
+func (r *adminRepository) sampleSent(ctx context.Context, db store.Querier, pages int64) (int64, error) {
 	pct := min(100, 100*float64(sampledPages)/float64(max(pages, 1)))
 	var n int64
-	if err := db.QueryRow(ctx, r.sampleSentSQL, pct).Scan(&n); err != nil {
+	if err := db.QueryRow(ctx, r.SampleSentSQL, pct).Scan(&n); err != nil {
 		return 0, err
 	}
 	return int64(float64(n) * 100 / pct), nil
 }
 
 // estimate runs an EXPLAIN (FORMAT JSON) and returns its top plan's row estimate.
-func (r *adminRepository) estimate(ctx context.Context, db querier, explainSQL string, args ...any) (int64, error) {
+func (r *adminRepository) estimate(ctx context.Context, db store.Querier, explainSQL string, args ...any) (int64, error) {
 	var doc []byte
 	if err := db.QueryRow(ctx, explainSQL, args...).Scan(&doc); err != nil {
 		return 0, err
@@ -287,8 +248,8 @@ func (r *adminRepository) estimate(ctx context.Context, db querier, explainSQL s
 	return int64(plans[0].Plan.Rows), nil
 }
 
-func (r *adminRepository) lockHolders(ctx context.Context, db querier, keys []string) ([]LockHolder, error) {
-	rows, err := db.Query(ctx, lockHoldersSQL, keys)
+func (r *adminRepository) lockHolders(ctx context.Context, db store.Querier, keys []string) ([]LockHolder, error) {
+	rows, err := db.Query(ctx, store.LockHoldersSQL, keys)
 	if err != nil {
 		return nil, err
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"slices"
 	"sync"
@@ -60,20 +59,6 @@ const (
 	// listenRetryMax caps the wait before the listener connects again.
 	listenRetryMax = 30 * time.Second
 )
-
-// wakeChannel is the NOTIFY channel of table: "relay:" and the table's name
-// without its schema (producers and relays may name it either way), cut
-// with a hash of the whole past PostgreSQL's 63 bytes.
-func wakeChannel(table pgx.Identifier) string {
-	name := "relay:" + table[len(table)-1]
-	if len(name) > 63 {
-		h := fnv.New32a()
-		h.Write([]byte(name))
-		tag := fmt.Sprintf("_%08x", h.Sum32())
-		name = name[:63-len(tag)] + tag
-	}
-	return name
-}
 
 // The timings of a producer process's wake-up attempts (see above).
 const (
@@ -167,7 +152,7 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 	if !wake {
 		attempted.Do(func() { close(l.attempted) }) // no LISTEN to wait for
 	}
-	channel := wakeChannel(r.tableID)
+	channel := store.WakeChannel(r.tableID)
 	wait, reconnect := time.Second, false
 	for ctx.Err() == nil {
 		conn, pid, err := r.openListener(ctx, channel, wake)
@@ -288,7 +273,7 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 	}
 	lctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
 	defer cancel()
-	if _, err := conn.Exec(lctx, listenSQL(channel)); err != nil {
+	if _, err := conn.Exec(lctx, store.ListenSQL(channel)); err != nil {
 		return fail(err)
 	}
 	var token [8]byte
@@ -298,7 +283,7 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 	// proxy the LISTEN's server connection went back to the proxy's pool, and
 	// a notification to it never reaches this client, even if the proxy
 	// happens to lend this client the same server connection again.
-	if err := wakeProbe(lctx, r.pool, channel, probe); err != nil {
+	if err := store.WakeProbe(lctx, r.pool, channel, probe); err != nil {
 		return fail(err)
 	}
 	for {
@@ -315,7 +300,7 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 }
 
 // waitForWakeUps wakes the loop for each notification of a type this relay
-// delivers, runs the statements handed to the session (the loop's idle poll,
+// delivers, runs the store.statements handed to the session (the loop's idle poll,
 // session.go), and the presence keepalive when no statement ran for
 // presenceBeat, until ctx ends or the connection fails. The wait is cut by
 // the socket's read deadline, which leaves the connection usable (as the
@@ -356,4 +341,20 @@ func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop, pid
 			l.wakeUp()
 		}
 	}
+}
+
+// WakeTriggerSQL returns the DDL of a trigger that wakes the relays of table
+// (optionally schema-qualified) whenever rows are inserted by any producer,
+// for producers that do not call [Enqueue] (a JVM service, plain SQL). It is
+// idempotent. One statement notifies once per type it inserted; of several
+// transactions inserting at once, only the one holding the wake-up token
+// carries the NOTIFY, so the producers' commits stay concurrent. Its price is
+// one more function call per INSERT statement. Unlike Enqueue it has no
+// window of its own: while a long transaction holds the token, the relays
+// find the rows of the others at their next poll.
+func WakeTriggerSQL(table string) (string, error) { return store.WakeTriggerSQL(table) }
+
+// CreateWakeTrigger installs [WakeTriggerSQL]'s trigger on table.
+func CreateWakeTrigger(ctx context.Context, db Beginner, table string) error {
+	return store.CreateWakeTrigger(ctx, db, table)
 }

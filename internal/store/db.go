@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/lease"
 )
 
 // Execer runs a statement: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx
@@ -86,4 +88,18 @@ func SQLState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// ErrTransactionPooling says the pool does not keep a session between
+// statements: a pooler in transaction or statement mode sits between the
+// relay and PostgreSQL (relay.ErrTransactionPooling).
+var ErrTransactionPooling = errors.New("relay: transaction pooling: the pool does not keep its session between Statements " +
+	"(a pooler such as PgBouncer in pool_mode=transaction or statement sits in front of PostgreSQL); " +
+	"elections hold session advisory locks: connect the relay through pool_mode=session or directly to PostgreSQL")
+
+// SessionMoved is the error of a statement that should have run on the
+// lock's session, backend pid, and ran on backend got.
+func SessionMoved(what string, pid, got uint32) error {
+	return fmt.Errorf("%w: %w: %s ran on backend %d, not on the lock's session (backend %d)",
+		lease.ErrLost, ErrTransactionPooling, what, got, pid)
 }

@@ -1,14 +1,19 @@
-package relay
+package headers
 
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/internal/pgserver"
 )
+
+// TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, or the local
+// binaries): the parser is held to what the server writes.
+func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL")) }
 
 // headersSeeds are header objects as text, as PostgreSQL writes them and not.
 var headersSeeds = []string{
@@ -23,7 +28,7 @@ var headersSeeds = []string{
 // does, whenever it reads it at all.
 func checkParseHeaders(t *testing.T, text string) {
 	t.Helper()
-	got, ok := parseHeaders([]byte(text))
+	got, ok := parse([]byte(text))
 	if !ok {
 		return // json.Unmarshal judges it
 	}
@@ -60,12 +65,12 @@ func TestParseHeadersReadsWhatTheServerWrites(t *testing.T) {
 		{"X-Tenant": "acme"},
 		{"X-Quote": `say "hi" \ / done`, "X-Tab": "a\tb", "X-Text": "ação ✓ 😀", "X-Empty": ""},
 	} {
-		require.NoError(t, validateHeaders(h))
-		stored, err := encodeHeaders(h)
+		require.NoError(t, Validate(h))
+		stored, err := Encode(h)
 		require.NoError(t, err)
 		var text []byte
 		require.NoError(t, pool.QueryRow(context.Background(), `SELECT $1::jsonb::text`, *stored).Scan(&text))
-		got, ok := parseHeaders(text)
+		got, ok := parse(text)
 		require.True(t, ok, "the server wrote %s", text)
 		require.Equal(t, h, got, "the server wrote %s", text)
 	}
@@ -79,7 +84,7 @@ func BenchmarkDecodeHeaders(b *testing.B) {
 	b.Run("decodeHeaders", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := decodeHeaders(text); err != nil {
+			if _, err := Decode(text); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,4 +1,4 @@
-package relay
+package store
 
 import (
 	"embed"
@@ -41,7 +41,7 @@ import (
 // for the heartbeat (its start) and per connection for the listener's
 // LISTEN (its channel). Enqueue's insert is rendered once and cut where its
 // per-call table goes. {{.Table}} is the quoted table; {{if .Backoff}},
-// {{if .Async}}, {{if .Partitioned}}, {{if .Wake}} the options (sqlData);
+// {{if .Async}}, {{if .Partitioned}}, {{if .Wake}} the options (Data);
 // {{template "name" .}} includes another statement of any file, a fragment.
 // TestSQLFiles checks that every statement is used, lists only its own
 // parameters, and is sent with exactly its arguments.
@@ -59,7 +59,7 @@ type sqlSet struct {
 	files  map[string]string   // a statement's file
 }
 
-var statements = mustParseSQL(sqlFiles)
+var Statements = mustParseSQL(sqlFiles)
 
 func mustParseSQL(fsys fs.FS) *sqlSet {
 	s, err := parseSQL(fsys)
@@ -137,8 +137,8 @@ func (s *sqlSet) parseFile(path, data string) error {
 	return flush()
 }
 
-// sqlData is what a statement's template reads.
-type sqlData struct {
+// Data is what a statement's template reads.
+type Data struct {
 	Table       string // the quoted, possibly schema-qualified table
 	Backoff     bool   // Config.RetryBackoff is set
 	Async       bool   // Config.AsyncCommit
@@ -160,14 +160,14 @@ type sqlData struct {
 }
 
 // As is d for a fragment that reads the rows of alias.
-func (d sqlData) As(alias string) sqlData { d.Alias = alias; return d }
+func (d Data) As(alias string) Data { d.Alias = alias; return d }
 
 // Failing is d for the branch of failed rows whose attempts match attempts.
-func (d sqlData) Failing(attempts string) sqlData { d.Attempts = attempts; return d }
+func (d Data) Failing(attempts string) Data { d.Attempts = attempts; return d }
 
 // text renders statement name for d. A statement that does not render is a
 // bug of the package: it panics.
-func (s *sqlSet) text(name string, d sqlData) string {
+func (s *sqlSet) Text(name string, d Data) string {
 	var b strings.Builder
 	if err := s.tmpl.ExecuteTemplate(&b, name, d); err != nil {
 		panic("relay: statement " + name + ": " + err.Error())
@@ -176,19 +176,19 @@ func (s *sqlSet) text(name string, d sqlData) string {
 }
 
 // named renders statement name for d and numbers its parameters.
-func (s *sqlSet) named(name string, d sqlData) namedSQL {
-	return numbered(s.text(name, d), s.params[name])
+func (s *sqlSet) Named(name string, d Data) NamedSQL {
+	return numbered(s.Text(name, d), s.params[name])
 }
 
 // positional renders statement name for d and numbers its parameters, for a
 // caller that passes its arguments in the order of the statement's marker.
-func (s *sqlSet) positional(name string, d sqlData) string {
-	return s.named(name, d).sql
+func (s *sqlSet) Positional(name string, d Data) string {
+	return s.Named(name, d).sql
 }
 
-// namedSQL is a statement whose parameters were named ("@max") and numbered
+// NamedSQL is a statement whose parameters were named ("@max") and numbered
 // ($1) by numbered.
-type namedSQL struct {
+type NamedSQL struct {
 	sql   string
 	names []string
 }
@@ -197,8 +197,8 @@ var paramName = regexp.MustCompile(`@[a-z][a-z0-9_]*`)
 
 // numbered numbers the named parameters of a statement: those of order
 // first, in its order, then the others in order of first appearance.
-func numbered(text string, order []string) namedSQL {
-	var n namedSQL
+func numbered(text string, order []string) NamedSQL {
+	var n NamedSQL
 	index := map[string]int{}
 	for _, name := range order {
 		n.names = append(n.names, name)
@@ -218,7 +218,7 @@ func numbered(text string, order []string) namedSQL {
 
 // args orders values by the statement's parameters; a name it lacks is a
 // bug, and panics.
-func (n namedSQL) args(values map[string]any) []any {
+func (n NamedSQL) Args(values map[string]any) []any {
 	args := make([]any, len(n.names))
 	for i, name := range n.names {
 		v, ok := values[name]
@@ -229,3 +229,15 @@ func (n namedSQL) args(values map[string]any) []any {
 	}
 	return args
 }
+
+// Files maps each statement's name to its file (TestSQLFiles).
+func (s *sqlSet) Files() map[string]string { return s.files }
+
+// Params maps each statement's name to its listed parameters (TestSQLFiles).
+func (s *sqlSet) Params() map[string][]string { return s.params }
+
+// SQL is the statement's text, its parameters numbered.
+func (n NamedSQL) SQL() string { return n.sql }
+
+// Names are the statement's parameters, in the order of their numbers.
+func (n NamedSQL) Names() []string { return n.names }

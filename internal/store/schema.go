@@ -1,4 +1,4 @@
-package relay
+package store
 
 import (
 	"context"
@@ -15,9 +15,9 @@ import (
 // identifierRE is what a part of Config.Table may be: a plain SQL identifier.
 var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
-// parseTable validates a possibly schema-qualified table name and returns it as
+// ParseTable validates a possibly schema-qualified table name and returns it as
 // an identifier, so that it is always quoted and never pasted into SQL as given.
-func parseTable(name string) (pgx.Identifier, error) {
+func ParseTable(name string) (pgx.Identifier, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
 		return nil, fmt.Errorf("table %q: want name or schema.name", name)
@@ -31,31 +31,31 @@ func parseTable(name string) (pgx.Identifier, error) {
 }
 
 // schemaLockSQL serialises the replicas that create a table's DDL at once.
-var schemaLockSQL = statements.positional("schemaLock", sqlData{})
+var schemaLockSQL = Statements.Positional("schemaLock", Data{})
 
 // SchemaSQL returns the outbox table's DDL for table (optionally schema-qualified),
 // for adopters who keep it in their own migrations. It is idempotent.
 func SchemaSQL(table string) (string, error) {
-	id, err := parseTable(table)
+	id, err := ParseTable(table)
 	if err != nil {
 		return "", fmt.Errorf("relay: %w", err)
 	}
 	name := id[len(id)-1]
-	return statements.text("schema", sqlData{
+	return Statements.Text("schema", Data{
 		Table:        id.Sanitize(),
-		OutboxIndex:  indexName(name, "_outbox"),
-		PendingIndex: indexName(name, "_outbox_pending"),
-		ErrorIndex:   indexName(name, "_outbox_error"),
-		RetryIndex:   indexName(name, "_outbox_retry"),
-		KeyIndex:     indexName(name, "_outbox_key"),
+		OutboxIndex:  IndexName(name, "_outbox"),
+		PendingIndex: IndexName(name, "_outbox_pending"),
+		ErrorIndex:   IndexName(name, "_outbox_error"),
+		RetryIndex:   IndexName(name, "_outbox_retry"),
+		KeyIndex:     IndexName(name, "_outbox_key"),
 	}) + "\n", nil // a script ends its last line
 }
 
-// indexName is table+suffix. Past PostgreSQL's 63 bytes, the table's part is
+// IndexName is table+suffix. Past PostgreSQL's 63 bytes, the table's part is
 // cut and a hash of the whole name keeps it apart from another long table with
 // the same beginning: two tables never share an index name (with IF NOT
 // EXISTS, the second would silently get no index).
-func indexName(table, suffix string) string {
+func IndexName(table, suffix string) string {
 	if len(table)+len(suffix) > 63 {
 		h := fnv.New32a()
 		h.Write([]byte(table))
@@ -65,7 +65,8 @@ func indexName(table, suffix string) string {
 	return pgx.Identifier{table + suffix}.Sanitize()
 }
 
-// Beginner starts a transaction: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+// Beginner is what CreateTable and CreateWakeTrigger run their DDL on
+// (relay.Beginner): *pgxpool.Pool, *pgx.Conn, pgx.Tx.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }

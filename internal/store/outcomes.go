@@ -1,4 +1,4 @@
-package relay
+package store
 
 import (
 	"context"
@@ -11,8 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/xadm/relay/internal/store"
 )
 
 // The pass's outcomes; their statements are in sql/outcomes.sql.
@@ -20,7 +18,7 @@ import (
 // record writes the outcomes ds: one in its own short transaction, several in
 // one statement. Each row is fenced on the state the pass read; it returns the
 // ids of the rows that had moved on and were left alone.
-func (r *repository) record(ctx context.Context, db querier, ds []store.Outcome) (stale map[int64]bool, err error) {
+func (r *Table) Record(ctx context.Context, db querier, ds []Outcome) (stale map[int64]bool, err error) {
 	if len(ds) == 1 {
 		d := &ds[0]
 		sql, args := r.sentSQL, []any{d.ID, d.Status, d.ReadAttempts}
@@ -54,9 +52,9 @@ func (r *repository) record(ctx context.Context, db querier, ds []store.Outcome)
 	for i := range ds {
 		d := &ds[i]
 		ids[i], statuses[i], attempts[i] = d.ID, d.Status, d.ReadAttempts
-		newStatuses[i], newAttempts[i] = store.StatusSent, d.NewAttempts
+		newStatuses[i], newAttempts[i] = StatusSent, d.NewAttempts
 		if !d.Sent {
-			newStatuses[i] = store.StatusError
+			newStatuses[i] = StatusError
 			errs[i] = &d.LastError
 		}
 	}
@@ -98,10 +96,10 @@ func staleOf(rows pgx.Rows, ids []int64) (map[int64]bool, error) {
 
 // allSentFresh reports whether every delivery of ds was sent from a row read
 // as PENDING with no attempt: the common group, which has its own statement.
-func allSentFresh(ds []store.Outcome) bool {
+func allSentFresh(ds []Outcome) bool {
 	for i := range ds {
 		m := &ds[i]
-		if !m.Sent || !m.Status.Valid || m.Status.String != store.StatusPending || !m.ReadAttempts.Valid || m.ReadAttempts.Int64 != 0 {
+		if !m.Sent || !m.Status.Valid || m.Status.String != StatusPending || !m.ReadAttempts.Valid || m.ReadAttempts.Int64 != 0 {
 			return false
 		}
 	}
@@ -118,14 +116,14 @@ func allSentFresh(ds []store.Outcome) bool {
 // It needs named prepared statements; on a connection whose pgx mode does not
 // prepare statements (configured for a transaction-pooling proxy), it writes
 // them one by one.
-func (r *repository) recordEach(ctx context.Context, c *pgxpool.Conn, ds []store.Outcome) (stale map[int64]bool, failed map[int64]error, err error) {
+func (r *Table) RecordEach(ctx context.Context, c *pgxpool.Conn, ds []Outcome) (stale map[int64]bool, failed map[int64]error, err error) {
 	stale, failed = map[int64]bool{}, map[int64]error{}
 	conn := c.Conn()
 	if mode := conn.Config().DefaultQueryExecMode; mode != pgx.QueryExecModeCacheStatement && mode != pgx.QueryExecModeCacheDescribe {
 		for _, d := range ds {
-			st, err := r.record(ctx, c, []store.Outcome{d})
+			st, err := r.Record(ctx, c, []Outcome{d})
 			if err != nil {
-				if store.SQLState(err) == "" || store.ConnectionFailed(err) {
+				if SQLState(err) == "" || ConnectionFailed(err) {
 					return nil, nil, err
 				}
 				failed[d.ID] = err
@@ -182,7 +180,7 @@ func (r *repository) recordEach(ctx context.Context, c *pgxpool.Conn, ds []store
 			}
 		}
 		if err != nil {
-			if store.SQLState(err) == "" || store.ConnectionFailed(err) {
+			if SQLState(err) == "" || ConnectionFailed(err) {
 				p.Close()
 				return nil, nil, err
 			}
@@ -207,14 +205,14 @@ func statementName(sql string) string {
 }
 
 // states reads the current state of rows by id; a missing row is absent.
-func (r *repository) states(ctx context.Context, db querier, ids []int64) (map[int64]store.State, error) {
+func (r *Table) States(ctx context.Context, db querier, ids []int64) (map[int64]State, error) {
 	rows, err := db.Query(ctx, r.stateSQL, ids)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[int64]store.State, len(ids))
+	out := make(map[int64]State, len(ids))
 	var id int64
-	var st store.State
+	var st State
 	_, err = pgx.ForEachRow(rows, []any{&id, &st.Status, &st.Attempts}, func() error {
 		out[id] = st
 		return nil

@@ -1,4 +1,4 @@
-package relay
+package store
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/xadm/relay/internal/store"
+	"github.com/xadm/relay/internal/headers"
 )
 
 // The pass's reads; their statements are in sql/pass.sql, and those of the
@@ -20,8 +20,8 @@ import (
 
 // execer and querier are what the statements run on (internal/store).
 type (
-	execer  = store.Execer
-	querier = store.Querier
+	execer  = Execer
+	querier = Querier
 )
 
 // inlinePayloadMax is the stored size (pg_column_size, perhaps compressed) up
@@ -29,15 +29,15 @@ type (
 // after its size was checked, so a batch never holds more than BatchBytes.
 const inlinePayloadMax = 8 << 10
 
-// repository holds the statements of one table, built once by newRepository.
-type repository struct {
+// Table holds the statements of one table, built once by NewTable.
+type Table struct {
 	table string // quoted
 	name  string // as configured, for to_regclass
 	// fetchSQL is the select, by whether it is of this replica's partitions
 	// only, reads the optional headers column, and leaves types out.
-	fetchSQL     [2][2][2]namedSQL
-	pollSQL      namedSQL
-	partWorkSQL  namedSQL // the partitioned member's check for work, in its rebalance's round trip
+	fetchSQL     [2][2][2]NamedSQL
+	pollSQL      NamedSQL
+	partWorkSQL  NamedSQL // the partitioned member's check for work, in its rebalance's round trip
 	payloadSQL   string
 	sentSQL      string
 	errorSQL     string
@@ -52,109 +52,109 @@ type repository struct {
 }
 
 // preflightSQL is sent with the first select of a pass (sql/pass.sql).
-var preflightSQL = statements.positional("preflight", sqlData{})
+var preflightSQL = Statements.Positional("preflight", Data{})
 
 // genericPlansSQL is sent first with every select (sql/pass.sql).
-var genericPlansSQL = statements.positional("genericPlans", sqlData{})
+var genericPlansSQL = Statements.Positional("genericPlans", Data{})
 
-// newRepository builds the statements of the pass and its outcomes for
+// NewTable builds the statements of the pass and its outcomes for
 // table, once: the select with and without partitions, the idle poll, the
 // fenced outcomes with or without AsyncCommit.
-func newRepository(table string, backoff time.Duration, asyncCommit bool) (*repository, error) {
-	id, err := parseTable(table)
+func NewTable(table string, backoff, backoffMax time.Duration, asyncCommit bool) (*Table, error) {
+	id, err := ParseTable(table)
 	if err != nil {
 		return nil, err
 	}
 	t := id.Sanitize()
-	r := &repository{table: t, name: t, backoff: backoff.Seconds(), backoffMax: retryBackoffMax.Seconds()}
-	d := sqlData{Table: t, Backoff: r.backoff != 0, Async: asyncCommit, InlinePayloadMax: inlinePayloadMax}
+	r := &Table{table: t, name: t, backoff: backoff.Seconds(), backoffMax: backoffMax.Seconds()}
+	d := Data{Table: t, Backoff: r.backoff != 0, Async: asyncCommit, InlinePayloadMax: inlinePayloadMax}
 	for _, parts := range []bool{false, true} {
-		for _, headers := range []bool{false, true} {
+		for _, hdrs := range []bool{false, true} {
 			for _, others := range []bool{false, true} {
 				v := d
-				v.Partitioned, v.Headers, v.Others = parts, headers, others
-				r.fetchSQL[b2i(parts)][b2i(headers)][b2i(others)] = statements.named("fetch", v)
+				v.Partitioned, v.Headers, v.Others = parts, hdrs, others
+				r.fetchSQL[b2i(parts)][b2i(hdrs)][b2i(others)] = Statements.Named("fetch", v)
 			}
 		}
 	}
 	part := d
 	part.Partitioned = true
-	r.headersAddedSQL = statements.positional("headersAdded", d)
-	r.pollSQL = statements.named("poll", d)
-	r.partWorkSQL = statements.named("partitionWork", part)
-	r.payloadSQL = statements.positional("payload", d)
-	r.probeSQL = statements.positional("probe", d)
-	r.sentSQL = statements.positional("outcomeSent", d)
-	r.errorSQL = statements.positional("outcomeError", d)
-	r.groupSQL = statements.positional("outcomeGroup", d)
-	r.groupSentSQL = statements.positional("outcomeGroupSent", d)
-	r.stateSQL = statements.positional("rowStates", d)
+	r.headersAddedSQL = Statements.Positional("headersAdded", d)
+	r.pollSQL = Statements.Named("poll", d)
+	r.partWorkSQL = Statements.Named("partitionWork", part)
+	r.payloadSQL = Statements.Positional("payload", d)
+	r.probeSQL = Statements.Positional("probe", d)
+	r.sentSQL = Statements.Positional("outcomeSent", d)
+	r.errorSQL = Statements.Positional("outcomeError", d)
+	r.groupSQL = Statements.Positional("outcomeGroup", d)
+	r.groupSentSQL = Statements.Positional("outcomeGroupSent", d)
+	r.stateSQL = Statements.Positional("rowStates", d)
 	return r, nil
 }
 
-// fetchArgs are what one select asks for.
-type fetchArgs struct {
-	maxAttempts int
-	types       []string
-	others      []string // the types left out whose earlier rows of a key hold back its later ones; nil: none
-	limit       int
-	maxBytes    int
-	after       int64  // only rows past this id: a drain's next batch, while the last one's outcomes are written
-	partitions  int    // Config.Partitions, when parts is set
-	parts       []int  // only rows of these partitions; nil: every row
-	preflight   bool   // the pass's first select: ask whether the server is writable
-	headers     bool   // the table has the headers column: read it
-	source      string // the schema-qualified table, for Message.IdempotencyKey
+// FetchArgs are what one select asks for.
+type FetchArgs struct {
+	MaxAttempts int
+	Types       []string
+	Others      []string // the types left out whose earlier rows of a key hold back its later ones; nil: none
+	Limit       int
+	MaxBytes    int
+	After       int64  // only rows past this id: a drain's next batch, while the last one's outcomes are written
+	Partitions  int    // Config.Partitions, when parts is set
+	Parts       []int  // only rows of these partitions; nil: every row
+	Preflight   bool   // the pass's first select: ask whether the server is writable
+	Headers     bool   // the table has the headers column: read it
+	Source      string // the schema-qualified table, for Message.IdempotencyKey
 }
 
 // fetch selects one batch, outside any transaction, and loads its large
 // payloads within maxBytes: the batch is cut short before the row that would
 // exceed it (the rest wait for the next batch), and a row whose payload alone
 // exceeds it comes back marked bad.
-func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (store.Batch, error) {
-	var f store.Batch
-	sql := r.fetchSQL[b2i(a.parts != nil)][b2i(a.headers)][b2i(a.others != nil)]
-	args := sql.args(map[string]any{"max": a.maxAttempts, "types": a.types, "limit": a.limit, "after": a.after,
-		"backoff": r.backoff, "cap": r.backoffMax, "n": a.partitions, "parts": a.parts, "others": a.others})
+func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, error) {
+	var f Batch
+	sql := r.fetchSQL[b2i(a.Parts != nil)][b2i(a.Headers)][b2i(a.Others != nil)]
+	args := sql.Args(map[string]any{"max": a.MaxAttempts, "types": a.Types, "limit": a.Limit, "after": a.After,
+		"backoff": r.backoff, "cap": r.backoffMax, "n": a.Partitions, "parts": a.Parts, "others": a.Others})
 	b := &pgx.Batch{}
 	b.Queue(genericPlansSQL)
-	if a.preflight {
+	if a.Preflight {
 		b.Queue(preflightSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.ReadOnly, &f.Now) })
-		if !a.headers {
+		if !a.Headers {
 			b.Queue(r.headersAddedSQL, r.name).QueryRow(func(row pgx.Row) error { return row.Scan(&f.HeadersAdded) })
 		}
 	}
 	b.Queue(sql.sql, args...).Query(func(rows pgx.Rows) error {
-		f.Rows = make([]store.Row, 0, min(a.limit, 1024))
-		budget := a.maxBytes
+		f.Rows = make([]Row, 0, min(a.Limit, 1024))
+		budget := a.MaxBytes
 		// The scan's targets, once per batch: handed to Scan as pointers, they
 		// live on the heap, and a row's own copy goes into f.rows (pgx gives
 		// each row's bytes a slice of their own).
 		var (
-			m       store.Row
+			m       Row
 			typ     string
 			key     pgtype.Text
 			created pgtype.Timestamptz
 			stored  pgtype.Int4
 			payload []byte
-			headers []byte
+			hdrs    []byte
 		)
-		dest := []any{&m.ID, &typ, &key, &m.Status, &m.ReadAttempts, &created, &stored, &payload, &headers}
-		if !a.headers {
+		dest := []any{&m.ID, &typ, &key, &m.Status, &m.ReadAttempts, &created, &stored, &payload, &hdrs}
+		if !a.Headers {
 			dest = dest[:len(dest)-1]
 		}
 		for rows.Next() {
-			m, created, headers = store.Row{}, pgtype.Timestamptz{}, nil
+			m, created, hdrs = Row{}, pgtype.Timestamptz{}, nil
 			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
-			m.Type, m.Source, m.Key = typ, a.source, key.String
+			m.Type, m.Source, m.Key = typ, a.Source, key.String
 			m.Attempts = int(m.ReadAttempts.Int64) // 0 when NULL
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
 				m.CreatedAt = created.Time
 			}
 			var headersErr error
-			m.Headers, headersErr = decodeHeaders(headers)
+			m.Headers, headersErr = headers.Decode(hdrs)
 			switch {
 			case !key.Valid:
 				m.Bad = "natural_key is NULL: a message needs its natural key"
@@ -166,8 +166,8 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (store.
 				m.Large, m.Size = true, int(stored.Int32) // loaded below, within the budget
 			default:
 				m.Payload, m.Size = payload, len(payload)
-				if m.Size > a.maxBytes {
-					m.Bad, m.Payload = tooLarge(m.Size, a.maxBytes), nil
+				if m.Size > a.MaxBytes {
+					m.Bad, m.Payload = tooLarge(m.Size, a.MaxBytes), nil
 				}
 			}
 			if m.Bad == "" && !m.Large {
@@ -179,19 +179,19 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (store.
 			}
 			f.Rows = append(f.Rows, m)
 		}
-		f.Full = f.Full || len(f.Rows) >= a.limit
+		f.Full = f.Full || len(f.Rows) >= a.Limit
 		return rows.Err()
 	})
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
-		return store.Batch{}, err
+		return Batch{}, err
 	}
-	return f, r.loadLarge(ctx, db, &f, a.maxBytes)
+	return f, r.LoadLarge(ctx, db, &f, a.MaxBytes)
 }
 
 // loadLarge loads the payloads the select left out, in id order, while the
 // batch's payloads stay within maxBytes; it cuts the batch before the first
 // row that would exceed it, without reading that row's payload.
-func (r *repository) loadLarge(ctx context.Context, db querier, f *store.Batch, maxBytes int) error {
+func (r *Table) LoadLarge(ctx context.Context, db querier, f *Batch, maxBytes int) error {
 	held := 0
 	kept := f.Rows[:0]
 	for i := range f.Rows {
@@ -201,7 +201,7 @@ func (r *repository) loadLarge(ctx context.Context, db querier, f *store.Batch, 
 			if len(kept) > 0 {
 				room = maxBytes - held
 			}
-			n, payload, found, err := r.loadPayload(ctx, db, m.ID, room)
+			n, payload, found, err := r.LoadPayload(ctx, db, m.ID, room)
 			switch {
 			case err != nil:
 				return err
@@ -235,7 +235,7 @@ const payloadChunkBytes = 1 << 20
 // loadPayload reads the payload of row id, in chunks, if it is at most room
 // bytes: n is its size (nil: NULL), payload is nil when it is larger than room
 // (or NULL), found is false when the row is gone.
-func (r *repository) loadPayload(ctx context.Context, db querier, id int64, room int) (n *int32, payload []byte, found bool, err error) {
+func (r *Table) LoadPayload(ctx context.Context, db querier, id int64, room int) (n *int32, payload []byte, found bool, err error) {
 	rows, err := db.Query(ctx, r.payloadSQL, id, room, payloadChunkBytes)
 	if err != nil {
 		return nil, nil, false, err
@@ -294,8 +294,8 @@ func tooLarge(size, limit int) string {
 //
 // mark starts the statement: on the relay's own session, the presence
 // comment, which pg_stat_activity.query must go on showing (presence.go).
-func (r *repository) poll(ctx context.Context, db querier, mark string, maxAttempts int, types []string, key string) (readOnly, won, work bool, pid uint32, err error) {
-	args := r.pollSQL.args(map[string]any{"max": maxAttempts, "types": types, "limit": 1, "after": int64(math.MinInt64),
+func (r *Table) Poll(ctx context.Context, db querier, mark string, maxAttempts int, types []string, key string) (readOnly, won, work bool, pid uint32, err error) {
+	args := r.pollSQL.Args(map[string]any{"max": maxAttempts, "types": types, "limit": 1, "after": int64(math.MinInt64),
 		"backoff": r.backoff, "cap": r.backoffMax, "key": key})
 	err = db.QueryRow(ctx, mark+r.pollSQL.sql, args...).Scan(&readOnly, &won, &work, &pid)
 	return readOnly, won, work, pid, err
@@ -303,17 +303,17 @@ func (r *repository) poll(ctx context.Context, db querier, mark string, maxAttem
 
 // partitionWork is the check, sent in a member's rebalance round trip, for
 // rows to deliver in the partitions parts of n.
-func (r *repository) partitionWork(maxAttempts int, types []string, n int, parts []int) *workCheck {
-	return &workCheck{sql: r.partWorkSQL.sql, args: r.partWorkSQL.args(map[string]any{"max": maxAttempts, "types": types,
+func (r *Table) PartitionWork(maxAttempts int, types []string, n int, parts []int) *WorkCheck {
+	return &WorkCheck{sql: r.partWorkSQL.sql, args: r.partWorkSQL.Args(map[string]any{"max": maxAttempts, "types": types,
 		"limit": 1, "after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax, "n": n, "parts": parts})}
 }
 
-// tableInfo is what the relay learns of its table before the first pass.
-type tableInfo struct {
-	qualified string // "schema.table", as Message.IdempotencyKey names it
-	errWidth  int    // characters last_error holds; 0: as many as lastErrorMax
-	headers   bool   // it has the optional headers column (a JVM-made table has not)
-	keyIndex  bool   // an index leads with (natural_key, id) over the live rows: selects may leave types out
+// TableInfo is what the relay learns of its table before the first pass.
+type TableInfo struct {
+	Qualified string // "schema.table", as Message.IdempotencyKey names it
+	ErrWidth  int    // characters last_error holds; 0: as many as lastErrorMax
+	Headers   bool   // it has the optional headers column (a JVM-made table has not)
+	KeyIndex  bool   // an index leads with (natural_key, id) over the live rows: selects may leave types out
 }
 
 // requiredColumns are the columns the pass reads and writes.
@@ -322,17 +322,17 @@ var requiredColumns = []string{"id", "direction", "type", "natural_key", "payloa
 
 // probe learns the table: that it exists with the columns the relay needs,
 // its schema-qualified name, and the width of last_error.
-func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
+func (r *Table) Probe(ctx context.Context, db querier) (TableInfo, error) {
 	var schema, name string
 	var columns []string
 	var width int32
 	var keyIndex bool
 	err := db.QueryRow(ctx, r.probeSQL, r.table).Scan(&schema, &name, &columns, &width, &keyIndex)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return tableInfo{}, fmt.Errorf("table %s does not exist (as the search_path resolves it): create it with relay.CreateTable or relay.SchemaSQL", r.table)
+		return TableInfo{}, fmt.Errorf("table %s does not exist (as the search_path resolves it): create it with relay.CreateTable or relay.SchemaSQL", r.table)
 	}
 	if err != nil {
-		return tableInfo{}, err
+		return TableInfo{}, err
 	}
 	var missing []string
 	for _, c := range requiredColumns {
@@ -341,11 +341,11 @@ func (r *repository) probe(ctx context.Context, db querier) (tableInfo, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return tableInfo{}, fmt.Errorf("table %s.%s lacks the column(s) %s that the relay reads and writes (see relay.SchemaSQL)",
+		return TableInfo{}, fmt.Errorf("table %s.%s lacks the column(s) %s that the relay reads and writes (see relay.SchemaSQL)",
 			schema, name, strings.Join(missing, ", "))
 	}
-	return tableInfo{qualified: schema + "." + name, errWidth: int(width), headers: slices.Contains(columns, headersColumn),
-		keyIndex: keyIndex}, nil
+	return TableInfo{Qualified: schema + "." + name, ErrWidth: int(width), Headers: slices.Contains(columns, headers.Column),
+		KeyIndex: keyIndex}, nil
 }
 
 // b2i is 1 for true, 0 for false: an index into the statements' variants.
@@ -354,4 +354,12 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// FetchSQL is the select of a batch of at most limit rows of types from the
+// start, with its arguments, as a pass sends it (for EXPLAIN).
+func (r *Table) FetchSQL(maxAttempts int, types []string, limit int) (string, []any) {
+	q := r.fetchSQL[0][0][0]
+	return q.sql, q.Args(map[string]any{"max": maxAttempts, "types": types, "limit": limit,
+		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
 }

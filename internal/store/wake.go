@@ -1,8 +1,9 @@
-package relay
+package store
 
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -11,17 +12,17 @@ import (
 // The wake-up's statements, in sql/wake.sql; wake.go is the wake-up itself.
 
 // wakeProbeSQL is the listener's test notification.
-var wakeProbeSQL = statements.positional("wakeProbe", sqlData{})
+var wakeProbeSQL = Statements.Positional("wakeProbe", Data{})
 
-// wakeProbe notifies channel with payload, the listener's test notification.
-func wakeProbe(ctx context.Context, db execer, channel, payload string) error {
+// WakeProbe notifies channel with payload, the listener's test notification.
+func WakeProbe(ctx context.Context, db execer, channel, payload string) error {
 	_, err := db.Exec(ctx, wakeProbeSQL, channel, payload)
 	return err
 }
 
-// listenSQL subscribes a connection to channel.
-func listenSQL(channel string) string {
-	return statements.text("listen", sqlData{Channel: pgx.Identifier{channel}.Sanitize()})
+// ListenSQL subscribes a connection to channel.
+func ListenSQL(channel string) string {
+	return Statements.Text("listen", Data{Channel: pgx.Identifier{channel}.Sanitize()})
 }
 
 // WakeTriggerSQL returns the DDL of a trigger that wakes the relays of table
@@ -34,14 +35,14 @@ func listenSQL(channel string) string {
 // window of its own: while a long transaction holds the token, the relays
 // find the rows of the others at their next poll.
 func WakeTriggerSQL(table string) (string, error) {
-	id, err := parseTable(table)
+	id, err := ParseTable(table)
 	if err != nil {
 		return "", fmt.Errorf("relay: %w", err)
 	}
 	fn := append(pgx.Identifier{}, id...)
-	fn[len(fn)-1] = strings.Trim(indexName(id[len(id)-1], "_relay_wake"), `"`)
-	channel := wakeChannel(id)
-	return statements.text("wakeTrigger", sqlData{Table: id.Sanitize(), Function: fn.Sanitize(), Channel: quoteLiteral(channel)}) +
+	fn[len(fn)-1] = strings.Trim(IndexName(id[len(id)-1], "_relay_wake"), `"`)
+	channel := WakeChannel(id)
+	return Statements.Text("wakeTrigger", Data{Table: id.Sanitize(), Function: fn.Sanitize(), Channel: quoteLiteral(channel)}) +
 		"\n", nil // a script ends its last line
 }
 
@@ -63,3 +64,17 @@ func CreateWakeTrigger(ctx context.Context, db Beginner, table string) error {
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// WakeChannel is the NOTIFY channel of table: "relay:" and the table's name
+// without its schema (producers and relays may name it either way), cut
+// with a hash of the whole past PostgreSQL's 63 bytes.
+func WakeChannel(table pgx.Identifier) string {
+	name := "relay:" + table[len(table)-1]
+	if len(name) > 63 {
+		h := fnv.New32a()
+		h.Write([]byte(name))
+		tag := fmt.Sprintf("_%08x", h.Sum32())
+		name = name[:63-len(tag)] + tag
+	}
+	return name
+}

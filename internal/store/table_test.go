@@ -1,9 +1,9 @@
-package relay
+package store
 
 import (
 	"context"
-	"log/slog"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,31 +14,23 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/store"
 )
 
-// internalTable is a pool on the shared server and a table of the test's
-// name on it, dropped at its end.
-func internalTable(t *testing.T) (*pgxpool.Pool, string) {
+// TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, or the local
+// binaries) for the tests of the statements' effects and plans.
+func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL")) }
+
+// table is a pool on the shared server and a table of the test's name on
+// it, dropped at its end.
+func table(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), pgserver.Shared().URL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	table := pgserver.Name(t)
-	require.NoError(t, CreateTable(context.Background(), pool, table))
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
-	return pool, table
-}
-
-// internalConfig is internalTable's pool, and a relay configuration for its
-// table, with the test's name as app and a logger that drops everything.
-func internalConfig(t *testing.T) (*pgxpool.Pool, Config) {
-	t.Helper()
-	pool, table := internalTable(t)
-	cfg := DefaultConfig()
-	cfg.AppName, cfg.Table = pgserver.Name(t), table
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	return pool, cfg
+	name := pgserver.Name(t)
+	require.NoError(t, CreateTable(context.Background(), pool, name))
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+name) })
+	return pool, name
 }
 
 // TestAsyncCommitIsLocalToTheOutcome shows that AsyncCommit's statements turn
@@ -47,22 +39,22 @@ func internalConfig(t *testing.T) (*pgxpool.Pool, Config) {
 func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, table := internalTable(t)
+	pool, table := table(t)
 
 	for _, async := range []bool{false, true} {
-		repo, err := newRepository(table, 0, async)
+		repo, err := NewTable(table, 0, time.Hour, async)
 		require.NoError(t, err)
 		var id int64
 		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+table+" (type, natural_key, payload) VALUES ('t', 'k', '{}') RETURNING id").Scan(&id))
-		pending, zero := pgtype.Text{String: store.StatusPending, Valid: true}, pgtype.Int8{Valid: true}
-		m := store.Outcome{ID: id, Status: pending, ReadAttempts: zero, Sent: true}
-		for _, ds := range [][]store.Outcome{
+		pending, zero := pgtype.Text{String: StatusPending, Valid: true}, pgtype.Int8{Valid: true}
+		m := Outcome{ID: id, Status: pending, ReadAttempts: zero, Sent: true}
+		for _, ds := range [][]Outcome{
 			{m}, // one outcome
 			{m, {ID: -1, Status: pending, Sent: true}}, // a group
 		} {
 			var inside string
 			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if _, err := repo.record(ctx, tx, ds); err != nil {
+				if _, err := repo.Record(ctx, tx, ds); err != nil {
 					return err
 				}
 				return tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&inside)
@@ -83,9 +75,9 @@ func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
 
 func TestIndexNamesOfLongTablesStayApart(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, `"mensagem_m2m_outbox"`, indexName("mensagem_m2m", "_outbox"), "the brief's name, unchanged")
+	require.Equal(t, `"mensagem_m2m_outbox"`, IndexName("mensagem_m2m", "_outbox"), "the brief's name, unchanged")
 	long := strings.Repeat("a", 55)
-	a, b := indexName(long+"_one", "_outbox_retry"), indexName(long+"_two", "_outbox_retry")
+	a, b := IndexName(long+"_one", "_outbox_retry"), IndexName(long+"_two", "_outbox_retry")
 	require.NotEqual(t, a, b, "two long tables with one beginning")
 	require.LessOrEqual(t, len(a)-2, 63, "quotes aside, within PostgreSQL's identifier length")
 	require.LessOrEqual(t, len(b)-2, 63)
@@ -99,17 +91,17 @@ func TestIndexNamesOfLongTablesStayApart(t *testing.T) {
 func TestSelectRunsOnItsGenericPlan(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, table := internalTable(t)
+	pool, table := table(t)
 	_, err := pool.Exec(ctx, "INSERT INTO "+table+" (type, natural_key, payload) SELECT 't', 'k' || g, '{}' FROM generate_series(1, 20) g")
 	require.NoError(t, err)
-	repo, err := newRepository(table, 2*time.Second, false)
+	repo, err := NewTable(table, 2*time.Second, time.Hour, false)
 	require.NoError(t, err)
 	c, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer c.Release()
 	for i := range 8 {
-		f, err := repo.fetch(ctx, c, fetchArgs{maxAttempts: 10, types: []string{"t"}, limit: 5, maxBytes: 1 << 20,
-			after: math.MinInt64, preflight: i == 0, headers: true, source: table})
+		f, err := repo.Fetch(ctx, c, FetchArgs{MaxAttempts: 10, Types: []string{"t"}, Limit: 5, MaxBytes: 1 << 20,
+			After: math.MinInt64, Preflight: i == 0, Headers: true, Source: table})
 		require.NoError(t, err)
 		require.Len(t, f.Rows, 5)
 	}

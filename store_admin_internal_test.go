@@ -1,0 +1,68 @@
+package relay
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay/internal/sqltest"
+	"github.com/xadm/relay/internal/store"
+)
+
+// TestAdminStatements: every statement of Admin and of Enqueue (internal/store
+// renders them, the relay sends them) is sent, with exactly its parameters.
+// (internal/store's TestSQLFiles checks the others.)
+func TestAdminStatements(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var calls []sqltest.Call
+	q := sqltest.Recorder{Calls: &calls}
+	built := []string{store.PurgeCutoffSQL, store.ServerStateSQL, store.LockHoldersSQL}
+	for _, table := range []string{"outbox", "billing." + strings.Repeat("x", 63)} {
+		id, err := store.ParseTable(table)
+		require.NoError(t, err)
+		for _, channel := range []string{"", store.WakeChannel(id)} {
+			for _, headers := range []map[string]string{nil, {"traceparent": "t"}} {
+				_, _, _ = enqueue(ctx, q, id, Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`), Headers: headers}, channel, false)
+			}
+		}
+		for _, byWake := range store.EnqueueSQL {
+			for _, cut := range byWake {
+				built = append(built, cut[0]+id.Sanitize()+cut[1])
+			}
+		}
+		a, err := newAdminRepository(table)
+		require.NoError(t, err)
+		rv := reflect.ValueOf(a.AdminSQL).Elem()
+		for i := range rv.NumField() {
+			if strings.HasSuffix(rv.Type().Field(i).Name, "SQL") {
+				built = append(built, rv.Field(i).String())
+			}
+		}
+		cut := time.Now()
+		_, _ = a.countByStatus(ctx, q, 3)
+		_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1})
+		_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, Type: "t"})
+		_, _ = a.requeueAll(ctx, q, 3, []string{"t"})
+		_, _ = a.requeueType(ctx, q, 3, "t")
+		_, _ = a.requeueIDs(ctx, q, 3, []int64{1}, nil)
+		_, _ = a.cutoff(ctx, q, time.Hour)
+		_, _ = a.purgeChunk(ctx, q, cut, 10, nil)
+		_, _ = a.estimatePurge(ctx, q, cut, nil)
+		_, _ = a.purgeCounts(ctx, q, cut, 0, nil)
+		_, _ = a.purgeCounts(ctx, q, cut, 50_000, []string{"t"})
+		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute, true)
+		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute, false)
+		_, _ = a.liveGroups(ctx, q, 3)
+		_, _ = a.sentByType(ctx, q)
+		_, _ = a.server(ctx, q)
+		_, _ = a.sampleSent(ctx, q, 10)
+		_, _ = a.estimate(ctx, q, a.EstimateSentSQL)
+		_, _ = a.lockHolders(ctx, q, []string{"app"})
+	}
+	sqltest.Check(t, calls, built)
+}
