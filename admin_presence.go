@@ -100,7 +100,7 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 			if d, ok := parsePresenceComment(x.Query); ok && d.App == a.app && d.Replica == r.ID {
 				r.Types, r.Host, r.Process, r.Since = d.Types, d.Host, d.Process, d.Since
 				for _, p := range d.Paused {
-					r.Paused = append(r.Paused, PausedType{Type: p.Type, Reason: p.Reason, Since: p.Since, Until: p.Until, Probing: p.Probing})
+					r.Paused = append(r.Paused, PausedType(p))
 				}
 			}
 			hashes[i], nameHashes = x.TypeHashes, x.NameHashes
