@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -95,9 +96,9 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 		hashes := make(map[int][]int64)
 		var nameHashes []int64
 		for i, x := range rows {
-			r := Replica{ID: replicaID(x.Replica), MaxAttempts: x.MaxAttempts, Partitions: x.Partitions, PID: x.PID,
+			r := Replica{ID: election.ReplicaID(x.Replica), MaxAttempts: x.MaxAttempts, Partitions: x.Partitions, PID: x.PID,
 				ApplicationName: x.ApplicationName, ClientAddr: x.ClientAddr, BackendStart: x.BackendStart, Hidden: x.Hidden, At: x.At}
-			if d, ok := parsePresenceComment(x.Query); ok && d.App == a.app && d.Replica == r.ID {
+			if d, ok := election.ParseComment(x.Query); ok && d.App == a.app && d.Replica == r.ID {
 				r.Types, r.Host, r.Process, r.Since = d.Types, d.Host, d.Process, d.Since
 				for _, p := range d.Paused {
 					r.Paused = append(r.Paused, PausedType(p))

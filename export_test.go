@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -32,11 +33,9 @@ func WithWakeUpForTest(window, denseGap, forceAfter time.Duration) EnqueueOption
 // KeepElectionForTest makes r's loop keep its election between passes for
 // up to idle without work, instead of keptIdle. It must run before Start.
 func KeepElectionForTest(r *Relay, idle time.Duration) {
-	if e, ok := r.election.(*polledElection); ok {
-		e.keptIdle = idle
-		return
+	if !election.SetKeptIdle(r.election, idle) {
+		panic("relay: KeepElectionForTest: not the relay's own election")
 	}
-	panic("relay: KeepElectionForTest: not the relay's own election")
 }
 
 // IdleCheckNextForTest reports whether r's partitioned membership will look
@@ -44,10 +43,7 @@ func KeepElectionForTest(r *Relay, idle time.Duration) {
 // rebalancing (membership.idleCheck): its last pass was an idle one that
 // rebalanced.
 func IdleCheckNextForTest(r *Relay) bool {
-	m := r.election.(*memberElection).m
-	m.turn.Lock()
-	defer m.turn.Unlock()
-	return m.idle
+	return election.IdleCheckNext(r.election)
 }
 
 // RetryBackoffMaxForTest is the cap of the wait before an ERROR row is retried.
@@ -78,7 +74,5 @@ func MissTransactionPoolingForTest(r *Relay) {
 	if r.sessions == nil {
 		return // an election that takes no lock on the pool: nothing to check
 	}
-	r.sessions.mu.Lock()
-	defer r.sessions.mu.Unlock()
-	r.sessions.miss = true
+	r.sessions.MissForTest()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/pass"
 )
 
@@ -27,7 +28,7 @@ const (
 	// stopUnwind is how long Stop waits, once its ctx has ended and the sends
 	// in flight are cancelled, for the pass to record what it finished and
 	// release the election. Past it Stop returns, and what is left finishes
-	// in the background within pass.OutcomeTimeout + guardUnlockTimeout.
+	// in the background within pass.OutcomeTimeout + election.UnlockTimeout.
 	stopUnwind = time.Second
 	// warmConns is how many pooled connections the first message's path
 	// takes (the election's, the select's, a writer's), which warm opens;
@@ -41,11 +42,11 @@ type loop struct {
 	cancel    context.CancelFunc // hard stop: cancels the sends in flight
 	halt      chan struct{}      // closed on Stop: no new message, batch or pass
 	halted    sync.Once
-	wake      chan struct{} // a pass is wanted now (buffered: wake-ups coalesce)
-	listening chan struct{} // closed when the wake-up listener has returned (at once without one)
-	attempted chan struct{} // closed once the listener's first LISTEN has succeeded or failed (at once without one)
-	done      chan struct{} // closed when the loop has returned: its last pass unwound
-	own       *ownSession   // the relay's own session, for the idle poll (session.go)
+	wake      chan struct{}        // a pass is wanted now (buffered: wake-ups coalesce)
+	listening chan struct{}        // closed when the wake-up listener has returned (at once without one)
+	attempted chan struct{}        // closed once the listener's first LISTEN has succeeded or failed (at once without one)
+	done      chan struct{}        // closed when the loop has returned: its last pass unwound
+	own       *election.OwnSession // the relay's own session, for the idle poll (session.go)
 	// afterLoss: the last pass lost its election, and this one, at once,
 	// elects again; only the loop's goroutine reads and writes it.
 	afterLoss bool
@@ -85,13 +86,13 @@ func (r *Relay) Start(ctx context.Context) error {
 	// now, loudly, rather than fail every pass (a check that could not tell,
 	// the database away, is tried again before the first election).
 	if r.sessions != nil {
-		if err := r.sessions.verify(ctx, r.pool, r.logger); errors.Is(err, ErrTransactionPooling) {
+		if err := r.sessions.Verify(ctx, r.pool, r.logger); errors.Is(err, ErrTransactionPooling) {
 			return fmt.Errorf("relay: Start: %w", err)
 		}
 	}
 	passCtx, cancel := context.WithCancel(ctx)
 	l := &loop{cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1),
-		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{}), own: newOwnSession()}
+		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{}), own: election.NewOwnSession()}
 	r.loop = l
 	if r.cfg.Enabled { // the listener carries presence even without WakeOnCommit
 		go r.listen(passCtx, l)
@@ -103,7 +104,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: started",
 		slog.Bool("enabled", r.cfg.Enabled), slog.Bool("cluster_lock", r.cfg.ClusterLock),
 		durationAttr("interval", r.cfg.Interval), slog.String("table", r.cfg.Table), slog.Any("types", r.types),
-		slog.String("replica", r.presence.id))
+		slog.String("replica", r.presence.ID()))
 	return nil
 }
 
@@ -136,7 +137,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	case <-t.C:
 		r.logger.LogAttrs(context.Background(), slog.LevelWarn,
 			"relay: stop: returning while the last pass still unwinds; it records what it finished and releases the election in the background",
-			durationAttr("within", pass.OutcomeTimeout+guardUnlockTimeout))
+			durationAttr("within", pass.OutcomeTimeout+election.UnlockTimeout))
 	}
 	return fmt.Errorf("relay: stop: %w", ctx.Err())
 }
@@ -153,8 +154,8 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 	defer close(l.done)
 	// What the election keeps between passes (a partitioned membership)
 	// lasts while the loop runs; the loop's end lets go of it, after its last pass.
-	r.election.begin()
-	defer r.election.end(ctx)
+	r.election.Begin()
+	defer r.election.End(ctx)
 	defer func() { <-l.listening }()
 	defer l.cancel()
 	// The first pass starts once the listener is listening (or could not):
@@ -218,22 +219,22 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 	// The election is kept for the next pass while work keeps arriving: not
 	// after a failure, a backlog cut at drainMax, a stop, or a quiet
 	// Interval's pass that found nothing.
-	keep := func(res passResult) bool {
+	keep := func(res election.Result) bool {
 		select {
 		case <-l.halt:
 			return false
 		default:
 		}
-		return res.err == nil && !res.backlog && (woken || res.woken || res.processed() > 0)
+		return res.Err == nil && !res.Backlog && (woken || res.Woken || res.Processed() > 0)
 	}
-	res := r.pass(ctx, kind, passOpts{halt: l.halt, drain: true, own: l.own, keep: keep, wake: l.wake, afterLoss: l.afterLoss})
+	res := r.pass(ctx, kind, election.Opts{Halt: l.halt, Drain: true, Own: l.own, Keep: keep, Wake: l.wake, AfterLoss: l.afterLoss})
 	l.afterLoss = false
 	switch n := r.failing(); {
-	case res.backlog && res.err == nil:
+	case res.Backlog && res.Err == nil:
 		next = 0
-	case (woken || res.woken) && res.processed() > 0 && res.err == nil:
+	case (woken || res.Woken) && res.Processed() > 0 && res.Err == nil:
 		next = wakeFollowUp
-	case n <= 1 && errors.Is(res.err, ErrElectionLost):
+	case n <= 1 && errors.Is(res.Err, ErrElectionLost):
 		// The election was lost (its session ended, its lease ran out), not
 		// the database (a loss does not count as a failure in a row): elect
 		// again at once, so that the rows this pass took from a wake-up do
@@ -242,10 +243,10 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 	case n > 0:
 		next = min(r.cfg.Interval<<min(n-1, 16), max(r.cfg.Interval, loopBackoffMax))
 	}
-	if kept, idle := r.election.keeps(); kept {
+	if kept, idle := r.election.Keeps(); kept {
 		next = min(next, idle) // the pass that lets go of it, if nothing comes
 	}
-	return next, res.coalesced()
+	return next, res.Coalesced()
 }
 
 // warm opens, before the first pass, the pooled connections the first

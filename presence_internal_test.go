@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/xadm/relay/internal/election"
 )
 
 // TestStopCuttingTheOwnSessionShortLeavesNoPresence: Stop cancels what runs
@@ -34,11 +36,11 @@ func TestStopCuttingTheOwnSessionShortLeavesNoPresence(t *testing.T) {
 	ran := make(chan error, 1)
 	go func() {
 		for {
-			err := r.loop.own.do(ctx, func(ctx context.Context, conn *pgx.Conn, _ uint32) error {
+			err := r.loop.own.Do(ctx, func(ctx context.Context, conn *pgx.Conn, _ uint32) error {
 				_, err := conn.Exec(ctx, "SELECT pg_sleep(600)")
 				return err
 			})
-			if !errors.Is(err, errNoSession) {
+			if !errors.Is(err, election.ErrNoSession) {
 				ran <- err
 				return
 			}
@@ -63,7 +65,7 @@ func presencePID(t *testing.T, pool *pgxpool.Pool, r *Relay) (pid uint32) {
 	t.Helper()
 	err := pool.QueryRow(context.Background(), `SELECT coalesce(min(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
 		AND classid = (hashtext('relay_presence_replica:' || $1)::bigint & 4294967295)::oid
-		AND objid = ($2::int::bigint & 4294967295)::oid AND granted`, r.cfg.AppName, r.presence.num).Scan(&pid)
+		AND objid = ($2::int::bigint & 4294967295)::oid AND granted`, r.cfg.AppName, r.presence.Args()[1]).Scan(&pid)
 	require.NoError(t, err)
 	return pid
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
@@ -55,7 +56,7 @@ type Relay struct {
 	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
-	sessions *sessionCheck // that the pool keeps its sessions, when the election takes its locks on it (pooling.go)
+	sessions *election.SessionCheck // that the pool keeps its sessions, when the election takes its locks on it (pooling.go)
 	key      string
 	observer Observer
 	stats    counters
@@ -64,11 +65,13 @@ type Relay struct {
 	// Relay.pass takes it (election.go).
 	slot chan struct{}
 
-	// presence is what this relay says of itself while started (presence.go).
-	presence *presence
+	// presence is what this relay says of itself while started
+	// (internal/election).
+	presence *election.Presence
 
-	// election decides whether a pass runs, chosen once in New (election.go).
-	election election
+	// election decides whether a pass runs, chosen once in New (election.go);
+	// direct runs Run's passes.
+	election, direct election.Election
 
 	// runner runs the passes' engine (internal/pass), and keeps what outlives
 	// one: the types' lanes, the messages whose outcome could not be recorded.
@@ -147,9 +150,9 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		observer: cfg.Observer,
 		slot:     make(chan struct{}, 1),
 	}
-	r.presence = newPresence(cfg, r.types)
+	r.presence = election.NewPresence(cfg.AppName, cfg.MaxAttempts, cfg.Partitions, r.types)
 	r.runner = r.newRunner(byType)
-	said := func() { r.presence.setPaused(pausedTypes(r.runner.Lanes().Paused())) } // the session's next statement says it
+	said := func() { r.presence.SetPaused(r.runner.Lanes().Paused()) } // the session's next statement says it
 	r.runner.Lanes().OnChange(said)
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err
@@ -177,8 +180,8 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 // It waits for a pass of this relay already in flight. It returns how many rows
 // it processed (recorded sent or failed).
 func (r *Relay) Run(ctx context.Context) (int, error) {
-	res := r.pass(ctx, passDirect, passOpts{})
-	return res.processed(), res.err
+	res := r.pass(ctx, passDirect, election.Opts{})
+	return res.Processed(), res.Err
 }
 
 // RunIfElected runs the same pass as [Relay.Run] under the election for
@@ -196,37 +199,37 @@ func (r *Relay) Run(ctx context.Context) (int, error) {
 // If the election is lost mid-pass, the pass stops before its next message and
 // the error wraps [ErrElectionLost].
 func (r *Relay) RunIfElected(ctx context.Context) (bool, error) {
-	res := r.pass(ctx, passElected, passOpts{})
-	return res.ran, res.err
+	res := r.pass(ctx, passElected, election.Opts{})
+	return res.Ran, res.Err
 }
 
-func (r *Relay) passDone(res passResult, start time.Time) {
+func (r *Relay) passDone(res election.Result, start time.Time) {
 	rep := PassReport{
-		Ran:       res.ran,
-		Coalesced: res.coalesced(),
-		Sent:      res.sent,
-		Failed:    res.failed,
-		Dead:      res.dead,
+		Ran:       res.Ran,
+		Coalesced: res.Coalesced(),
+		Sent:      res.Sent,
+		Failed:    res.Failed,
+		Dead:      res.Dead,
 		Duration:  time.Since(start),
-		Lag:       res.lag,
-		Err:       res.err,
+		Lag:       res.Lag,
+		Err:       res.Err,
 
-		OutcomesWaiting: res.outcomesWaiting,
+		OutcomesWaiting: res.OutcomesWaiting,
 	}
 	r.stats.passDone(rep)
 	if r.observer != nil {
 		r.callObserver("PassDone", func() { r.observer.PassDone(rep) })
 	}
 	attrs := []slog.Attr{
-		slog.Bool("ran", res.ran),
-		slog.Int("sent", res.sent),
-		slog.Int("failed", res.failed),
-		slog.Int("dead", res.dead),
+		slog.Bool("ran", res.Ran),
+		slog.Int("sent", res.Sent),
+		slog.Int("failed", res.Failed),
+		slog.Int("dead", res.Dead),
 		durationAttr("duration", rep.Duration),
 	}
 	ctx := context.Background()
-	stopped := errors.Is(res.err, context.Canceled)
-	failed := res.err != nil && !stopped
+	stopped := errors.Is(res.Err, context.Canceled)
+	failed := res.Err != nil && !stopped
 	// While the database is away every pass fails the same way: log the 1st,
 	// 2nd, 4th, 8th… failure of a streak, and at least one every
 	// failureLogEvery, the rest at Debug. A pass cut short by a stop neither
@@ -238,7 +241,7 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 	case failed:
 		r.streak++
 		streak = r.streak
-		if r.sessions.refused(res.err) {
+		if r.sessions.Refused(res.Err) {
 			break // the refusal was logged at Error once, when the pool was checked
 		}
 		if streak&(streak-1) == 0 || time.Since(r.streakLogged) >= failureLogEvery {
@@ -252,11 +255,11 @@ func (r *Relay) passDone(res passResult, start time.Time) {
 	switch {
 	case failed:
 		r.logger.LogAttrs(ctx, level, "relay: pass failed",
-			append(attrs, slog.Int("consecutive_failures", streak), slog.String("error", res.err.Error()))...)
+			append(attrs, slog.Int("consecutive_failures", streak), slog.String("error", res.Err.Error()))...)
 	case streak > 0 && !stopped:
 		r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: passes succeed again", append(attrs, slog.Int("after_failures", streak))...)
-	case res.processed() > 0:
-		r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: pass delivered", append(attrs, durationAttr("lag", res.lag))...)
+	case res.Processed() > 0:
+		r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: pass delivered", append(attrs, durationAttr("lag", res.Lag))...)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
@@ -72,14 +73,14 @@ func (r *Relay) workers() int {
 }
 
 // dispatch runs one pass's engine under whatever election the caller holds.
-func (r *Relay) dispatch(ctx context.Context, o passOpts) passResult {
-	if err := r.learnTable(ctx); err != nil {
-		return passResult{err: err}
+func (r *Relay) dispatch(ctx context.Context, o election.Opts) election.Result {
+	var res election.Result
+	if res.Err = r.learnTable(ctx); res.Err != nil {
+		return res
 	}
-	res := r.runner.Run(ctx, pass.Opts{Halt: o.halt, Drain: o.drain, DrainFor: o.drainFor, Parts: o.parts, Wake: o.wake,
+	res.Result = r.runner.Run(ctx, pass.Opts{Halt: o.Halt, Drain: o.Drain, DrainFor: o.DrainFor, Parts: o.Parts, Wake: o.Wake,
 		Separable: len(r.types) > 1 && r.table().KeyIndex})
-	return passResult{sent: res.Sent, failed: res.Failed, dead: res.Dead, lag: res.Lag, outcomesWaiting: res.OutcomesWaiting,
-		backlog: res.Backlog, woken: res.Woken, err: res.Err}
+	return res
 }
 
 // report counts and observes one recorded outcome.

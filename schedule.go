@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/robfig/cron/v3"
+
+	"github.com/xadm/relay/internal/election"
 )
 
 // scheduleToleranceDefault is the default of [SchedulerConfig.Tolerance].
@@ -195,7 +197,7 @@ const (
 // the pool) and waits until pg_locks no longer shows the lock. The scheduler
 // cannot force a Guard of [SchedulerConfig.Guard]: Stop returns even if it does
 // not, and says so.
-var ErrJobAbandoned = errors.New("relay: scheduler: the job did not return after its context ended; abandoned")
+var ErrJobAbandoned = election.ErrJobAbandoned
 
 // scheduledJob is one Add.
 type scheduledJob struct {
@@ -247,7 +249,7 @@ func NewScheduler(pool *pgxpool.Pool, cfg SchedulerConfig) (*Scheduler, error) {
 	s.logger = s.logger.With(slog.String("component", "scheduler"))
 	if s.guard == nil {
 		g := NewPostgresGuard(pool)
-		g.logger = s.logger
+		g.g.SetLogger(s.logger)
 		s.guard = g
 	}
 	return s, nil

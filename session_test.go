@@ -71,7 +71,7 @@ func TestIdlePartitionedMemberOneRoundTripPerPass(t *testing.T) {
 	cfg := setup(t).cfg
 	cfg.Partitions = 16
 	// Eight passes: long enough for a keepalive of either session (every
-	// idleHeartbeat, 3 s) to be counted if a pass did not stand for it.
+	// lease.IdleHeartbeat, 3 s) to be counted if a pass did not stand for it.
 	trips, idle := idleRoundTrips(t, cfg, 8)
 	t.Logf("%d round trips over %d idle passes", trips, idle)
 	// The count may catch one round trip of the next pass already on its way.

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/lease"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -158,9 +160,9 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 		conn, pid, err := r.openListener(ctx, channel, wake)
 		attempted.Do(func() { close(l.attempted) })
 		switch {
-		case errors.Is(err, errPresenceMoved):
+		case errors.Is(err, election.ErrPresenceMoved):
 			r.logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
-				slog.String("replica", r.presence.id))
+				slog.String("replica", r.presence.ID()))
 			return
 		case errors.Is(err, errListenUnreachable) && r.dropsSessions(ctx):
 			r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: wake-ups on commit are off: a notification to this session never came back "+
@@ -198,9 +200,9 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errPresenceMoved) {
+		if errors.Is(err, election.ErrPresenceMoved) {
 			r.logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
-				slog.String("replica", r.presence.id))
+				slog.String("replica", r.presence.ID()))
 			return
 		}
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the wake-up listener's connection was lost; connecting again",
@@ -212,7 +214,7 @@ func (r *Relay) listen(ctx context.Context, l *loop) {
 // is closed (why: what ended its session), and logs when it may outlive it
 // a moment (presence.leave).
 func (r *Relay) leavePresence(conn *pgx.Conn, pid uint32, why error) {
-	if err := r.presence.leave(conn, r.pool, pid, why); err != nil {
+	if err := r.presence.Leave(conn, r.pool, pid, why); err != nil {
 		r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: an earlier session's presence may outlive it a moment", slog.String("error", err.Error()))
 	}
 }
@@ -230,11 +232,11 @@ var errListenUnreachable = fmt.Errorf("relay: the listener's own test notificati
 // not tell.
 func (r *Relay) dropsSessions(ctx context.Context) bool {
 	if r.sessions != nil {
-		return errors.Is(r.sessions.verify(ctx, r.pool, r.logger), ErrTransactionPooling)
+		return errors.Is(r.sessions.Verify(ctx, r.pool, r.logger), ErrTransactionPooling)
 	}
-	cctx, cancel := context.WithTimeout(ctx, sessionCheckTimeout)
+	cctx, cancel := context.WithTimeout(ctx, election.SessionCheckTimeout)
 	defer cancel()
-	_, err := probeSessions(cctx, r.pool)
+	_, err := election.ProbeSessions(cctx, r.pool)
 	return errors.Is(err, ErrTransactionPooling)
 }
 
@@ -254,15 +256,15 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 		return nil, 0, err
 	}
 	present := func() (*pgx.Conn, uint32, error) {
-		pctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+		pctx, cancel := context.WithTimeout(ctx, election.LockTimeout)
 		defer cancel()
-		pid, err := r.presence.take(pctx, conn)
+		pid, err := r.presence.Take(pctx, conn)
 		if err != nil {
 			return fail(err)
 		}
 		// Through a transaction-pooling proxy the next statement may answer
 		// from another backend: then the locks are not this session's.
-		if err := r.presence.beat(pctx, conn, pid); err != nil {
+		if err := r.presence.Beat(pctx, conn, pid); err != nil {
 			r.leavePresence(conn, pid, err) // a stop meanwhile: gone before Stop returns
 			return fail(err)
 		}
@@ -302,34 +304,34 @@ func (r *Relay) openListener(ctx context.Context, channel string, wake bool) (*p
 // waitForWakeUps wakes the loop for each notification of a type this relay
 // delivers, runs the store.statements handed to the session (the loop's idle poll,
 // session.go), and the presence keepalive when no statement ran for
-// presenceBeat, until ctx ends or the connection fails. The wait is cut by
+// lease.IdleHeartbeat, until ctx ends or the connection fails. The wait is cut by
 // the socket's read deadline, which leaves the connection usable (as the
 // election's watch does).
 func (r *Relay) waitForWakeUps(ctx context.Context, conn *pgx.Conn, l *loop, pid uint32) error {
-	l.own.hold(conn)
-	defer l.own.release()
+	l.own.Hold(conn)
+	defer l.own.Release()
 	last := time.Now() // the session's last statement
 	for {
-		_ = conn.PgConn().Conn().SetReadDeadline(last.Add(presenceBeat))
-		if l.own.serve(ctx, conn, pid) { // a job handed over meanwhile (session.go)
+		_ = conn.PgConn().Conn().SetReadDeadline(last.Add(lease.IdleHeartbeat))
+		if l.own.Serve(ctx, conn, pid) { // a job handed over meanwhile (session.go)
 			last = time.Now()
 			continue
 		}
-		if !l.own.startWait() { // one came just now: serve it first
+		if !l.own.StartWait() { // one came just now: serve it first
 			continue
 		}
 		n, err := conn.WaitForNotification(ctx)
-		l.own.endWait(conn)
+		l.own.EndWait(conn)
 		switch {
 		case err != nil && ctx.Err() == nil && pgconn.Timeout(err):
-			if l.own.serve(ctx, conn, pid) {
+			if l.own.Serve(ctx, conn, pid) {
 				last = time.Now()
 				continue
 			}
-			if time.Since(last) < presenceBeat {
+			if time.Since(last) < lease.IdleHeartbeat {
 				continue
 			}
-			if err := r.presence.beat(ctx, conn, pid); err != nil {
+			if err := r.presence.Beat(ctx, conn, pid); err != nil {
 				return err
 			}
 			last = time.Now()

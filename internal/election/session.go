@@ -1,4 +1,4 @@
-package relay
+package election
 
 import (
 	"context"
@@ -17,9 +17,9 @@ import (
 // session pgxpool never pings, and that round trip is the session's keepalive
 // too (no presence beat while polls come at least every presenceBeat).
 
-// ownSession hands store.statements to the goroutine that holds the relay's own
+// OwnSession hands store.statements to the goroutine that holds the relay's own
 // session.
-type ownSession struct {
+type OwnSession struct {
 	jobs chan sessionJob // at most one waiting
 
 	mu      sync.Mutex
@@ -33,30 +33,30 @@ type sessionJob struct {
 	done chan error
 }
 
-// errNoSession says the relay holds no session of its own right now (it is
+// ErrNoSession says the relay holds no session of its own right now (it is
 // connecting again, or has none): the caller uses the pool instead.
-var errNoSession = errors.New("relay: no session of its own")
+var ErrNoSession = errors.New("relay: no session of its own")
 
-func newOwnSession() *ownSession { return &ownSession{jobs: make(chan sessionJob, 1)} }
+func NewOwnSession() *OwnSession { return &OwnSession{jobs: make(chan sessionJob, 1)} }
 
-// do runs fn on the session, between the holder's waits, and returns its
-// error; errNoSession when there is no session to run it on.
-func (s *ownSession) do(ctx context.Context, fn func(ctx context.Context, conn *pgx.Conn, pid uint32) error) error {
+// Do runs fn on the session, between the holder's waits, and returns its
+// error; ErrNoSession when there is no session to run it on.
+func (s *OwnSession) Do(ctx context.Context, fn func(ctx context.Context, conn *pgx.Conn, pid uint32) error) error {
 	if s == nil {
-		return errNoSession
+		return ErrNoSession
 	}
 	job := sessionJob{run: fn, done: make(chan error, 1)}
 	s.mu.Lock()
 	conn := s.conn
 	if conn == nil {
 		s.mu.Unlock()
-		return errNoSession
+		return ErrNoSession
 	}
 	select {
 	case s.jobs <- job:
 	default:
 		s.mu.Unlock()
-		return errNoSession // another is waiting: never queue behind it
+		return ErrNoSession // another is waiting: never queue behind it
 	}
 	// Cut the holder's wait short: its read deadline passes now, which leaves
 	// the connection usable, and it then takes the job. Only while it waits
@@ -76,31 +76,31 @@ func (s *ownSession) do(ctx context.Context, fn func(ctx context.Context, conn *
 	}
 }
 
-// hold says the holder's goroutine now serves jobs on conn; release says it
-// no longer does, and answers a job left waiting with errNoSession.
-func (s *ownSession) hold(conn *pgx.Conn) {
+// Hold says the holder's goroutine now serves jobs on conn; release says it
+// no longer does, and answers a job left waiting with ErrNoSession.
+func (s *OwnSession) Hold(conn *pgx.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.conn = conn
 }
 
-func (s *ownSession) release() {
+func (s *OwnSession) Release() {
 	s.mu.Lock()
 	s.conn = nil
 	s.mu.Unlock()
 	for {
 		select {
 		case job := <-s.jobs:
-			job.done <- errNoSession
+			job.done <- ErrNoSession
 		default:
 			return
 		}
 	}
 }
 
-// startWait says the holder is about to wait for notifications on the
+// StartWait says the holder is about to wait for notifications on the
 // session; false when a job came meanwhile, to be served first.
-func (s *ownSession) startWait() bool {
+func (s *OwnSession) StartWait() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.jobs) > 0 {
@@ -110,17 +110,17 @@ func (s *ownSession) startWait() bool {
 	return true
 }
 
-// endWait says the holder's wait has ended, and clears the read deadline a
+// EndWait says the holder's wait has ended, and clears the read deadline a
 // job may have set to end it.
-func (s *ownSession) endWait(conn *pgx.Conn) {
+func (s *OwnSession) EndWait(conn *pgx.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.waiting = false
 	_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})
 }
 
-// serve runs the job waiting, if any, and reports whether it did.
-func (s *ownSession) serve(ctx context.Context, conn *pgx.Conn, pid uint32) bool {
+// Serve runs the job waiting, if any, and reports whether it did.
+func (s *OwnSession) Serve(ctx context.Context, conn *pgx.Conn, pid uint32) bool {
 	select {
 	case job := <-s.jobs:
 		_ = conn.PgConn().Conn().SetReadDeadline(time.Time{})

@@ -1,4 +1,4 @@
-package relay
+package election
 
 import (
 	"context"
@@ -16,25 +16,15 @@ import (
 // This file is the watch over a lock's session, which renews the election's
 // lease (internal/lease: the trust window and its timings).
 
-// The lease's timings, as internal/lease sets them.
-const (
-	guardLease             = lease.Server
-	guardLeaseTrusted      = lease.Trusted
-	idleHeartbeat          = lease.IdleHeartbeat
-	guardKeepaliveIdle     = lease.KeepaliveIdle
-	guardKeepaliveInterval = lease.KeepaliveInterval
-	guardKeepaliveCount    = lease.KeepaliveCount
-)
-
 // watch owns the lock's connection while the job runs. It blocks reading it, so
 // the server's FATAL message when the session is terminated (or the socket's
-// end) arrives at once, and every guardHeartbeat (idleHeartbeat between an
+// end) arrives at once, and every lease.Heartbeat (lease.IdleHeartbeat between an
 // idle member's passes) it checks the session answers as the same backend,
 // which renews the lease on both sides.
 type watch struct {
 	conn  *pgconn.PgConn
 	pid   uint32
-	every time.Duration // the heartbeat's period: guardHeartbeat, or idleHeartbeat
+	every time.Duration // the heartbeat's period: lease.Heartbeat, or lease.IdleHeartbeat
 	lease *lease.Lease
 	beat  string      // the heartbeat, marked with the election's start
 	lost  func(error) // called once, with why, when the session is lost
@@ -84,7 +74,7 @@ func (w *watch) run() {
 		case err == nil:
 			// A notification; nobody listens on this session, but it is harmless.
 		case !pgconn.Timeout(err):
-			w.fail(fmt.Errorf("%w: %w", ErrElectionLost, err))
+			w.fail(fmt.Errorf("%w: %w", lease.ErrLost, err))
 			return
 		case stopped:
 			return
@@ -99,14 +89,14 @@ func (w *watch) run() {
 
 func (w *watch) heartbeat() error {
 	sent := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), guardHeartbeatTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), lease.HeartbeatTimeout)
 	defer cancel()
 	rr := w.conn.ExecParams(ctx, w.beat, nil, nil, nil, nil).Read()
 	if rr.Err != nil {
-		return fmt.Errorf("%w: heartbeat: %w", ErrElectionLost, rr.Err)
+		return fmt.Errorf("%w: heartbeat: %w", lease.ErrLost, rr.Err)
 	}
 	if len(rr.Rows) != 1 || len(rr.Rows[0]) != 1 {
-		return fmt.Errorf("%w: heartbeat: unexpected answer", ErrElectionLost)
+		return fmt.Errorf("%w: heartbeat: unexpected answer", lease.ErrLost)
 	}
 	if got := string(rr.Rows[0][0]); got != fmt.Sprint(w.pid) {
 		pid, _ := strconv.ParseUint(got, 10, 32)

@@ -1,7 +1,8 @@
-package relay
+package election
 
 import (
 	"context"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,10 @@ import (
 	"github.com/xadm/relay/internal/pgserver"
 	"github.com/xadm/relay/internal/store"
 )
+
+// TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, or the local
+// binaries): the elections are tested against the server's own locks.
+func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL")) }
 
 // endingTracer ends the backend of the first statement that contains
 // endAt, just before pgx sends it, and keeps every statement's text.
@@ -92,7 +97,7 @@ func TestLockStatementOfAnEndedSessionLetsGoOfNothing(t *testing.T) {
 	require.NotEqual(t, tr.ended, sess.pid)
 	require.NoError(t, releaseElection(ctx, conn, key, sess, store.UnlockSQL))
 
-	require.Equal(t, 2, tr.statements("pg_try_advisory_lock("), "two lock store.Statements, the first ended")
+	require.Equal(t, 2, tr.statements("pg_try_advisory_lock("), "two lock statements, the first ended")
 	require.Zero(t, tr.statements("pg_advisory_unlock_all"), "nothing was let go of on the ended statement's backend, which took nothing")
 }
 
@@ -135,12 +140,11 @@ func TestPresenceReleaseLetsGoOfItsOwnLocksOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	conn := sharedConn(t)
-	cfg := DefaultConfig()
-	cfg.AppName = pgserver.Name(t)
-	p := newPresence(cfg, []string{"a", "b"})
-	pid, err := p.take(ctx, conn)
+	app := pgserver.Name(t)
+	p := NewPresence(app, 10, 1, []string{"a", "b"})
+	pid, err := p.Take(ctx, conn)
 	require.NoError(t, err)
-	key := cfg.AppName + LockKeySuffix
+	key := app + "_relay_m2m"
 	var locked bool
 	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtext($1))", key).Scan(&locked))
 	require.True(t, locked)
@@ -153,14 +157,14 @@ func TestPresenceReleaseLetsGoOfItsOwnLocksOnly(t *testing.T) {
 	require.Equal(t, 6, presence, "app, replica, max attempts, partitions and two types")
 	require.Equal(t, 1, others)
 
-	released, err := store.PresenceReleaseStatement(ctx, conn, p.args, pid+1)
+	released, err := store.PresenceReleaseStatement(ctx, conn, p.Args(), pid+1)
 	require.NoError(t, err)
 	require.False(t, released, "another backend's: nothing let go of")
 	presence, others = held()
 	require.Equal(t, 6, presence)
 	require.Equal(t, 1, others)
 
-	released, err = store.PresenceReleaseStatement(ctx, conn, p.args, pid)
+	released, err = store.PresenceReleaseStatement(ctx, conn, p.Args(), pid)
 	require.NoError(t, err)
 	require.True(t, released)
 	presence, others = held()

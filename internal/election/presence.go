@@ -1,4 +1,4 @@
-package relay
+package election
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/xadm/relay/internal/lease"
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
@@ -52,24 +53,24 @@ import (
 // Timings of presence: the lease of the election, and the keepalive of a
 // session that holds locks for nothing in flight (lease.go).
 const (
-	presenceBeat  = idleHeartbeat
-	presenceLease = guardLease
+	presenceBeat  = lease.IdleHeartbeat
+	presenceLease = lease.Server
 )
 
-// presence is what a relay says of itself, and the store.statements that say it.
-type presence struct {
+// Presence is what a relay says of itself, and the statements that say it.
+type Presence struct {
 	id   string // the replica id: 8 hex digits of num
 	num  int32  // the replica lock's second int
 	app  string
 	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types
-	desc presenceDescriptor
-	// marks is the comment the store.statements carry: desc, with the types
+	desc Descriptor
+	// marks is the comment the statements carry: desc, with the types
 	// paused now (setPaused). The next statement on the session says it.
 	marks atomic.Pointer[string]
 }
 
-// presenceDescriptor is the comment the presence store.statements carry.
-type presenceDescriptor struct {
+// Descriptor is the comment the presence statements carry.
+type Descriptor struct {
 	App         string             `json:"app"`
 	Replica     string             `json:"replica"`
 	Types       []string           `json:"types"`
@@ -78,11 +79,11 @@ type presenceDescriptor struct {
 	Host        string             `json:"host,omitempty"`
 	Process     int                `json:"process,omitempty"`
 	Since       time.Time          `json:"since"`
-	Paused      []pausedDescriptor `json:"paused,omitempty"`
+	Paused      []PausedDescriptor `json:"paused,omitempty"`
 }
 
-// pausedDescriptor is a paused type as presence says it, in few bytes.
-type pausedDescriptor struct {
+// PausedDescriptor is a paused type as presence says it, in few bytes.
+type PausedDescriptor struct {
 	Type    string    `json:"t"`
 	Reason  string    `json:"r,omitempty"`
 	Since   time.Time `json:"s"`
@@ -91,41 +92,50 @@ type pausedDescriptor struct {
 }
 
 // presenceCommentMax is the most bytes of comment that paused types may grow
-// the presence store.statements to: track_activity_query_size (1024 by default)
+// the presence statements to: track_activity_query_size (1024 by default)
 // cuts a longer query, and Admin could then read no name.
 const presenceCommentMax = 800
 
 // pausedReasonMax is how much of a pause's reason presence says.
 const pausedReasonMax = 80
 
-// presenceMarkPrefix starts the presence store.statements' comment.
+// presenceMarkPrefix starts the presence statements' comment.
 const presenceMarkPrefix = "/* relay presence "
 
-func newPresence(cfg Config, types []string) *presence {
+// NewPresence is the presence of a relay of app with ceiling maxAttempts,
+// partitions and types, under a replica id drawn now.
+func NewPresence(app string, maxAttempts, partitions int, types []string) *Presence {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	num := int32(binary.BigEndian.Uint32(b[:]))
-	p := &presence{id: replicaID(num), num: num, app: cfg.AppName}
-	p.args = []any{cfg.AppName, num, cfg.MaxAttempts, max(cfg.Partitions, 1), types}
+	p := &Presence{id: ReplicaID(num), num: num, app: app}
+	p.args = []any{app, num, maxAttempts, max(partitions, 1), types}
 	host, _ := os.Hostname()
-	p.desc = presenceDescriptor{App: cfg.AppName, Replica: p.id, Types: types, MaxAttempts: cfg.MaxAttempts,
-		Partitions: max(cfg.Partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)}
-	p.setPaused(nil)
+	p.desc = Descriptor{App: app, Replica: p.id, Types: types, MaxAttempts: maxAttempts,
+		Partitions: max(partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)}
+	p.SetPaused(nil)
 	return p
 }
 
-// mark is the comment the presence store.statements carry now.
-func (p *presence) mark() string { return *p.marks.Load() }
+// ID is the replica's id: 8 hex digits.
+func (p *Presence) ID() string { return p.id }
 
-// setPaused makes the store.statements say the types paused now, with as much of
+// Args are the presence keys' arguments: app, replica, MaxAttempts,
+// Partitions, types.
+func (p *Presence) Args() []any { return p.args }
+
+// Mark is the comment the presence statements carry now.
+func (p *Presence) Mark() string { return *p.marks.Load() }
+
+// SetPaused makes the statements say the types paused now, with as much of
 // their reasons as fits presenceCommentMax (then only their names).
-func (p *presence) setPaused(paused []PausedType) {
+func (p *Presence) SetPaused(paused []pass.PausedType) {
 	d := p.desc
 	base := len(presenceComment(d))
 	for _, withReason := range []bool{true, false} {
 		d.Paused = nil
 		for _, pt := range paused {
-			pd := pausedDescriptor{Type: pt.Type, Since: pt.Since.UTC().Truncate(time.Second),
+			pd := PausedDescriptor{Type: pt.Type, Since: pt.Since.UTC().Truncate(time.Second),
 				Until: pt.Until.UTC().Truncate(time.Second), Probing: pt.Probing}
 			if withReason {
 				pd.Reason = pass.Clip(pt.Reason, pausedReasonMax)
@@ -139,37 +149,38 @@ func (p *presence) setPaused(paused []PausedType) {
 	}
 }
 
-func replicaID(num int32) string { return fmt.Sprintf("%08x", uint32(num)) }
+// ReplicaID is the id of the replica whose lock's second int is num.
+func ReplicaID(num int32) string { return fmt.Sprintf("%08x", uint32(num)) }
 
 // presenceComment writes d as a comment that cannot end early: JSON with
 // every "/" escaped, so neither "*/" nor a nested "/*" appears in it.
-func presenceComment(d presenceDescriptor) string {
+func presenceComment(d Descriptor) string {
 	b, _ := json.Marshal(d)
 	return presenceMarkPrefix + strings.ReplaceAll(string(b), "/", `\/`) + " */ "
 }
 
-// parsePresenceComment reads a presence statement's descriptor back; false
+// ParseComment reads a presence statement's descriptor back; false
 // when query is not one, or was cut (track_activity_query_size).
-func parsePresenceComment(query string) (presenceDescriptor, bool) {
+func ParseComment(query string) (Descriptor, bool) {
 	rest, ok := strings.CutPrefix(query, presenceMarkPrefix)
 	if !ok {
-		return presenceDescriptor{}, false
+		return Descriptor{}, false
 	}
 	body, _, ok := strings.Cut(rest, " */")
 	if !ok {
-		return presenceDescriptor{}, false
+		return Descriptor{}, false
 	}
-	var d presenceDescriptor
+	var d Descriptor
 	if err := json.Unmarshal([]byte(body), &d); err != nil {
-		return presenceDescriptor{}, false
+		return Descriptor{}, false
 	}
 	return d, true
 }
 
-// take takes the presence locks on conn, a session of this relay's own, and
+// Take takes the presence locks on conn, a session of this relay's own, and
 // returns its backend's pid.
-func (p *presence) take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
-	pid, ok, err := store.PresenceTakeStatement(ctx, conn, p.mark(), p.args, presenceLease)
+func (p *Presence) Take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
+	pid, ok, err := store.PresenceTakeStatement(ctx, conn, p.Mark(), p.args, presenceLease)
 	if err != nil {
 		return 0, fmt.Errorf("relay: take the presence locks: %w", err)
 	}
@@ -179,60 +190,60 @@ func (p *presence) take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
 	return pid, nil
 }
 
-// errPresenceMoved says the presence session answered from another backend
+// ErrPresenceMoved says the presence session answered from another backend
 // than the one that took the locks: a transaction-pooling proxy.
-var errPresenceMoved = errors.New("relay: the presence session answers from another backend than the one holding its locks " +
+var ErrPresenceMoved = errors.New("relay: the presence session answers from another backend than the one holding its locks " +
 	"(a transaction-pooling proxy sits between the relay and PostgreSQL; session advisory locks need session pooling)")
 
-// beat is the keepalive of the presence session: it keeps the session within
+// Beat is the keepalive of the presence session: it keeps the session within
 // its idle_session_timeout and checks it still is backend pid.
-func (p *presence) beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
-	bctx, cancel := context.WithTimeout(ctx, guardHeartbeatTimeout)
+func (p *Presence) Beat(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+	bctx, cancel := context.WithTimeout(ctx, lease.HeartbeatTimeout)
 	defer cancel()
-	got, err := store.PresenceBeatStatement(bctx, conn, p.mark())
+	got, err := store.PresenceBeatStatement(bctx, conn, p.Mark())
 	if err != nil {
 		return fmt.Errorf("relay: presence keepalive: %w", err)
 	}
 	if got != pid {
-		return errPresenceMoved
+		return ErrPresenceMoved
 	}
 	return nil
 }
 
-// release lets go of the presence locks on conn, backend pid, before it is
+// Release lets go of the presence locks on conn, backend pid, before it is
 // closed, so that they are gone when Stop returns (closing alone frees them a
 // moment later). It lets go of those locks only, and only on pid: see
 // presenceRelease in sql/presence.sql. It reports whether it did.
-func (p *presence) release(conn *pgx.Conn, pid uint32) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), guardUnlockTimeout)
+func (p *Presence) Release(conn *pgx.Conn, pid uint32) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), UnlockTimeout)
 	defer cancel()
 	released, _ := store.PresenceReleaseStatement(ctx, conn, p.args, pid)
 	return released
 }
 
-// leave lets go of the presence on conn, backend pid, whose session ended
+// Leave lets go of the presence on conn, backend pid, whose session ended
 // for why: by its release when the session still answers, or else (a
 // statement on it was cut short, by Stop say, which closed it) by gone, so
 // that Stop does not return with the replica still listed, nor is it listed
 // twice after a reconnection. Not when the session moved: then a pooler's
 // server connection holds the locks, whose pid is no guide.
-func (p *presence) leave(conn *pgx.Conn, pool *pgxpool.Pool, pid uint32, why error) error {
-	if !conn.IsClosed() && p.release(conn, pid) || errors.Is(why, errPresenceMoved) {
+func (p *Presence) Leave(conn *pgx.Conn, pool *pgxpool.Pool, pid uint32, why error) error {
+	if !conn.IsClosed() && p.Release(conn, pid) || errors.Is(why, ErrPresenceMoved) {
 		return nil
 	}
-	return p.gone(pool, pid)
+	return p.Gone(pool, pid)
 }
 
-// gone returns once backend pid, whose session was closed without its
+// Gone returns once backend pid, whose session was closed without its
 // release answered, holds no lock of this replica's presence: it ends the
 // backend if it still holds it (one in a statement notices its client has
 // gone only at the statement's end), and waits for its exit, within
 // guardSessionEndTimeout.
-func (p *presence) gone(pool *pgxpool.Pool, pid uint32) error {
+func (p *Presence) Gone(pool *pgxpool.Pool, pid uint32) error {
 	ctx, cancel := context.WithTimeout(context.Background(), guardSessionEndTimeout)
 	defer cancel()
 	if err := store.PresenceStrandedStatement(ctx, pool, p.app, p.num, pid); err != nil {
 		return fmt.Errorf("relay: end the presence session, backend %d: %w", pid, err)
 	}
-	return waitLockGone(ctx, pool, pid)
+	return WaitLockGone(ctx, pool, pid)
 }

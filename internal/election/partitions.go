@@ -1,4 +1,4 @@
-package relay
+package election
 
 import (
 	"cmp"
@@ -99,7 +99,7 @@ type membership struct {
 }
 
 func newMembership(r *Relay) *membership {
-	return &membership{r: r, n: r.cfg.Partitions, start: rand.IntN(r.cfg.Partitions)}
+	return &membership{r: r, n: r.Partitions, start: rand.IntN(r.Partitions)}
 }
 
 // pass runs fn for this member's partitions, after it joined if it was not a
@@ -124,7 +124,7 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 	before := m.held
 	var check *store.WorkCheck
 	if m.stay && len(before) > 0 {
-		check = m.r.repo.PartitionWork(m.r.cfg.MaxAttempts, m.r.types, m.n, before)
+		check = m.r.Outbox.PartitionWork(m.r.MaxAttempts, m.r.Types, m.n, before)
 	}
 	m.idle = false
 	st, idle, err := m.rebalance(ctx, check, before)
@@ -133,10 +133,10 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 	}
 	m.announce(st)
 	if len(m.held) == 0 || m.conn == nil {
-		m.r.stats.setPartitions(nil)
+		m.r.SetPartitions(nil)
 		return false, nil
 	}
-	m.r.stats.setPartitions(m.held)
+	m.r.SetPartitions(m.held)
 	if idle {
 		m.idle = true // the next timer pass looks on the relay's own session (idleCheck)
 		return true, nil
@@ -164,14 +164,14 @@ func (m *membership) pass(ctx context.Context, fn func(ctx context.Context, part
 // (session.go), in one round trip that is that session's keepalive too, and
 // does not rebalance; the pass after it does. So an idle member's timer passes
 // take its two sessions in turn, each pass one round trip, and each session's
-// round trip every other pass stands for its keepalive (idleHeartbeat). It
+// round trip every other pass stands for its keepalive (lease.IdleHeartbeat). It
 // looks at the election's state in the same round trip too. It reports
 // whether the pass goes on, to the rebalance: the check found work, or could
 // not run (no own session, a failure); the election is not as the last
 // rebalance left it (a member came or went, a partition was let go of, an
 // exclusive request waits); the watch lost the membership meanwhile; or the
 // last pass was not such an idle one.
-func (m *membership) idleCheck(ctx context.Context, own *ownSession) (work bool) {
+func (m *membership) idleCheck(ctx context.Context, own *OwnSession) (work bool) {
 	m.turn.Lock()
 	defer m.turn.Unlock()
 	if !m.idle || !m.stay || m.conn == nil || len(m.held) == 0 {
@@ -185,16 +185,16 @@ func (m *membership) idleCheck(ctx context.Context, own *ownSession) (work bool)
 		return true
 	}
 	r := m.r
-	check := r.repo.PartitionWork(r.cfg.MaxAttempts, r.types, m.n, m.held)
+	check := r.Outbox.PartitionWork(r.MaxAttempts, r.Types, m.n, m.held)
 	var look store.PartitionLook
-	cctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+	cctx, cancel := context.WithTimeout(ctx, LockTimeout)
 	defer cancel()
-	err := own.do(cctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+	err := own.Do(cctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
-		look, got, err = store.IdleLookStatement(ctx, conn, r.presence.mark(), check, r.key, m.n)
+		look, got, err = store.IdleLookStatement(ctx, conn, r.Presence.Mark(), check, r.Key, m.n)
 		if err == nil && got != pid {
-			err = errPresenceMoved
+			err = ErrPresenceMoved
 		}
 		return err
 	})
@@ -206,24 +206,24 @@ func (m *membership) idleCheck(ctx context.Context, own *ownSession) (work bool)
 // join tries the shared hold of the app's key on a connection of its own.
 func (m *membership) join(ctx context.Context) (bool, error) {
 	r := m.r
-	if err := r.sessions.verify(ctx, r.pool, r.logger); err != nil {
+	if err := r.Sessions.Verify(ctx, r.Pool, r.Logger); err != nil {
 		return false, err
 	}
-	lctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+	lctx, cancel := context.WithTimeout(ctx, LockTimeout)
 	defer cancel()
 	now := time.Now()
-	conn, locked, sess, err := tryElection(lctx, r.pool, r.key, store.MarkReplica(store.LockSharedSQL, r.presence.id), r.sessions.isDirect())
+	conn, locked, sess, err := tryElection(lctx, r.Pool, r.Key, store.MarkReplica(store.LockSharedSQL, r.Presence.ID()), r.Sessions.IsDirect())
 	switch {
 	case err != nil:
 		return false, err
 	case sess.readOnly:
 		conn.Release()
 		return false, fmt.Errorf("%w: not joining the partitioned election %q on backend %d: a lock taken on a standby excludes nobody on the primary",
-			ErrReadOnly, r.key, sess.pid)
+			store.ErrReadOnly, r.Key, sess.pid)
 	case locked == nil:
 		conn.Release()
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election's key is already held by the pooled session the membership was given; not joining",
-			slog.String("key", r.key), slog.Uint64("pid", uint64(sess.pid)),
+		r.Logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election's key is already held by the pooled session the membership was given; not joining",
+			slog.String("key", r.Key), slog.Uint64("pid", uint64(sess.pid)),
 			slog.String("hint", "another holder took the key on the shared pool and released the connection, "+
 				"or a transaction-pooling proxy sits between the relay and PostgreSQL"))
 		return false, nil
@@ -233,9 +233,9 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	m.conn, m.sess, m.since, m.held = conn, sess, now, nil
-	if ok, err := store.MarkStatement(store.WithReplica(lctx, r.presence.id), conn, r.key, m.n, sess.pid); err != nil || !ok {
+	if ok, err := store.MarkStatement(store.WithReplica(lctx, r.Presence.ID()), conn, r.Key, m.n, sess.pid); err != nil || !ok {
 		m.drop(err)
-		return false, fmt.Errorf("relay: mark the membership of %q with Partitions %d: %w", r.key, m.n, cmp.Or(err, errors.New("refused")))
+		return false, fmt.Errorf("relay: mark the membership of %q with Partitions %d: %w", r.Key, m.n, cmp.Or(err, errors.New("refused")))
 	}
 	m.mu.Lock()
 	m.lost = nil
@@ -253,13 +253,13 @@ func (m *membership) rebalance(ctx context.Context, check *store.WorkCheck, befo
 		m.drop(err)
 		return store.PartitionState{}, false, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, guardLockTimeout)
+	rctx, cancel := context.WithTimeout(ctx, LockTimeout)
 	defer cancel()
 	sent := time.Now()
-	st, err := store.RebalanceStatement(store.WithReplica(rctx, r.presence.id), m.conn, r.key, m.n, m.start, m.sess.pid, check)
+	st, err := store.RebalanceStatement(store.WithReplica(rctx, r.Presence.ID()), m.conn, r.Key, m.n, m.start, m.sess.pid, check)
 	if err != nil {
 		m.drop(err)
-		return store.PartitionState{}, false, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.key, err)
+		return store.PartitionState{}, false, fmt.Errorf("relay: rebalance the partitions of %q: %w", r.Key, err)
 	}
 	m.held = st.Held
 	var release []int
@@ -273,24 +273,24 @@ func (m *membership) rebalance(ctx context.Context, check *store.WorkCheck, befo
 		release = m.held[len(m.held)-1:]
 	}
 	if len(release) > 0 {
-		r.stats.setPartitions(m.held[:len(m.held)-len(release)]) // before another can take them
-		ok, err := store.ReleasePartitionsStatement(rctx, m.conn, r.key, m.n, release, false, m.sess.pid)
+		r.SetPartitions(m.held[:len(m.held)-len(release)]) // before another can take them
+		ok, err := store.ReleasePartitionsStatement(rctx, m.conn, r.Key, m.n, release, false, m.sess.pid)
 		if err == nil && !ok {
-			err = fmt.Errorf("%w: backend %d did not hold partitions %v it was given", ErrElectionLost, m.sess.pid, release)
+			err = fmt.Errorf("%w: backend %d did not hold partitions %v it was given", lease.ErrLost, m.sess.pid, release)
 		}
 		if err != nil {
 			m.drop(err)
-			return store.PartitionState{}, false, fmt.Errorf("relay: release partitions %v of %q: %w", release, r.key, err)
+			return store.PartitionState{}, false, fmt.Errorf("relay: release partitions %v of %q: %w", release, r.Key, err)
 		}
 		m.held = slices.Clone(m.held[:len(m.held)-len(release)])
 	}
 	m.left = store.PartitionLook{Members: st.Members, Held: st.Others + len(m.held)}
 	idle = check != nil && check.Ran && !check.Work && slices.Equal(before, m.held)
-	// Between idle passes the watch's heartbeat waits idleHeartbeat, past the
+	// Between idle passes the watch's heartbeat waits lease.IdleHeartbeat, past the
 	// next rebalance; a pass that delivers runs under the election's.
-	every := guardHeartbeat
+	every := lease.Heartbeat
 	if idle {
-		every = idleHeartbeat
+		every = lease.IdleHeartbeat
 	}
 	m.resume(sent, every)
 	return st, idle, nil
@@ -313,7 +313,7 @@ func (m *membership) resume(at time.Time, every time.Duration) {
 	if m.conn == nil || m.w != nil {
 		return
 	}
-	m.w = startWatch(m.conn.Conn().PgConn(), m.sess.pid, m.since, at, every, m.r.presence.id, func(err error) {
+	m.w = startWatch(m.conn.Conn().PgConn(), m.sess.pid, m.since, at, every, m.r.Presence.ID(), func(err error) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.lost = err
@@ -329,15 +329,15 @@ func (m *membership) resume(at time.Time, every time.Duration) {
 // a server connection of the pooler's, and are let go of there first
 // (closeSession).
 func (m *membership) drop(why error) {
-	m.r.stats.setPartitions(nil)
+	m.r.SetPartitions(nil)
 	_ = m.pause()
 	if m.conn != nil {
-		closeSession(context.Background(), m.conn, m.r.key, m.sess)
+		closeSession(context.Background(), m.conn, m.r.Key, m.sess)
 		attrs := []slog.Attr{slog.Any("partitions", m.held)}
 		if why != nil {
 			attrs = append(attrs, slog.String("error", why.Error()))
 		}
-		m.r.logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: left the partitioned election: its session was lost", attrs...)
+		m.r.Logger.LogAttrs(context.Background(), slog.LevelWarn, "relay: left the partitioned election: its session was lost", attrs...)
 	}
 	m.conn, m.held = nil, nil
 }
@@ -353,20 +353,20 @@ func (m *membership) leave(ctx context.Context) {
 		return
 	}
 	r := m.r
-	r.stats.setPartitions(nil) // before another can take them
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardUnlockTimeout)
+	r.SetPartitions(nil) // before another can take them
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UnlockTimeout)
 	defer cancel()
-	ok, err := store.ReleasePartitionsStatement(uctx, m.conn, r.key, m.n, m.held, true, m.sess.pid)
+	ok, err := store.ReleasePartitionsStatement(uctx, m.conn, r.Key, m.n, m.held, true, m.sess.pid)
 	if err == nil && !ok {
-		err = fmt.Errorf("%w: backend %d did not hold partitions %v and its member mark", ErrElectionLost, m.sess.pid, m.held)
+		err = fmt.Errorf("%w: backend %d did not hold partitions %v and its member mark", lease.ErrLost, m.sess.pid, m.held)
 	}
 	if err != nil {
-		closeSession(uctx, m.conn, r.key, m.sess)
+		closeSession(uctx, m.conn, r.Key, m.sess)
 	} else {
-		err = releaseElection(uctx, m.conn, r.key, m.sess, store.UnlockSharedSQL)
+		err = releaseElection(uctx, m.conn, r.Key, m.sess, store.UnlockSharedSQL)
 	}
 	if err != nil {
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: leave the partitioned election", slog.String("error", err.Error()))
+		r.Logger.LogAttrs(ctx, slog.LevelWarn, "relay: leave the partitioned election", slog.String("error", err.Error()))
 	}
 	m.conn, m.held = nil, nil
 }
@@ -390,6 +390,6 @@ func (m *membership) announce(st store.PartitionState) {
 	}
 	m.announced = msg
 	if msg != "" {
-		m.r.logger.LogAttrs(context.Background(), slog.LevelWarn, msg, append(attrs, slog.String("key", m.r.key))...)
+		m.r.Logger.LogAttrs(context.Background(), slog.LevelWarn, msg, append(attrs, slog.String("key", m.r.Key))...)
 	}
 }

@@ -1,0 +1,393 @@
+package election
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/store"
+)
+
+// This file is how a pass is elected, chosen once, in relay.New, as one of
+// four elections:
+//
+//   - None: ClusterLock off (the escape hatch), and Run's direct pass;
+//   - Guarded: a Guard of the adopter's own, run as given;
+//   - Polled: the relay's own Guard on its pool, whose timer passes first
+//     look for work in the statement that tries the lock (the idle poll: one
+//     statement per Interval when idle), and which the loop keeps between
+//     its passes while work keeps arriving (kept election);
+//   - Member: the partitioned election (Partitions > 1, partitions.go).
+
+// Relay is what the elections take of the relay they elect for, built once
+// in relay.New.
+type Relay struct {
+	Pool        *pgxpool.Pool
+	Logger      *slog.Logger
+	Key         string // the election key: AppName + "_relay_m2m"
+	Table       string // as configured, for messages
+	Types       []string
+	MaxAttempts int
+	Partitions  int
+	Interval    time.Duration
+	Sessions    *SessionCheck // that the pool keeps its sessions; nil without an election on the pool
+	Presence    *Presence
+	Outbox      *store.Table
+	// Sendable are the types whose rows may be sent now (a paused type's
+	// are no work until its pause ends).
+	Sendable func() []string
+	// Dispatch runs the pass's engine under the election held.
+	Dispatch func(ctx context.Context, o Opts) Result
+	// LearnTable learns the table before the first pass.
+	LearnTable func(ctx context.Context) error
+	// SetPartitions says which partitions this replica holds (Stats).
+	SetPartitions func([]int)
+}
+
+// Opts tune a pass: the engine's (internal/pass) and the election's. The
+// zero value is Run's and RunIfElected's: one batch.
+type Opts struct {
+	Halt     <-chan struct{} // closed: start no new message or batch (graceful stop)
+	Drain    bool            // take batches while they come back full
+	DrainFor time.Duration   // how long at most; 0: pass.DrainMax
+	Parts    []int           // partitioned: deliver only these partitions
+	Own      *OwnSession     // the started relay's own session, for the idle poll; nil: the pool's
+	// Keep, for the loop's passes, says from the pass's result whether the
+	// election is kept for the next pass (Polled); nil: let go.
+	Keep func(Result) bool
+	// Wake is the loop's wake-ups: one that comes while the pass waits for
+	// its last messages has it select again at once. nil: none.
+	Wake <-chan struct{}
+	// AfterLoss says the loop's last pass lost its election: a lock found
+	// taken now is most likely that election's own, whose session's backend
+	// has not exited yet (or a server going down answered), so the pass
+	// fails rather than coalesces (Polled).
+	AfterLoss bool
+}
+
+// Result is what a pass did: the engine's result, and whether it ran.
+type Result struct {
+	pass.Result
+	Ran bool // the pass ran: elected, or direct
+}
+
+// Coalesced says another session held the election: the pass neither ran nor failed.
+func (p *Result) Coalesced() bool { return !p.Ran && p.Err == nil }
+
+// Election decides whether this replica runs a pass, and runs it.
+type Election interface {
+	// Waits reports whether a pass waits for one of this relay in flight
+	// instead of coalescing: without an election nothing is held that a
+	// second pass could coalesce on.
+	Waits() bool
+	// Poll looks for work at the cost of as little as it can: a pass that
+	// finds none is over, elected or coalesced, with res. Elections without a
+	// poll report work at once.
+	Poll(ctx context.Context, o Opts) (res Result, work bool)
+	// Run runs the engine under the election; res.Ran is false when it coalesced.
+	Run(ctx context.Context, o Opts) Result
+	// Begin and End bracket the started loop: what outlasts one pass (a
+	// partitioned membership) lasts from Begin to End, after the last pass.
+	Begin()
+	End(ctx context.Context)
+	// Keeps reports whether the election is kept between the loop's passes
+	// right now (Polled), and for how long at most without work: the loop's
+	// timer then comes no later.
+	Keeps() (bool, time.Duration)
+}
+
+// TryRunner is a Guard of the adopter's own (relay.Guard).
+type TryRunner interface {
+	TryRun(ctx context.Context, key string, fn func(ctx context.Context) error) (ran bool, err error)
+}
+
+// NewNone is the election of ClusterLock off, and of Run.
+func NewNone(r *Relay) Election { return noElection{r} }
+
+// NewGuarded runs each pass under guard's TryRun.
+func NewGuarded(r *Relay, guard TryRunner) Election { return guardElection{r: r, guard: guard} }
+
+// NewPolled is the relay's own guard on its pool, with its idle poll and its
+// kept election.
+func NewPolled(r *Relay, own *Guard) Election {
+	return &polledElection{r: r, own: own, keptIdle: keptIdle}
+}
+
+// NewMember is the partitioned election.
+func NewMember(r *Relay) Election { return &memberElection{m: newMembership(r)} }
+
+// noElection runs every pass directly: ClusterLock off, or Run.
+type noElection struct{ r *Relay }
+
+func (noElection) Waits() bool                               { return true }
+func (noElection) Poll(context.Context, Opts) (Result, bool) { return Result{}, true }
+func (noElection) Begin()                                    {}
+func (noElection) Keeps() (bool, time.Duration)              { return false, 0 }
+func (noElection) End(context.Context)                       {}
+func (e noElection) Run(ctx context.Context, o Opts) Result {
+	res := e.r.Dispatch(ctx, o)
+	res.Ran = true
+	return res
+}
+
+// guardElection runs the pass under a Guard's TryRun.
+type guardElection struct {
+	r     *Relay
+	guard TryRunner
+}
+
+func (guardElection) Waits() bool                               { return false }
+func (guardElection) Poll(context.Context, Opts) (Result, bool) { return Result{}, true }
+func (guardElection) Begin()                                    {}
+func (guardElection) Keeps() (bool, time.Duration)              { return false, 0 }
+func (guardElection) End(context.Context)                       {}
+
+func (e guardElection) Run(ctx context.Context, o Opts) Result {
+	var res Result
+	ran, err := e.tryRun(ctx, func(ctx context.Context) error {
+		res = e.r.Dispatch(ctx, o)
+		return res.Err
+	})
+	res.Err, res.Ran = err, ran
+	return res
+}
+
+// tryRun runs fn under the guard. A Guard of the adopter's own that panics
+// is recovered here: the pass fails, the relay goes on.
+func (e guardElection) tryRun(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			e.r.Logger.LogAttrs(ctx, slog.LevelError, "relay: the election panicked", slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("relay: the election panicked: %v", p)
+		}
+	}()
+	return e.guard.TryRun(store.WithReplica(ctx, e.r.Presence.ID()), e.r.Key, fn)
+}
+
+// polledElection is the relay's own PostgresGuard on its pool. Its poll is one
+// statement that wins the election for its own length and looks for work
+// (pollSQL): without work, that is the whole pass, elected or coalesced, so
+// an idle replica costs one statement per Interval, run on the started
+// relay's own session (session.go) where it has one. With work, the pass
+// takes the election for real.
+//
+// The loop keeps the election it won between its passes while work keeps
+// arriving: a steady trickle's woken passes then take no lock and give none
+// back (two round trips, and a pooled connection's hand-off, fewer on each
+// message's path; on a busy host each is a wait for the server's backend to
+// be scheduled). It lets go of it after a pass that fails, one that stops at
+// drainMax with a backlog (as before), a stop, and the first pass that finds
+// nothing after keptIdle without a wake-up: an idle replica is back to its
+// one poll per Interval, holding nothing. Meanwhile the watch's heartbeat
+// keeps the lease, and a lease that ran out (a frozen process) or a session
+// lost between passes is let go of before the next pass, which elects anew.
+// Passes that are not the loop's (RunIfElected) run on the kept election if
+// there is one, and let go of it.
+type polledElection struct {
+	r   *Relay
+	own *Guard
+
+	mu       sync.Mutex
+	kept     *Held         // the election kept between the loop's passes; nil: none
+	keptIdle time.Duration // keptIdle; a test may lengthen it
+}
+
+// keptIdle is how long, at most, the loop keeps the election without a
+// wake-up or a row: the loop's next timer pass comes no later, and lets go
+// of it if it finds nothing.
+const keptIdle = time.Second
+
+func (*polledElection) Waits() bool { return false }
+func (*polledElection) Begin()      {}
+
+func (e *polledElection) Keeps() (bool, time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.kept != nil, e.keptIdle
+}
+
+// take takes the kept election out, if there is one: the pass that runs on
+// it, or the loop's end, lets go of it or keeps it again.
+func (e *polledElection) take() *Held {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h := e.kept
+	e.kept = nil
+	return h
+}
+
+// errLockNotFreeYet is the failure of a pass that found the election taken
+// just after this relay lost it (Opts.afterLoss), or let go of a kept one
+// it no longer trusted: most likely its own old session's lock, which the
+// server frees only as that backend exits (or a server going down that still
+// answers). Coalescing then would make a standby of this replica, leaving
+// the next wake-ups to a holder that may be gone; the loop backs off and
+// elects again.
+var errLockNotFreeYet = fmt.Errorf("%w: the election's last session ended, and its lock was not free yet; electing again at the next pass", lease.ErrLost)
+
+func (e *polledElection) Poll(ctx context.Context, o Opts) (res Result, work bool) {
+	if kept, _ := e.Keeps(); kept {
+		return Result{Ran: true}, true // the kept election's pass looks for work itself
+	}
+	r := e.r
+	if err := r.LearnTable(ctx); err != nil {
+		return failed(err), false
+	}
+	pctx, cancel := context.WithTimeout(ctx, LockTimeout)
+	defer cancel()
+	var readOnly, won bool
+	types := r.Sendable() // a paused type's rows are no work until its pause ends
+	// On the relay's own session (session.go) when it has one: no pooled
+	// connection to take, and so no ping of pgxpool's before it.
+	err := o.Own.Do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+		var got uint32
+		var err error
+		readOnly, won, work, got, err = r.Outbox.Poll(ctx, conn, r.Presence.Mark(), r.MaxAttempts, types, r.Key)
+		if err == nil && got != pid {
+			err = ErrPresenceMoved
+		}
+		return err
+	})
+	if errors.Is(err, ErrNoSession) {
+		var c *pgxpool.Conn
+		if c, err = store.Acquire(pctx, r.Pool, "poll for work"); err != nil {
+			return failed(err), false
+		}
+		readOnly, won, work, _, err = r.Outbox.Poll(pctx, c, "", r.MaxAttempts, types, r.Key)
+		c.Release()
+	}
+	switch {
+	case err != nil:
+		return failed(fmt.Errorf("relay: poll %s for work: %w", r.Table, err)), false
+	case readOnly:
+		return failed(fmt.Errorf("%w: not electing %q on it: a lock taken on a standby excludes nobody on the primary", store.ErrReadOnly, r.Key)), false
+	case !won && o.AfterLoss:
+		return failed(errLockNotFreeYet), false
+	case !won:
+		return Result{}, false // coalesced
+	}
+	return Result{Ran: true}, work
+}
+
+// run runs the pass on the kept election, or on one it wins now, and keeps
+// it afterwards when o.keep says the loop goes on with work arriving.
+func (e *polledElection) Run(ctx context.Context, o Opts) (res Result) {
+	r := e.r
+	h := e.take()
+	lost := false
+	if h != nil && !h.Usable() {
+		// Frozen past the lease, or the session lost between passes: let go
+		// (the server may have freed the lock already) and elect anew.
+		err := h.Release(ctx, h.w.lease.Valid(time.Now()))
+		r.Logger.LogAttrs(ctx, slog.LevelWarn, "relay: the election kept since the last pass is no longer trusted; electing again",
+			slog.String("key", r.Key), slog.Any("error", err))
+		h, lost = nil, true
+	}
+	if h == nil {
+		var err error
+		h, err = e.own.Elect(store.WithReplica(ctx, r.Presence.ID()), r.Key)
+		switch {
+		case err != nil:
+			return failed(err)
+		case h == nil && (lost || o.AfterLoss):
+			// Most likely the lock of the session just ended, which the
+			// server frees as its backend exits: fail rather than coalesce,
+			// so that this replica does not become a standby that leaves the
+			// next wake-ups to a holder that may be gone.
+			return failed(errLockNotFreeYet)
+		case h == nil:
+			return Result{}
+		}
+	}
+	keep := false
+	defer func() { // also when the pass panics: the panic goes on once the lock is let go of
+		if keep {
+			e.mu.Lock()
+			e.kept = h
+			e.mu.Unlock()
+			return
+		}
+		res.Err = h.Release(ctx, res.Err)
+	}()
+	err := h.Run(ctx, func(ctx context.Context) error {
+		res = r.Dispatch(ctx, o)
+		return res.Err
+	})
+	res.Err, res.Ran = err, true
+	keep = o.Keep != nil && o.Keep(res)
+	return res
+}
+
+func (e *polledElection) End(ctx context.Context) {
+	h := e.take()
+	if h == nil {
+		return
+	}
+	if err := h.Release(ctx, nil); err != nil {
+		e.r.Logger.LogAttrs(ctx, slog.LevelWarn, "relay: stop: letting go of the kept election", slog.String("key", e.r.Key), slog.Any("error", err))
+	}
+}
+
+// memberElection is the partitioned election (partitions.go): a pass runs
+// for the partitions this replica holds. While the loop runs, the membership
+// lasts between passes; otherwise each pass joins and leaves.
+type memberElection struct{ m *membership }
+
+func (memberElection) Waits() bool                  { return false }
+func (memberElection) Keeps() (bool, time.Duration) { return false, 0 }
+
+// poll is idleCheck: after an idle pass that rebalanced, the next timer pass
+// looks for work on the relay's own session and is over when it finds none.
+func (e *memberElection) Poll(ctx context.Context, o Opts) (Result, bool) {
+	if e.m.idleCheck(ctx, o.Own) {
+		return Result{}, true
+	}
+	return Result{Ran: true}, false
+}
+
+func (e *memberElection) Begin() {
+	e.m.turn.Lock()
+	defer e.m.turn.Unlock()
+	e.m.stay = true
+}
+
+func (e *memberElection) End(ctx context.Context) {
+	e.m.turn.Lock()
+	defer e.m.turn.Unlock()
+	e.m.stay = false
+	e.m.leave(ctx)
+}
+
+func (e *memberElection) Run(ctx context.Context, o Opts) Result {
+	m := e.m
+	m.turn.Lock()
+	defer m.turn.Unlock()
+	var res Result
+	o.DrainFor = min(m.r.Interval, pass.DrainMax)
+	ran, err := m.pass(ctx, func(ctx context.Context, parts []int) error {
+		o.Parts = parts
+		res = m.r.Dispatch(ctx, o)
+		return res.Err
+	})
+	res.Err, res.Ran = err, ran
+	if !m.stay {
+		m.leave(ctx)
+	}
+	return res
+}
+
+// failed is the result of a pass that failed before it ran.
+func failed(err error) Result {
+	var res Result
+	res.Err = err
+	return res
+}
