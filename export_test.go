@@ -9,6 +9,7 @@ import (
 
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/store"
+	"github.com/xadm/relay/internal/wake"
 )
 
 // FetchForTest is the select of a batch of at most limit rows of types as a
@@ -27,7 +28,7 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 // within denseGap of each other tries to wake the relays, and how long it
 // goes without a NOTIFY the wake-up token did not grant.
 func WithWakeUpForTest(window, denseGap, forceAfter time.Duration) EnqueueOption {
-	return withWakeWindows(newWakeWindows(window, denseGap, forceAfter))
+	return withWakeWindows(wake.NewWindows(window, denseGap, forceAfter))
 }
 
 // KeepElectionForTest makes r's loop keep its election between passes for

@@ -13,6 +13,7 @@ import (
 
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/wake"
 )
 
 // This file is the one scheduling loop: one goroutine per started relay that
@@ -192,7 +193,7 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 			continue // only a stop ends the wait now
 		}
 		next, coalesced := r.periodic(ctx, l, woken || followUp)
-		standby, followUp = coalesced, next == wakeFollowUp
+		standby, followUp = coalesced, next == wake.FollowUp
 		timer.Reset(next)
 	}
 }
@@ -201,7 +202,7 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 // delay until the next one and whether it coalesced. A pass the timer
 // started begins with the idle poll; one a wake-up started goes straight to
 // the election. A woken pass that delivered, or a follow-up of one that
-// delivered, is followed up wakeFollowUp later: Enqueues that came densely
+// delivered, is followed up wake.FollowUp later: Enqueues that came densely
 // did not all notify (wake.go), and the follow-ups find their rows until one
 // finds nothing. A pass that lost its election is followed at once, once.
 func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Duration, coalesced bool) {
@@ -233,7 +234,7 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 	case res.Backlog && res.Err == nil:
 		next = 0
 	case (woken || res.Woken) && res.Processed() > 0 && res.Err == nil:
-		next = wakeFollowUp
+		next = wake.FollowUp
 	case n <= 1 && errors.Is(res.Err, ErrElectionLost):
 		// The election was lost (its session ended, its lease ran out), not
 		// the database (a loss does not count as a failure in a row): elect

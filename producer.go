@@ -11,6 +11,7 @@ import (
 
 	"github.com/xadm/relay/internal/headers"
 	"github.com/xadm/relay/internal/store"
+	"github.com/xadm/relay/internal/wake"
 )
 
 // Querier is what [Enqueue] writes through: pgx.Tx (as pool.Begin returns
@@ -74,7 +75,7 @@ const errEnqueue = "relay: enqueue: "
 // pass it wakes, or by the relay's follow-up poll a few milliseconds after it.
 // Enqueue is one statement, one round trip, either way.
 func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...EnqueueOption) (int64, error) {
-	o := enqueueOptions{wakes: enqueueWakes}
+	o := enqueueOptions{wakes: wake.Enqueues}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -90,11 +91,11 @@ func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...E
 	if q == nil {
 		return 0, errors.New(errEnqueue + "nil Querier: pass the transaction (pgx.Tx) the message must commit with")
 	}
-	var w *wakeState
+	var w *wake.State
 	channel, force := "", false
 	if !o.noWake {
-		if w, force = o.wakes.attempt(store.WakeChannel(id), m.Type); w != nil {
-			channel = w.channel
+		if w, force = o.wakes.Attempt(store.WakeChannel(id), m.Type); w != nil {
+			channel = w.Channel()
 		}
 	}
 	newID, notified, err := enqueue(ctx, q, id, m, channel, force)
@@ -102,7 +103,7 @@ func Enqueue(ctx context.Context, q Querier, table string, m Outgoing, opts ...E
 		return 0, fmt.Errorf(errEnqueue+"insert a message of type %q, key %q into %s: %w", m.Type, m.Key, table, err)
 	}
 	if notified {
-		w.notifiedNow()
+		w.NotifiedNow()
 	}
 	return newID, nil
 }
@@ -112,12 +113,12 @@ type EnqueueOption func(*enqueueOptions)
 
 type enqueueOptions struct {
 	noWake bool
-	wakes  *wakeWindows // enqueueWakes, or a test's own (withWakeWindows)
+	wakes  *wake.Windows // wake.Enqueues, or a test's own (withWakeWindows)
 }
 
 // withWakeWindows makes Enqueue keep its wake-up attempts in w instead of the
 // process's: for tests that need other timings.
-func withWakeWindows(w *wakeWindows) EnqueueOption {
+func withWakeWindows(w *wake.Windows) EnqueueOption {
 	return func(o *enqueueOptions) { o.wakes = w }
 }
 
