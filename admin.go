@@ -388,7 +388,7 @@ func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
 
 // PurgeSent deletes the outbound SENT rows of the Admin's scope ([Admin.Scope])
 // whose sent_at is older than
-// retention (measured on the database's clock), oldest first, in store.statements of
+// retention (measured on the database's clock), oldest first, in statements of
 // at most [PurgeChunk] rows each, and returns how many it deleted. Live and
 // dead rows, inbound rows and SENT rows within retention are left alone.
 // retention must not be negative; 0 purges every SENT row.

@@ -44,7 +44,7 @@ type LockHolder struct {
 	// its pool set it; "" if it has none.
 	Replica string
 	// ReplicaID is the id of the live replica ([Admin.Replicas]) whose pass
-	// or membership this session runs, when its store.statements name it; "" otherwise.
+	// or membership this session runs, when its statements name it; "" otherwise.
 	ReplicaID string
 	// Partitions are the partitions a partitioned replica holds (Mode
 	// shared), of PartitionsOf, its Config.Partitions; nil and 0 otherwise.

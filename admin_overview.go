@@ -43,7 +43,7 @@ type Overview struct {
 	DefaultReadOnly bool
 
 	// MissingIndexes are the partial indexes of [SchemaSQL] the table lacks
-	// (a table made by the JVM service or by hand), with the store.statements that
+	// (a table made by the JVM service or by hand), with the statements that
 	// add them: without them every pass reads past the SENT, dead and other
 	// apps' rows.
 	MissingIndexes []MissingIndex

@@ -11,11 +11,11 @@ import (
 )
 
 // Replica is a live relay of the Admin's app, as its presence shows it
-// (presence.go): a started relay holds its presence locks for as long as its
+// (internal/election): a started relay holds its presence locks for as long as its
 // process and its session live, whether it is in a pass or not.
 type Replica struct {
 	// ID is the replica's id, 8 hex digits drawn when the relay was built;
-	// the election's store.statements name it (LockHolder.ReplicaID).
+	// the election's statements name it (LockHolder.ReplicaID).
 	ID string
 	// Types are the message types it has senders for. UnnamedTypes counts
 	// those whose names the Admin could not read (another role's session
@@ -60,7 +60,7 @@ func (r Replica) Serves(typ string) bool { return slices.Contains(r.Types, typ) 
 // every started relay, single key or partitioned, between passes as in one,
 // with the types it serves and whether it holds the election now. A killed
 // relay disappears with its session; a frozen or cut-off one within about
-// 10 s (presence.go). Relays of other apps, JVM relays and relays that are
+// 10 s (internal/election). Relays of other apps, JVM relays and relays that are
 // not started (Enabled false, or only [Relay.Run]) are not listed.
 func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	reps, err := a.replicas(ctx, a.types)
@@ -85,7 +85,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 const replicasReads = 4
 
 // replicas reads the presence of the app's relays; names are type names to
-// recognise besides those the replicas' own store.statements carry.
+// recognise besides those the replicas' own statements carry.
 func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error) {
 	read := func(names []string) ([]Replica, map[int][]int64, []int64, error) {
 		rows, err := store.ReplicasStatement(ctx, a.pool, a.app, names)

@@ -293,7 +293,7 @@ func (c *Config) validate() error {
 }
 
 // partitionsMax bounds Config.Partitions: a partition's lock keeps N and its
-// number in 16 bits each (partitions.go).
+// number in 16 bits each (internal/election).
 const partitionsMax = 4096
 
 // checkAppName says what is wrong with an AppName, "" if nothing. The name is

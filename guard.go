@@ -70,7 +70,7 @@ var ErrElectionLost = lease.ErrLost
 // Session locks need session pooling: behind PgBouncer in transaction mode the
 // lock is taken and released on whatever server connection the proxy picks, and
 // the guard cannot protect anything. Before its first election the guard checks
-// that the pool keeps its sessions (pooling.go), and refuses with an error
+// that the pool keeps its sessions (internal/election), and refuses with an error
 // wrapping [ErrTransactionPooling] when it does not. Should that check miss,
 // every statement on the lock's session carries the session's backend pid and
 // acts only on that backend: one landing on another backend changes nothing,

@@ -47,7 +47,7 @@ type loop struct {
 	listening chan struct{}        // closed when the wake-up listener has returned (at once without one)
 	attempted chan struct{}        // closed once the listener's first LISTEN has succeeded or failed (at once without one)
 	done      chan struct{}        // closed when the loop has returned: its last pass unwound
-	own       *election.OwnSession // the relay's own session, for the idle poll (session.go)
+	own       *election.OwnSession // the relay's own session, for the idle poll (internal/election)
 	// afterLoss: the last pass lost its election, and this one, at once,
 	// elects again; only the loop's goroutine reads and writes it.
 	afterLoss bool
@@ -203,7 +203,7 @@ func (r *Relay) run(ctx context.Context, l *loop) {
 // started begins with the idle poll; one a wake-up started goes straight to
 // the election. A woken pass that delivered, or a follow-up of one that
 // delivered, is followed up wake.FollowUp later: Enqueues that came densely
-// did not all notify (wake.go), and the follow-ups find their rows until one
+// did not all notify (internal/wake), and the follow-ups find their rows until one
 // finds nothing. A pass that lost its election is followed at once, once.
 func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Duration, coalesced bool) {
 	next = r.cfg.Interval

@@ -126,7 +126,7 @@ func withWakeWindows(w *wake.Windows) EnqueueOption {
 // they find it at their next poll, within Config.Interval. A wake-up is a
 // NOTIFY, and PostgreSQL commits notifying transactions one at a time; Enqueue
 // already lets only one transaction at a time carry it, and a busy process at
-// most one per 5ms (wake.go), which keeps producers' commits concurrent, so this
+// most one per 5ms (internal/wake), which keeps producers' commits concurrent, so this
 // option is for producers that want no NOTIFY at all (bulk loads, say).
 func WithoutWakeUp() EnqueueOption { return func(o *enqueueOptions) { o.noWake = true } }
 

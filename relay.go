@@ -56,7 +56,7 @@ type Relay struct {
 	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
-	sessions *election.SessionCheck // that the pool keeps its sessions, when the election takes its locks on it (pooling.go)
+	sessions *election.SessionCheck // that the pool keeps its sessions, when the election takes its locks on it (internal/election)
 	key      string
 	observer Observer
 	stats    counters
@@ -355,7 +355,7 @@ func (r *Relay) learnTable(ctx context.Context) error {
 }
 
 // warnMissingIndexes says once, at WARN, which of the relay's partial
-// indexes the table lacks (indexes.go), with the store.statements that add them.
+// indexes the table lacks (indexes.go), with the statements that add them.
 func (r *Relay) warnMissingIndexes(ctx context.Context, db store.Querier) {
 	missing, err := missingIndexes(ctx, db, r.cfg.Table)
 	if err != nil {

@@ -12,14 +12,14 @@ import (
 )
 
 // This file is the outbox table as the relay sees it: what the pass reads and
-// writes it through (pass.Outbox, over the relay's store.statements), and the
+// writes it through (pass.Outbox, over the relay's statements), and the
 // runner built once, in New, with its dependencies.
 //
 // A table made by another migration (the JVM's: nullable columns, varchar,
 // timestamp, no defaults, no indexes) works: the relay needs the columns of
 // requiredColumns, reads every one as nullable, and learns the table's
 // schema-qualified name, the width of last_error and its optional headers
-// column before its first pass (store_pass.go, probe). The indexes of
+// column before its first pass (internal/store, Probe). The indexes of
 // SchemaSQL keep each pass on the live rows of its own types; a table that
 // lacks them is drained all the same, and the relay says which it lacks
 // (indexes.go).

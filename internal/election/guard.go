@@ -77,7 +77,7 @@ func (g *Guard) TryRun(ctx context.Context, key string, fn func(ctx context.Cont
 // the lock statement learned of its session, and the watch that owns the
 // connection from the win to the release. TryRun holds one for a job; the
 // relay's loop keeps one across its passes while work keeps arriving
-// (election.go), so a steady trickle's passes take and release no lock.
+// (elections.go), so a steady trickle's passes take and release no lock.
 type Held struct {
 	g    *Guard
 	key  string

@@ -31,7 +31,7 @@ import (
 // its partitions' locks, two-int advisory locks that name N and the
 // partition (sql/election.sql). Nothing else is stored: the server frees a
 // member's locks when its session ends, and the session carries the lease of
-// the field-faults issue (lease.go): idle_session_timeout and the watch's
+// the field-faults issue (watch.go, internal/lease): idle_session_timeout and the watch's
 // heartbeat, so a member cut off or frozen loses its partitions within the
 // same bound as an elected replica.
 //
@@ -65,7 +65,7 @@ import (
 // Interval, so that rebalancing happens at least that often.
 
 // membership is this relay's part in the partitioned election. Its
-// memberElection (election.go) uses it under turn only, except for the
+// memberElection (elections.go) uses it under turn only, except for the
 // watch's loss, which takes mu.
 type membership struct {
 	turn sync.Mutex // held by a pass, and by the loop's begin and end

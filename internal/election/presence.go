@@ -51,7 +51,7 @@ import (
 // again.
 
 // Timings of presence: the lease of the election, and the keepalive of a
-// session that holds locks for nothing in flight (lease.go).
+// session that holds locks for nothing in flight (internal/lease).
 const (
 	presenceBeat  = lease.IdleHeartbeat
 	presenceLease = lease.Server

@@ -12,12 +12,12 @@ import (
 // This file is the relay's own session: the one connection a started relay
 // holds for its life, out of the pool (the wake-up listener's, wake.go; with
 // WakeOnCommit off, one that carries only presence). Between its waits for
-// notifications it runs the store.statements other goroutines hand it — the loop's
+// notifications it runs the statements other goroutines hand it — the loop's
 // idle poll — so that an idle replica costs one round trip per Interval on a
 // session pgxpool never pings, and that round trip is the session's keepalive
 // too (no presence beat while polls come at least every presenceBeat).
 
-// OwnSession hands store.statements to the goroutine that holds the relay's own
+// OwnSession hands statements to the goroutine that holds the relay's own
 // session.
 type OwnSession struct {
 	jobs chan sessionJob // at most one waiting

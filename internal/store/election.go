@@ -15,8 +15,8 @@ import (
 )
 
 // The elections' statements, in sql/election.sql: the guard's lock of one
-// key (guard.go), the lease's heartbeat (lease.go) and the partitioned
-// election (partitions.go).
+// key, the lease's heartbeat and the partitioned election
+// (internal/election).
 
 // The lock of one key, exclusive (the election of one) or shared (the
 // partitioned election's hold of the app's key), and their unlocks.
@@ -74,7 +74,7 @@ func SessionLocksHeld(ctx context.Context, db querier, pid uint32) (held bool, e
 	return held, err
 }
 
-// The partitioned election's Statements.
+// The partitioned election's statements.
 var (
 	markSQL              = Statements.Positional("partitionMark", Data{})
 	partitionConfigSQL   = Statements.Positional("partitionConfig", Data{})
@@ -217,7 +217,7 @@ type LockSession struct {
 	Idle     *string
 }
 
-// MarkReplica adds a relay's replica id (presence.go) to the election mark
+// MarkReplica adds a relay's replica id (internal/election's presence) to the election mark
 // of stmt: "/* relay election replica=1a2b3c4d */ …", so that Admin links an
 // election's session to the live replica whose pass it runs. statements
 // without the mark, and an empty id, are returned as they are.

@@ -16,7 +16,7 @@ import (
 )
 
 // The pass's reads; their statements are in sql/pass.sql, and those of the
-// outcomes in sql/outcomes.sql (store_outcomes.go).
+// outcomes in sql/outcomes.sql (outcomes.go).
 
 // execer and querier are what the statements run on (internal/store).
 type (
@@ -293,7 +293,7 @@ func tooLarge(size, limit int) string {
 // poll runs the idle poll (pollSQL) for the election key.
 //
 // mark starts the statement: on the relay's own session, the presence
-// comment, which pg_stat_activity.query must go on showing (presence.go).
+// comment, which pg_stat_activity.query must go on showing (internal/election).
 func (r *Table) Poll(ctx context.Context, db querier, mark string, maxAttempts int, types []string, key string) (readOnly, won, work bool, pid uint32, err error) {
 	args := r.pollSQL.Args(map[string]any{"max": maxAttempts, "types": types, "limit": 1, "after": int64(math.MinInt64),
 		"backoff": r.backoff, "cap": r.backoffMax, "key": key})

@@ -9,8 +9,8 @@ import (
 )
 
 // Presence's statements, in sql/presence.sql: the locks a started relay holds
-// (presence.go), Admin's reading of them (admin_presence.go), and the
-// table's indexes (indexes.go).
+// (internal/election), Admin's reading of them, and the table's
+// indexes (relay's indexes.go).
 
 var (
 	presenceTakeSQL     = Statements.Positional("presenceTake", Data{})

@@ -10,19 +10,19 @@ import (
 	"text/template"
 )
 
-// The SQL layer. Every statement the package sends lives in sql/*.sql,
-// embedded below, one file per concern, and runs from one Go file per
-// concern:
+// The SQL layer. Every statement the relay sends lives in sql/*.sql,
+// embedded below, one file per concern, rendered by one Go file per concern
+// of this package:
 //
-//	sql/schema.sql    the table's DDL            store_schema.go   (SchemaSQL, CreateTable)
-//	sql/pass.sql      the pass's reads           store_pass.go     (the select, the idle poll, the probe)
-//	sql/outcomes.sql  the fenced outcomes        store_outcomes.go
-//	sql/admin.sql     Admin's statements         store_admin.go
-//	sql/election.sql  guard, lease, partitions   store_election.go
-//	sql/wake.sql      the wake-up on commit      store_wake.go     (WakeTriggerSQL, the listener)
-//	sql/producer.sql  Enqueue's insert           store_producer.go
-//	sql/schedule.sql  the Scheduler's clock      store_schedule.go
-//	sql/presence.sql  presence, table indexes    store_presence.go (presence.go, admin_presence.go, indexes.go)
+//	sql/schema.sql    the table's DDL            schema.go    (SchemaSQL, CreateTable)
+//	sql/pass.sql      the pass's reads           pass.go      (the select, the idle poll, the probe)
+//	sql/outcomes.sql  the fenced outcomes        outcomes.go
+//	sql/admin.sql     Admin's statements         admin.go     (the relay's store_admin.go sends them)
+//	sql/election.sql  guard, lease, partitions   election.go
+//	sql/wake.sql      the wake-up on commit      wake.go      (WakeTriggerSQL, the listener)
+//	sql/producer.sql  Enqueue's insert           producer.go  (the relay's store_producer.go sends it)
+//	sql/schedule.sql  the Scheduler's clock      schedule.go
+//	sql/presence.sql  presence, table indexes    presence.go
 //
 // A file holds statements, each under a marker line
 //

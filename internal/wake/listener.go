@@ -41,7 +41,7 @@ type Listener struct {
 // says so once and polls. A lost connection is replaced, with a backoff; the
 // loop is woken after each reconnection, for what was missed meanwhile.
 //
-// The same session carries the relay's presence (presence.go): its locks are
+// The same session carries the relay's presence (internal/election): its locks are
 // taken once the session is known to be one (the probe came back), and again
 // after each reconnection. With WakeOnCommit off, the session LISTENs for
 // nothing and only carries presence.
@@ -200,7 +200,7 @@ func (r *Listener) openListener(ctx context.Context, channel string, wake bool) 
 }
 
 // waitForWakeUps wakes the loop for each notification of a type this relay
-// delivers, runs the store.statements handed to the session (the loop's idle poll,
+// delivers, runs the statements handed to the session (the loop's idle poll,
 // session.go), and the presence keepalive when no statement ran for
 // lease.IdleHeartbeat, until ctx ends or the connection fails. The wait is cut by
 // the socket's read deadline, which leaves the connection usable (as the
@@ -211,7 +211,7 @@ func (r *Listener) waitForWakeUps(ctx context.Context, conn *pgx.Conn, pid uint3
 	last := time.Now() // the session's last statement
 	for {
 		_ = conn.PgConn().Conn().SetReadDeadline(last.Add(lease.IdleHeartbeat))
-		if r.Own.Serve(ctx, conn, pid) { // a job handed over meanwhile (session.go)
+		if r.Own.Serve(ctx, conn, pid) { // a job handed over meanwhile (internal/election)
 			last = time.Now()
 			continue
 		}
