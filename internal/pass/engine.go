@@ -387,8 +387,9 @@ func lagOf(f store.Batch) time.Duration {
 // in the order of each key's first id, except that the keys of a
 // [BatchSender]'s type go together in one task. A key queued or in flight is
 // left out (skipped reports it: the rows are selected again, from the start,
-// once the key is idle), and so is a key whose row here is held back because
-// its last outcome could not be recorded. Either way the key is blocked: its
+// once the key is idle), and so is a key with a failed row behind the cursor
+// (the same), and a key whose row here is held back because its last outcome
+// could not be recorded. Either way the key is blocked: its
 // later rows, in this batch or the next ones selected past it, wait behind
 // the row left out. A key's rows stop at its first row of a lane that cannot
 // send now (paused, or probing with its probe taken), which blocks the key
@@ -411,6 +412,11 @@ func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped bool
 			continue
 		case e.r.held.waiting(m.ID, now):
 			e.blocked[m.Key] = blockedRow{lane: m.Lane} // waits out its backoff; its later rows wait behind it
+			continue
+		case m.Behind:
+			// Its key's failed row lies behind the cursor: a select from the
+			// start finds both, in id order.
+			e.blocked[m.Key], skipped = blockedRow{again: true, lane: m.Lane}, true
 			continue
 		}
 		g, ok := index[m.Key]

@@ -139,7 +139,7 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 			payload []byte
 			hdrs    []byte
 		)
-		dest := []any{&m.ID, &typ, &key, &m.Status, &m.ReadAttempts, &created, &stored, &payload, &hdrs}
+		dest := []any{&m.ID, &typ, &key, &m.Status, &m.ReadAttempts, &created, &m.Behind, &stored, &payload, &hdrs}
 		if !a.Headers {
 			dest = dest[:len(dest)-1]
 		}

@@ -29,10 +29,11 @@ type Row struct {
 	Status       pgtype.Text // as read; not Valid: NULL (read as PENDING)
 	ReadAttempts pgtype.Int8 // as read; not Valid: NULL (read as 0)
 
-	Bad   string // the column that makes the row undeliverable, and how; "" if none
-	Size  int    // payload bytes; for a row fetched without its payload, what it will take
-	Large bool   // its payload is loaded apart, after the batch, within the batch's bytes
-	Lane  int    // the pass's lane of its type, set when the pass plans it
+	Bad    string // the column that makes the row undeliverable, and how; "" if none
+	Size   int    // payload bytes; for a row fetched without its payload, what it will take
+	Large  bool   // its payload is loaded apart, after the batch, within the batch's bytes
+	Behind bool   // an earlier failed row of its key lies behind the select's start
+	Lane   int    // the pass's lane of its type, set when the pass plans it
 }
 
 // Batch is one select's answer.
