@@ -64,6 +64,7 @@ type presence struct {
 // presenceDescriptor is the comment the presence statements carry.
 type presenceDescriptor struct {
 	App         string    `json:"app"`
+	Table       string    `json:"table,omitempty"`
 	Replica     string    `json:"replica"`
 	Types       []string  `json:"types"`
 	MaxAttempts int       `json:"max_attempts"`
@@ -83,7 +84,7 @@ func newPresence(cfg Config, types []string) *presence {
 	p := &presence{id: replicaID(num), num: num, app: cfg.AppName}
 	p.args = []any{cfg.AppName, num, cfg.MaxAttempts, max(cfg.Partitions, 1), types}
 	host, _ := os.Hostname()
-	p.mark = presenceComment(presenceDescriptor{App: cfg.AppName, Replica: p.id, Types: types, MaxAttempts: cfg.MaxAttempts,
+	p.mark = presenceComment(presenceDescriptor{App: cfg.AppName, Table: cfg.Table, Replica: p.id, Types: types, MaxAttempts: cfg.MaxAttempts,
 		Partitions: max(cfg.Partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)})
 	return p
 }

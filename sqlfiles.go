@@ -145,6 +145,7 @@ type sqlData struct {
 	Partitioned bool   // only this replica's partitions
 	Wake        bool   // Enqueue's insert also notifies
 	Headers     bool   // the table has the optional headers column: read or write it
+	Requeued    bool   // the table has the optional requeued_at column: read or write it
 
 	// Per use of a fragment.
 	Alias    string // the row alias a fragment reads ("m", "e")

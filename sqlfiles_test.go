@@ -177,7 +177,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	}
 	built = append(built, preflightSQL, schemaLockSQL, purgeCutoffSQL, serverStateSQL, lockHoldersSQL, lockSQL, lockSharedSQL, sessionLocksHeldSQL,
 		unlockSQL, unlockSharedSQL, markSQL, partitionConfigSQL, partitionLookSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
-		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, tableIndexesSQL)
+		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, otherReplicasSQL, hasColumnSQL, tableIndexesSQL)
 	pending, zero := pgtype.Text{String: statusPending, Valid: true}, pgtype.Int8{Valid: true}
 	failedState, three := pgtype.Text{String: statusError, Valid: true}, pgtype.Int8{Int64: 3, Valid: true}
 	for _, table := range []string{"outbox", "billing." + strings.Repeat("x", 63)} {
@@ -213,30 +213,35 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 				_, _ = r.probe(ctx, q)
 			}
 		}
-		a, err := newAdminRepository(table)
-		require.NoError(t, err)
-		texts(a)
-		cut := time.Now()
-		_, _ = a.countByStatus(ctx, q, 3)
-		_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1})
-		_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, Type: "t"})
-		_, _ = a.requeueAll(ctx, q, 3, []string{"t"})
-		_, _ = a.requeueType(ctx, q, 3, "t")
-		_, _ = a.requeueIDs(ctx, q, 3, []int64{1}, nil)
-		_, _ = a.cutoff(ctx, q, time.Hour)
-		_, _ = a.purgeChunk(ctx, q, cut, 10, nil)
-		_, _ = tableIndexesStatement(ctx, q, table)
-		_, _ = a.estimatePurge(ctx, q, cut, nil)
-		_, _ = a.purgeCounts(ctx, q, cut, 0, nil)
-		_, _ = a.purgeCounts(ctx, q, cut, 50_000, []string{"t"})
-		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute, true)
-		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute, false)
-		_, _ = a.liveGroups(ctx, q, 3)
-		_, _ = a.sentByType(ctx, q)
-		_, _ = a.server(ctx, q)
-		_, _ = a.sampleSent(ctx, q, 10)
-		_, _ = a.estimate(ctx, q, a.estimateSentSQL)
-		_, _ = a.lockHolders(ctx, q, []string{"app"})
+		for _, requeued := range []bool{false, true} {
+			a, err := newAdminRepository(table, requeued)
+			require.NoError(t, err)
+			texts(a)
+			cut := time.Now()
+			all, some := writeScope{}, writeScope{types: []string{"t"}, exclude: []string{"u"}}
+			_, _ = a.countByStatus(ctx, q, 3)
+			_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1})
+			_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, Type: "t"})
+			_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, IDs: []int64{1}})
+			_, _ = a.requeueAll(ctx, q, 3, some)
+			_, _ = a.requeueType(ctx, q, 3, "t")
+			_, _ = a.requeueIDs(ctx, q, 3, []int64{1}, all)
+			_, _ = a.cutoff(ctx, q, time.Hour)
+			_, _ = a.purgeChunk(ctx, q, cut, 10, all)
+			_, _ = tableIndexesStatement(ctx, q, table)
+			_, _ = a.estimatePurge(ctx, q, cut, all)
+			_, _ = a.purgeCounts(ctx, q, cut, 0, all)
+			_, _ = a.purgeCounts(ctx, q, cut, 50_000, some)
+			_, _ = a.history(ctx, q, 3, time.Second, time.Hour, time.Minute, true)
+			_, _ = a.history(ctx, q, 3, 0, time.Hour, time.Minute, false)
+			_, _ = a.liveGroups(ctx, q, 3, time.Second)
+			_, _ = a.sentByType(ctx, q)
+			_, _ = a.server(ctx, q)
+			_, _ = a.sampleSent(ctx, q, 10)
+			_, _ = a.estimate(ctx, q, a.estimateSentSQL)
+			_, _ = a.lockHolders(ctx, q, []string{"app"})
+		}
+		_, _ = hasColumn(ctx, q, table, "requeued_at")
 	}
 	for _, stmt := range []string{lockSQL, lockSharedSQL} {
 		_, _, _ = lockStatement(ctx, q, stmt, "app", 7)
@@ -257,6 +262,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	_, _ = presenceReleaseStatement(ctx, q, p.args, 7)
 	_ = presenceStrandedStatement(ctx, q, "app", 7, 7)
 	_, _ = replicasStatement(ctx, q, "app", []string{"t"})
+	_, _ = otherReplicasStatement(ctx, q, "app", []string{"t"})
 	return built
 }
 

@@ -16,6 +16,8 @@ var (
 	presenceReleaseSQL  = statements.positional("presenceRelease", sqlData{})
 	presenceStrandedSQL = statements.positional("presenceStranded", sqlData{})
 	replicasSQL         = statements.positional("replicas", sqlData{})
+	otherReplicasSQL    = statements.positional("otherReplicas", sqlData{})
+	hasColumnSQL        = statements.positional("hasColumn", sqlData{})
 	tableIndexesSQL     = statements.positional("tableIndexes", sqlData{})
 )
 
@@ -86,6 +88,45 @@ func replicasStatement(ctx context.Context, db querier, app string, names []stri
 		out = append(out, x)
 	}
 	return out, rows.Err()
+}
+
+// otherReplicaRow is one session of otherReplicasSQL.
+type otherReplicaRow struct {
+	r          Replica
+	query      string
+	locks      []int64
+	nameHashes []int64
+}
+
+// otherReplicasStatement reads the presence of the relays of every app but
+// app, with the hashes of names.
+func otherReplicasStatement(ctx context.Context, db querier, app string, names []string) ([]otherReplicaRow, error) {
+	rows, err := db.Query(ctx, otherReplicasSQL, app, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []otherReplicaRow
+	for rows.Next() {
+		var x otherReplicaRow
+		var start *time.Time
+		if err := rows.Scan(&x.r.PID, &x.r.ApplicationName, &x.r.ClientAddr, &start, &x.r.Hidden, &x.query, &x.r.At,
+			&x.locks, &x.nameHashes); err != nil {
+			return nil, err
+		}
+		if start != nil {
+			x.r.BackendStart = *start
+		}
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+// hasColumn says whether table (quoted) has column.
+func hasColumn(ctx context.Context, db querier, table, column string) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, hasColumnSQL, table, column).Scan(&ok)
+	return ok, err
 }
 
 // tableIndexesStatement reads the indexes of table as JSON.

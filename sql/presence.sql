@@ -72,6 +72,28 @@ SELECT m.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''
 FROM m CROSS JOIN ns LEFT JOIN pg_stat_activity a ON a.pid = m.pid
 ORDER BY a.backend_start, m.pid
 
+-- name: otherReplicas @app @names
+-- The sessions holding the presence key of another app than @app, with
+-- every shared two-int advisory lock they hold (their types' among them),
+-- and the hashes of @names, in order: a type is served by a session that
+-- holds its hash. Their descriptors (the query) say the rest.
+WITH l AS (SELECT pid, classid::bigint AS c, objid::bigint AS o FROM pg_locks
+    WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND mode = 'ShareLock'
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+  ns AS (SELECT hashtext('relay_presence_app')::bigint & 4294967295 AS app_ns, hashtext(@app)::bigint & 4294967295 AS app_id),
+  m AS (SELECT DISTINCT l.pid FROM l, ns WHERE l.c = ns.app_ns AND l.o <> ns.app_id)
+SELECT m.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start,
+  a.backend_start IS NULL, coalesce(a.query, ''), now(),
+  coalesce((SELECT array_agg(DISTINCT o) FROM l WHERE l.pid = m.pid), '{}'),
+  coalesce((SELECT array_agg(hashtext(t)::bigint & 4294967295 ORDER BY n) FROM unnest(@names::text[]) WITH ORDINALITY u(t, n)), '{}')
+FROM m LEFT JOIN pg_stat_activity a ON a.pid = m.pid
+ORDER BY a.backend_start, m.pid
+
+-- name: hasColumn @table @column
+-- Whether @table has the column @column (an optional one: requeued_at).
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+  WHERE attrelid = to_regclass(@table) AND attname = @column AND attnum > 0 AND NOT attisdropped)
+
 -- name: tableIndexes @table
 -- The indexes of @table (indexes.go): name, key columns, predicate, validity.
 SELECT coalesce(json_agg(json_build_object('name', ic.relname::text,
