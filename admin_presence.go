@@ -143,12 +143,14 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 	return reps, nil
 }
 
-// OtherReplicas returns the live relays of the other apps on the Admin's
-// database, oldest session first, each with the app, table and types its
-// session says ([Replica.App]). A relay whose session this role cannot read
-// (another role's, without pg_read_all_stats) has no App; of its types, only
-// those among names are told, by their locks. An Admin never writes a type
-// that another app's live relays serve on its table ([Admin.Scope]).
+// OtherReplicas returns the live relays of the other apps that deliver from
+// the Admin's table, oldest session first, each with the app, table and
+// types its session says ([Replica.App]). A relay whose session this role
+// cannot read (another role's, without pg_read_all_stats), or that is too old
+// to name its table, may deliver from it: it is listed. One without App has
+// told nothing; of its types, only those among names are told, by their
+// locks. An Admin never writes a type that another app's live relays serve
+// on its table ([Admin.Scope]).
 func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, error) {
 	names = slices.Clone(names)
 	slices.Sort(names)
@@ -175,7 +177,9 @@ func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, 
 				}
 			}
 			slices.Sort(r.Types)
-			reps = append(reps, r)
+			if sameTable(r.Table, a.table) {
+				reps = append(reps, r)
+			}
 		}
 		slices.Sort(all)
 		if all = slices.Compact(all); len(all) == len(names) || reads == replicasReads {

@@ -440,11 +440,14 @@ func TestAdminNeverTouchesAnotherAppsLiveRows(t *testing.T) {
 	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), "DROP TABLE "+other.Table) })
 	rx := b.newRelay(t, other, newRecorder("ta", nil))
 	startRelay(t, rx)
-	require.Eventually(t, func() bool {
-		others, err = all.OtherReplicas(ctx)
-		require.NoError(t, err)
-		return len(others) >= 2
-	}, 10*time.Second, 10*time.Millisecond)
+	xAdmin, err := relay.NewAdmin(b.pool, other)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(replicasOf(t, xAdmin)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	others, err = all.OtherReplicas(ctx)
+	require.NoError(t, err)
+	for _, r := range others {
+		require.NotEqual(t, other.AppName, r.App, "a relay of another table is not listed")
+	}
 	scope, err = all.Scope(ctx)
 	require.NoError(t, err)
 	require.Equal(t, []string{"tb"}, scope.Excluded, "the other table's relay serves ta there, not here")
