@@ -497,9 +497,6 @@ type DeadQuery struct {
 	// Limit is the most rows of the page, from 1 to [ListDeadMax]. 0 means
 	// [DeadPageDefault].
 	Limit int
-	// IDs keeps only the rows of these ids that are dead, as a re-queue by id
-	// would find them (a confirmation's page). nil keeps every dead row.
-	IDs []int64
 }
 
 // DeadPage returns one page of dead rows, oldest (lowest id) first, keyed on
@@ -518,6 +515,23 @@ func (a *Admin) DeadPage(ctx context.Context, q DeadQuery) ([]DeadMessage, error
 	dead, err := a.repo.deadPage(ctx, a.pool, a.maxAttempts, q)
 	if err != nil {
 		return nil, fmt.Errorf("relay: list the dead rows of %s: %w", a.table, err)
+	}
+	return dead, nil
+}
+
+// DeadRows returns the rows of ids that are dead, as [Admin.RequeueIDs] would
+// find them, oldest first: what a confirmation shows before a re-queue by id.
+// At most [ListDeadMax] ids.
+func (a *Admin) DeadRows(ctx context.Context, ids ...int64) ([]DeadMessage, error) {
+	if len(ids) > ListDeadMax {
+		return nil, fmt.Errorf("relay: DeadRows: at most %d ids, got %d", ListDeadMax, len(ids))
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	dead, err := a.repo.deadRows(ctx, a.pool, a.maxAttempts, ids)
+	if err != nil {
+		return nil, fmt.Errorf("relay: read %d row(s) of %s by id: %w", len(ids), a.table, err)
 	}
 	return dead, nil
 }

@@ -246,6 +246,13 @@ func TestAdminDeadPage(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, even, 6)
 
+	// By id, as a re-queue by id finds them: the live row given is not dead.
+	live, err := a.DeadRows(ctx, all[3].ID, all[1].ID, all[25].ID+1)
+	require.NoError(t, err)
+	require.Len(t, live, 2)
+	require.Equal(t, []int64{all[1].ID, all[3].ID}, []int64{live[0].ID, live[1].ID})
+	require.Equal(t, all[1], live[0])
+
 	_, err = a.DeadPage(ctx, relay.DeadQuery{Limit: relay.ListDeadMax + 1})
 	require.ErrorContains(t, err, "Limit must be between 1 and")
 	_, err = a.DeadPage(ctx, relay.DeadQuery{AfterID: -1})

@@ -222,7 +222,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 			_, _ = a.countByStatus(ctx, q, 3)
 			_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1})
 			_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, Type: "t"})
-			_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, IDs: []int64{1}})
+			_, _ = a.deadRows(ctx, q, 3, []int64{1})
 			_, _ = a.requeueAll(ctx, q, 3, some)
 			_, _ = a.requeueType(ctx, q, 3, "t")
 			_, _ = a.requeueIDs(ctx, q, 3, []int64{1}, all)

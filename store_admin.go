@@ -55,7 +55,7 @@ func newAdminRepository(table string, requeued bool) (*adminRepository, error) {
 		countSQL:        statements.positional("countByStatus", d),
 		deadPageSQL:     statements.positional("deadPage", d),
 		deadTypeSQL:     statements.positional("deadPageOfType", d),
-		deadIDsSQL:      statements.positional("deadPageOfIDs", d),
+		deadIDsSQL:      statements.positional("deadRows", d),
 		requeueAllSQL:   statements.positional("requeueAll", d),
 		requeueTypeSQL:  statements.positional("requeueType", d),
 		requeueIDsSQL:   statements.positional("requeueIDs", d),
@@ -84,13 +84,18 @@ func (r *adminRepository) countByStatus(ctx context.Context, db querier, ceiling
 
 func (r *adminRepository) deadPage(ctx context.Context, db querier, ceiling int, q DeadQuery) ([]DeadMessage, error) {
 	sql, args := r.deadPageSQL, []any{ceiling, q.AfterID, q.Limit, PayloadPreviewMax, LastErrorMax}
-	switch {
-	case q.IDs != nil:
-		sql, args = r.deadIDsSQL, append(args, q.IDs, q.Type)
-	case q.Type != "":
+	if q.Type != "" {
 		sql, args = r.deadTypeSQL, append(args, q.Type)
 	}
-	rows, err := db.Query(ctx, sql, args...)
+	return collectDead(db.Query(ctx, sql, args...))
+}
+
+func (r *adminRepository) deadRows(ctx context.Context, db querier, ceiling int, ids []int64) ([]DeadMessage, error) {
+	return collectDead(db.Query(ctx, r.deadIDsSQL, ceiling, ids, PayloadPreviewMax, LastErrorMax))
+}
+
+// collectDead reads the rows of a dead-rows statement.
+func collectDead(rows pgx.Rows, err error) ([]DeadMessage, error) {
 	if err != nil {
 		return nil, err
 	}

@@ -147,7 +147,7 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return
 			}
-			rows, err := s.Admin.DeadPage(r.Context(), relay.DeadQuery{IDs: []int64{rowID}, Limit: 1})
+			rows, err := s.Admin.DeadRows(r.Context(), rowID)
 			if err != nil {
 				c.dbError(w, r, err)
 				return

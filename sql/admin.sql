@@ -23,12 +23,11 @@ SELECT id, type, natural_key, attempts, left(coalesce(last_error, ''), @error_wi
   left(payload::text, @preview + 1) FROM {{.Table}}
 WHERE {{template "dead"}} AND id > @after AND type = @type ORDER BY id LIMIT @limit
 
--- name: deadPageOfIDs @ceiling @after @limit @preview @error_width @ids @type
--- deadPage, of the rows @ids (of type @type, unless it is '').
+-- name: deadRows @ceiling @ids @preview @error_width
+-- The rows @ids that are dead, as deadPage reads them.
 SELECT id, type, natural_key, attempts, left(coalesce(last_error, ''), @error_width), created_at, updated_at,
   left(payload::text, @preview + 1) FROM {{.Table}}
-WHERE {{template "dead"}} AND id > @after AND id = ANY(@ids::bigint[]) AND (@type::text = '' OR type = @type::text)
-ORDER BY id LIMIT @limit
+WHERE {{template "dead"}} AND id = ANY(@ids::bigint[]) ORDER BY id
 
 -- name: requeue
 -- Re-queue touches only rows dead at the moment of the statement; no pass

@@ -149,7 +149,7 @@ func runRequeue(ctx context.Context, e *env) int {
 	var total int64
 	switch {
 	case len(e.o.ids) > 0:
-		page, err := e.admin.DeadPage(ctx, relay.DeadQuery{IDs: e.o.ids, Limit: len(e.o.ids)})
+		page, err := e.admin.DeadRows(ctx, e.o.ids...)
 		if err != nil {
 			return e.fail(err)
 		}
