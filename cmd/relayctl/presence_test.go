@@ -41,7 +41,7 @@ func (w *world) waitReplicas(t *testing.T, n int) {
 // "order" runs and delivers; one "invoice" row written by another producer
 // waits. Before presence, status said OK for a minute and then blamed the
 // election ("no relay takes the election"). Now the first look names the
-// type no live replica serves, with its count and age, and exits 3.
+// type no live replica serves, with its count and age, and exits 2 (CRITICAL).
 func TestStatusUnservedType(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

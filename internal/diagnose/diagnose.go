@@ -796,7 +796,7 @@ func (j *judge) deadNote() {
 			if example == "" && t.FirstDead != nil {
 				example = fmt.Sprintf(" The oldest dead row of %s (id %d) %s", t.Type, t.FirstDead.ID, Died(*t.FirstDead, o.MaxAttempts))
 				if t.FirstDead.LastError != "" {
-					example += ": " + quote(Cut(t.FirstDead.LastError, 200))
+					example += ": " + quote(Cut(Reason(t.FirstDead.LastError), 200))
 				}
 				example += "."
 			}
@@ -810,6 +810,17 @@ func (j *judge) deadNote() {
 	}
 	j.note("%s%s.%s Re-queue them once the cause is fixed: `relayctl requeue --type T` or `--all`, or the console's buttons.",
 		lead, strings.Join(parts, ", "), example)
+}
+
+// Reason is a last error without the mark of a permanent failure
+// ("permanent after 1 attempt(s): "), which [Died] says in words.
+func Reason(lastError string) string {
+	if _, ok := relay.ParsePermanent(lastError); ok {
+		if _, rest, ok := strings.Cut(lastError, " attempt(s): "); ok {
+			return rest
+		}
+	}
+	return lastError
 }
 
 // Died says how a dead row died: "died of a permanent failure after 1
