@@ -296,8 +296,9 @@ func (j *judge) decide() {
 	readOnly := o.InRecovery || o.DefaultReadOnly
 	if j.in.Now.PresenceKnown && len(j.in.Now.Replicas) == 0 && holder == nil {
 		// No relay of the app runs: nothing will deliver these rows, unless a
-		// relay without presence (a JVM relay) does, which moves them.
-		if j.moved {
+		// relay without presence (a JVM relay) does, which moves them. Rows
+		// that moved while a relay still ran at the earlier look say nothing.
+		if j.moved && len(j.in.Before.Replicas) == 0 {
 			j.set(OK, CauseNoGoRelay, fmt.Sprintf(
 				"Rows move although no relay of this library runs for app %q: a JVM relay of the app (which has no presence) delivers them; %s.",
 				app, waiting))

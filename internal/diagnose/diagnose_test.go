@@ -340,6 +340,18 @@ func TestDiagnosePresence(t *testing.T) {
 			contains: []string{"a JVM relay of the app"},
 		},
 		{
+			// The last relay stopped between the two looks: its last pass moved
+			// the rows, which says nothing of what delivers them now.
+			name: "LastRelayStoppedBetweenTheLooks",
+			in: func() diagnose.Input {
+				in := look(nil, nil, waiting("order", 2, 12, time.Second))
+				in.Before = &diagnose.Look{Overview: withAt(overview(waiting("order", 2, 10, time.Second)), now.Add(-2*time.Second)),
+					Replicas: []relay.Replica{replica("a1", true, "order")}, PresenceKnown: true}
+				return in
+			}(),
+			verdict: diagnose.Stalled, cause: diagnose.CauseNoRelayRunning,
+		},
+		{
 			name: "AnotherAppsRowsAreNotCounted",
 			in: func() diagnose.Input {
 				in := look(nil, nil, waiting("tb", 2, 10, late), relay.TypeOverview{Type: "tb2", Dead: 1})
