@@ -144,13 +144,13 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 }
 
 // OtherReplicas returns the live relays of the other apps that deliver from
-// the Admin's table, oldest session first, each with the app, table and
-// types its session says ([Replica.App]). A relay whose session this role
-// cannot read (another role's, without pg_read_all_stats), or that is too old
-// to name its table, may deliver from it: it is listed. One without App has
-// told nothing; of its types, only those among names are told, by their
-// locks. An Admin never writes a type that another app's live relays serve
-// on its table ([Admin.Scope]).
+// the Admin's table (their presence holds its name's key), oldest session
+// first, each with the app, table and types its session says
+// ([Replica.App]). A relay too old to hold that key may deliver from it: it
+// is listed. One whose session this role cannot read (another role's,
+// without pg_read_all_stats) has no App; of its types, only those among
+// names are told, by their locks. An Admin never writes a type that another
+// app's live relays serve on its table ([Admin.Scope]).
 func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, error) {
 	names = slices.Clone(names)
 	slices.Sort(names)
@@ -158,7 +158,7 @@ func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, 
 	// A descriptor's type names count as far as the session's locks bear
 	// them out: read again with those the first read did not hash.
 	for reads := 1; ; reads++ {
-		rows, err := otherReplicasStatement(ctx, a.pool, a.app, names)
+		rows, err := otherReplicasStatement(ctx, a.pool, a.app, names, a.table)
 		if err != nil {
 			return nil, fmt.Errorf("relay: read the live relays of other apps: %w", err)
 		}
@@ -177,7 +177,10 @@ func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, 
 				}
 			}
 			slices.Sort(r.Types)
-			if sameTable(r.Table, a.table) {
+			if x.onTable && r.Table == "" {
+				r.Table = a.table // its key says so; its descriptor could not
+			}
+			if x.onTable || !x.tabled && sameTable(r.Table, a.table) {
 				reps = append(reps, r)
 			}
 		}

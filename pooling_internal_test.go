@@ -149,14 +149,14 @@ func TestPresenceReleaseLetsGoOfItsOwnLocksOnly(t *testing.T) {
 		return presence, others
 	}
 	presence, others := held()
-	require.Equal(t, 6, presence, "app, replica, max attempts, partitions and two types")
+	require.Equal(t, 7, presence, "app, replica, max attempts, partitions, two types and the table")
 	require.Equal(t, 1, others)
 
 	released, err := presenceReleaseStatement(ctx, conn, p.args, pid+1)
 	require.NoError(t, err)
 	require.False(t, released, "another backend's: nothing let go of")
 	presence, others = held()
-	require.Equal(t, 6, presence)
+	require.Equal(t, 7, presence)
 	require.Equal(t, 1, others)
 
 	released, err = presenceReleaseStatement(ctx, conn, p.args, pid)

@@ -27,6 +27,7 @@ import (
 //	(hashtext('relay_presence_max_attempts:' || app), MaxAttempts)   its ceiling
 //	(hashtext('relay_presence_partitions:' || app), Partitions)      its Partitions
 //	(hashtext('relay_presence_type:' || app), hashtext(type))        one per type it has a sender for
+//	(hashtext('relay_presence_table'), hashtext(table))              its table (without the schema)
 //
 // pg_locks joins them to pg_stat_activity (pid, client address, application
 // name, backend start): [Admin.Replicas] reads them. Shared locks conflict
@@ -57,7 +58,7 @@ type presence struct {
 	id   string // the replica id: 8 hex digits of num
 	num  int32  // the replica lock's second int
 	app  string
-	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types
+	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types, table
 	mark string
 }
 
@@ -82,7 +83,7 @@ func newPresence(cfg Config, types []string) *presence {
 	_, _ = rand.Read(b[:])
 	num := int32(binary.BigEndian.Uint32(b[:]))
 	p := &presence{id: replicaID(num), num: num, app: cfg.AppName}
-	p.args = []any{cfg.AppName, num, cfg.MaxAttempts, max(cfg.Partitions, 1), types}
+	p.args = []any{cfg.AppName, num, cfg.MaxAttempts, max(cfg.Partitions, 1), types, tableName(cfg.Table)}
 	host, _ := os.Hostname()
 	p.mark = presenceComment(presenceDescriptor{App: cfg.AppName, Table: cfg.Table, Replica: p.id, Types: types, MaxAttempts: cfg.MaxAttempts,
 		Partitions: max(cfg.Partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)})
@@ -90,6 +91,17 @@ func newPresence(cfg Config, types []string) *presence {
 }
 
 func replicaID(num int32) string { return fmt.Sprintf("%08x", uint32(num)) }
+
+// tableName is table without its schema, as presence's table key hashes it:
+// two tables of one name in two schemas look the same, which only makes an
+// Admin more careful.
+func tableName(table string) string {
+	_, name, found := strings.Cut(table, ".")
+	if !found {
+		return table
+	}
+	return name
+}
 
 // presenceComment writes d as a comment that cannot end early: JSON with
 // every "/" escaped, so neither "*/" nor a nested "/*" appears in it.

@@ -262,7 +262,7 @@ func exerciseStatements(t *testing.T, q sqlRecorder) (built []string) {
 	_, _ = presenceReleaseStatement(ctx, q, p.args, 7)
 	_ = presenceStrandedStatement(ctx, q, "app", 7, 7)
 	_, _ = replicasStatement(ctx, q, "app", []string{"t"})
-	_, _ = otherReplicasStatement(ctx, q, "app", []string{"t"})
+	_, _ = otherReplicasStatement(ctx, q, "app", []string{"t"}, "s.t")
 	return built
 }
 

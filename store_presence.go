@@ -22,7 +22,7 @@ var (
 )
 
 // presenceTakeStatement takes the presence locks of args (app, replica id,
-// MaxAttempts, Partitions, types) with the lease's settings, after mark (the
+// MaxAttempts, Partitions, types, table) with the lease's settings, after mark (the
 // relay's descriptor comment); it returns the backend's pid and whether
 // every lock was granted.
 func presenceTakeStatement(ctx context.Context, db querier, mark string, args []any, lease time.Duration) (pid uint32, ok bool, err error) {
@@ -96,12 +96,15 @@ type otherReplicaRow struct {
 	query      string
 	locks      []int64
 	nameHashes []int64
+	// onTable says it holds the table key of the Admin's table, tabled
+	// that it holds one (a relay older than that key holds none).
+	onTable, tabled bool
 }
 
 // otherReplicasStatement reads the presence of the relays of every app but
-// app, with the hashes of names.
-func otherReplicasStatement(ctx context.Context, db querier, app string, names []string) ([]otherReplicaRow, error) {
-	rows, err := db.Query(ctx, otherReplicasSQL, app, names)
+// app, with the hashes of names and whether they deliver from table.
+func otherReplicasStatement(ctx context.Context, db querier, app string, names []string, table string) ([]otherReplicaRow, error) {
+	rows, err := db.Query(ctx, otherReplicasSQL, app, names, tableName(table))
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +114,7 @@ func otherReplicasStatement(ctx context.Context, db querier, app string, names [
 		var x otherReplicaRow
 		var start *time.Time
 		if err := rows.Scan(&x.r.PID, &x.r.ApplicationName, &x.r.ClientAddr, &start, &x.r.Hidden, &x.query, &x.r.At,
-			&x.locks, &x.nameHashes); err != nil {
+			&x.locks, &x.nameHashes, &x.onTable, &x.tabled); err != nil {
 			return nil, err
 		}
 		if start != nil {
