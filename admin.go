@@ -7,9 +7,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/xadm/relay/internal/store"
 )
 
 // PurgeChunk is how many SENT rows one statement of [Admin.PurgeSent] deletes
@@ -31,14 +34,21 @@ const PurgeChunk = 1000
 // (PENDING, or ERROR below the ceiling), which is all a pass reads. Re-queue
 // writes only rows that are dead at the moment of its statement, and purge only
 // SENT rows, which no pass touches again. An Admin is safe for concurrent use.
+//
+// It writes only its app's rows ([Admin.Scope]): never those of a type that
+// another app's live relays serve, and nothing at all while it cannot tell
+// its app's types.
 type Admin struct {
 	pool        *pgxpool.Pool
 	app         string
 	key         string // the app's election key
 	table       string
 	maxAttempts int
+	backoff     time.Duration // Config.RetryBackoff: when a failed row is retried
 	repo        *adminRepository
-	types       []string // AdminTypes; nil: the live replicas' (or all, with allTypes)
+	repoQueued  *adminRepository // repo, for a table with the requeued_at column
+	queued      atomic.Bool      // the table was seen with its requeued_at column
+	types       []string         // AdminTypes; nil: the live replicas' (or all, with allTypes)
 	allTypes    bool
 
 	afterRead func() // a test's, run after each read of the replicas
@@ -48,8 +58,10 @@ type Admin struct {
 type AdminOption func(*Admin) error
 
 // AdminTypes makes the Admin act on the rows of these types only, whatever
-// the live relays serve. Without it (and without [AdminAllTypes]), an Admin
-// acts on the types the live relays of its app have senders for.
+// the live relays of its app serve. Without it (and without
+// [AdminAllTypes]), an Admin acts on the types the live relays of its app
+// have senders for. A type that another app's live relays serve is refused
+// ([ErrOtherApp]).
 func AdminTypes(types ...string) AdminOption {
 	types = slices.Clone(types)
 	return func(a *Admin) error {
@@ -67,8 +79,9 @@ func AdminTypes(types ...string) AdminOption {
 	}
 }
 
-// AdminAllTypes makes the Admin act on the rows of every type of the table:
-// those of the other apps sharing it too.
+// AdminAllTypes makes the Admin act on the rows of every type of the table,
+// those of the other apps sharing it too, but for the types that other apps'
+// live relays serve, which it leaves alone ([AdminScope.Excluded]).
 func AdminAllTypes() AdminOption {
 	return func(a *Admin) error {
 		a.allTypes = true
@@ -91,11 +104,16 @@ func NewAdmin(pool *pgxpool.Pool, cfg Config, opts ...AdminOption) (*Admin, erro
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	repo, err := newAdminRepository(cfg.Table)
+	repo, err := newAdminRepository(cfg.Table, false)
 	if err != nil {
 		return nil, &FieldError{Field: "Table", msg: err.Error()}
 	}
-	a := &Admin{pool: pool, app: cfg.AppName, key: cfg.lockKey(), table: cfg.Table, maxAttempts: cfg.MaxAttempts, repo: repo}
+	queued, err := newAdminRepository(cfg.Table, true)
+	if err != nil {
+		return nil, &FieldError{Field: "Table", msg: err.Error()}
+	}
+	a := &Admin{pool: pool, app: cfg.AppName, key: cfg.lockKey(), table: cfg.Table, maxAttempts: cfg.MaxAttempts,
+		backoff: cfg.RetryBackoff, repo: repo, repoQueued: queued}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -112,9 +130,11 @@ func NewAdmin(pool *pgxpool.Pool, cfg Config, opts ...AdminOption) (*Admin, erro
 
 // AdminScope is what an [Admin] re-queues and purges, as [Admin.Scope] says.
 type AdminScope struct {
-	// All says every type of the table ([AdminAllTypes], or no live relay to
-	// learn the app's types from: then Unknown is set too); Types is empty then.
-	All     bool
+	// All says every type of the table ([AdminAllTypes]) but Excluded; Types
+	// is empty then.
+	All bool
+	// Unknown says no live relay of the app tells its types and none were
+	// named: the Admin writes nothing ([ErrScopeUnknown]).
 	Unknown bool
 	Types   []string
 	// Source says where Types came from: "explicit" ([AdminTypes]), "live
@@ -123,45 +143,157 @@ type AdminScope struct {
 	// Replicas are the live relays of the app, read for the default scope
 	// and for the ceiling check of a re-queue.
 	Replicas []Replica
+	// Others are the live relays of other apps on the table
+	// ([Admin.OtherReplicas]); Excluded the types they serve, which the
+	// Admin never writes, even with [AdminAllTypes].
+	Others   []Replica
+	Excluded []string
+
+	err error
+}
+
+// Err says why the Admin writes nothing now: [ErrScopeUnknown] or
+// [ErrOtherApp], wrapped with what to do; nil when it may write its scope.
+func (s AdminScope) Err() error { return s.err }
+
+// Includes says whether a re-queue or purge may write rows of typ.
+func (s AdminScope) Includes(typ string) bool {
+	switch {
+	case s.err != nil || slices.Contains(s.Excluded, typ):
+		return false
+	case s.All:
+		return true
+	}
+	return slices.Contains(s.Types, typ)
 }
 
 // String says the scope in words: `types "a", "b" (live replicas)`.
 func (s AdminScope) String() string {
+	var b strings.Builder
 	switch {
 	case s.Unknown:
-		return "every type: no live relay of the app to learn its types from (name them with relay.AdminTypes or relayctl --types)"
+		return "no type: no live relay of the app to learn its types from " +
+			"(name them with relay.AdminTypes or relayctl --types, or take every type with relay.AdminAllTypes or relayctl --all-types)"
 	case s.All:
-		return "every type (all apps' rows)"
+		b.WriteString("every type (all apps' rows)")
+	default:
+		b.WriteString("types " + quoteAll(s.Types) + " (" + s.Source + ")")
 	}
-	q := make([]string, len(s.Types))
-	for i, t := range s.Types {
+	if len(s.Excluded) > 0 {
+		b.WriteString(" but " + quoteAll(s.Excluded) + ", served by live relays of " + otherApps(s.Others, s.Excluded))
+	}
+	return b.String()
+}
+
+func quoteAll(ss []string) string {
+	q := make([]string, len(ss))
+	for i, t := range ss {
 		q[i] = strconv.Quote(t)
 	}
-	return "types " + strings.Join(q, ", ") + " (" + s.Source + ")"
+	return strings.Join(q, ", ")
 }
+
+// otherApps names the apps of the relays among others that serve any of types.
+func otherApps(others []Replica, types []string) string {
+	var apps []string
+	for _, r := range others {
+		for _, t := range types {
+			if r.Serves(t) {
+				name := "an app whose name this role cannot read (pid " + strconv.Itoa(r.PID) + ")"
+				if r.App != "" {
+					name = "app " + strconv.Quote(r.App)
+				}
+				apps = append(apps, name)
+				break
+			}
+		}
+	}
+	slices.Sort(apps)
+	return strings.Join(slices.Compact(apps), ", ")
+}
+
+// ErrScopeUnknown says an Admin refused to write because no live relay of
+// its app tells its types and none were named ([AdminTypes], [AdminAllTypes]).
+var ErrScopeUnknown = errors.New("relay: no live relay of the app to learn its types from")
+
+// ErrOtherApp says an Admin refused to write types that live relays of
+// another app serve, or whose other apps' relays it cannot read.
+var ErrOtherApp = errors.New("relay: the types are another app's")
 
 // Scope returns the types the Admin's re-queues and purges act on: those of
 // [AdminTypes], every type with [AdminAllTypes], or else the types the live
-// relays of its app serve ([Admin.Replicas]). Without a live relay, and with
-// neither option, nothing tells the app's types from another's: it acts on
-// every type, as before scopes existed, and says so (AdminScope.Unknown) —
-// name the types when the table is shared and the app is down.
+// relays of its app serve ([Admin.Replicas]); never a type that another
+// app's live relays serve ([Admin.OtherReplicas]). Without a live relay of
+// its app, and with neither option, nothing tells the app's types from
+// another's: it writes nothing ([AdminScope.Unknown], [ErrScopeUnknown]).
 func (a *Admin) Scope(ctx context.Context) (AdminScope, error) {
 	reps, err := a.replicas(ctx, a.types)
 	if err != nil {
 		return AdminScope{}, err
 	}
-	return a.ScopeOf(reps)
+	names := a.types
+	for _, r := range reps {
+		names = append(names, r.Types...)
+	}
+	others, err := a.OtherReplicas(ctx, names...)
+	if err != nil {
+		return AdminScope{}, err
+	}
+	return a.scopeOf(reps, others), nil
 }
 
 // ScopeOf is [Admin.Scope] from live replicas already read with
-// [Admin.Replicas].
+// [Admin.Replicas], without the other apps' relays.
+//
+// Deprecated: Use [Admin.Scope], which also leaves alone the types that
+// other apps' live relays serve.
 func (a *Admin) ScopeOf(reps []Replica) (AdminScope, error) {
+	return a.scopeOf(reps, nil), nil
+}
+
+// scopeOf is the scope of the app's live relays reps beside the other
+// apps' relays others (those of another table are not counted).
+func (a *Admin) scopeOf(reps, others []Replica) AdminScope {
+	s := AdminScope{Replicas: reps}
+	served := map[string]bool{}
+	var blind []Replica // another app's relays whose types this role cannot read
+	for _, r := range others {
+		if !sameTable(r.Table, a.table) {
+			continue
+		}
+		s.Others = append(s.Others, r)
+		if r.App == "" {
+			blind = append(blind, r)
+		}
+		for _, t := range r.Types {
+			served[t] = true
+		}
+	}
 	switch {
 	case a.allTypes:
-		return AdminScope{All: true, Source: "all", Replicas: reps}, nil
+		s.All, s.Source = true, "all"
+		for t := range served {
+			s.Excluded = append(s.Excluded, t)
+		}
+		slices.Sort(s.Excluded)
+		if len(blind) > 0 {
+			s.err = fmt.Errorf("%w: a live relay of another app (pid %d) serves types this role cannot read, so every type may include its rows: "+
+				"grant this role pg_read_all_stats, or name this app's types (relay.AdminTypes, relayctl --types)", ErrOtherApp, blind[0].PID)
+		}
+		return s
 	case a.types != nil:
-		return AdminScope{Types: a.types, Source: "explicit", Replicas: reps}, nil
+		s.Types, s.Source = a.types, "explicit"
+		for _, t := range a.types {
+			if served[t] {
+				s.Excluded = append(s.Excluded, t)
+			}
+		}
+		if len(s.Excluded) > 0 {
+			s.err = fmt.Errorf("%w: live relays of %s serve %s: this app (%q) may not re-queue or purge them; "+
+				"run the tool as that app (relayctl --app), or name only this app's types", ErrOtherApp,
+				otherApps(s.Others, s.Excluded), quoteAll(s.Excluded), a.app)
+		}
+		return s
 	}
 	var types []string
 	for _, r := range reps {
@@ -170,26 +302,73 @@ func (a *Admin) ScopeOf(reps []Replica) (AdminScope, error) {
 	slices.Sort(types)
 	types = slices.Compact(types)
 	if len(types) == 0 {
-		return AdminScope{All: true, Unknown: true, Source: "no live relay", Replicas: reps}, nil
+		s.Unknown, s.Source = true, "no live relay"
+		s.err = fmt.Errorf("%w: app %q has no live relay, so nothing tells its types from another app's: "+
+			"name them (relay.AdminTypes, relayctl --types a,b) or take every type (relay.AdminAllTypes, relayctl --all-types)", ErrScopeUnknown, a.app)
+		return s
 	}
-	return AdminScope{Types: types, Source: "live replicas", Replicas: reps}, nil
+	s.Source = "live replicas"
+	for _, t := range types {
+		if served[t] {
+			s.Excluded = append(s.Excluded, t)
+		} else {
+			s.Types = append(s.Types, t)
+		}
+	}
+	return s
 }
 
-// scope is Scope for a statement: nil is every type.
-func (a *Admin) scope(ctx context.Context, requeue bool) ([]string, error) {
+// sameTable says whether the table a relay names may be the Admin's own:
+// the same name, and the same schema when both name one. A relay that names
+// none (an older one) may be.
+func sameTable(relayTable, adminTable string) bool {
+	r, err1 := store.ParseTable(relayTable)
+	a, err2 := store.ParseTable(adminTable)
+	if relayTable == "" || err1 != nil || err2 != nil {
+		return true
+	}
+	if r[len(r)-1] != a[len(a)-1] {
+		return false
+	}
+	return len(r) == 1 || len(a) == 1 || r[0] == a[0]
+}
+
+// writeScope is a scope for a statement: types nil is every type, never
+// those of exclude.
+type writeScope struct {
+	types, exclude []string
+}
+
+// excluded is exclude as a statement takes it: never NULL.
+func (w writeScope) excluded() []string {
+	if w.exclude == nil {
+		return []string{}
+	}
+	return w.exclude
+}
+
+// scope is Scope for a statement, or the reason the Admin writes nothing.
+func (a *Admin) scope(ctx context.Context, requeue bool) (writeScope, error) {
 	s, err := a.Scope(ctx)
 	if err != nil {
-		return nil, err
+		return writeScope{}, err
+	}
+	if s.err != nil {
+		return writeScope{}, s.err
 	}
 	if requeue {
 		if err := a.sameCeiling(s.Replicas); err != nil {
-			return nil, err
+			return writeScope{}, err
 		}
 	}
-	if s.All {
-		return nil, nil
+	w := writeScope{exclude: s.Excluded}
+	if !s.All {
+		w.types = s.Types
+		if w.types == nil {
+			w.types = []string{} // none: a NULL would be every type
+		}
 	}
-	return s.Types, nil
+	return w, nil
 }
 
 // ErrCeilingDiffers says the live relays of the app run with another
@@ -208,6 +387,23 @@ func (a *Admin) sameCeiling(reps []Replica) error {
 		}
 	}
 	return nil
+}
+
+// repoOf returns the statements for the table as it is now: with its
+// optional requeued_at column once it has one (CreateTable adds it).
+func (a *Admin) repoOf(ctx context.Context) (*adminRepository, error) {
+	if a.queued.Load() {
+		return a.repoQueued, nil
+	}
+	has, err := store.HasColumn(ctx, a.pool, a.repo.Table, "requeued_at")
+	if err != nil {
+		return nil, fmt.Errorf("relay: read the columns of %s: %w", a.table, err)
+	}
+	if !has {
+		return a.repo, nil
+	}
+	a.queued.Store(true)
+	return a.repoQueued, nil
 }
 
 // AppName is the app whose election the Admin reports: [Config.AppName].
@@ -325,11 +521,30 @@ func (a *Admin) DeadPage(ctx context.Context, q DeadQuery) ([]DeadMessage, error
 	return dead, nil
 }
 
+// DeadRows returns the rows of ids that are dead, as [Admin.RequeueIDs] would
+// find them, oldest first: what a confirmation shows before a re-queue by id.
+// At most [ListDeadMax] ids.
+func (a *Admin) DeadRows(ctx context.Context, ids ...int64) ([]DeadMessage, error) {
+	if len(ids) > ListDeadMax {
+		return nil, fmt.Errorf("relay: DeadRows: at most %d ids, got %d", ListDeadMax, len(ids))
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	dead, err := a.repo.deadRows(ctx, a.pool, a.maxAttempts, ids)
+	if err != nil {
+		return nil, fmt.Errorf("relay: read %d row(s) of %s by id: %w", len(ids), a.table, err)
+	}
+	return dead, nil
+}
+
 // RequeueAll re-queues every dead row of the Admin's scope ([Admin.Scope]):
-// status PENDING, attempts 0, last_error kept for the record. The next pass
-// delivers them. It returns how many rows it re-queued. It refuses, with
-// [ErrCeilingDiffers], while a live relay of the app runs with another
-// MaxAttempts.
+// status PENDING, attempts 0, last_error kept for the record, and requeued_at
+// now() when the table has that column (from then on the row waits). The
+// next pass delivers them. It returns how many rows it re-queued. It refuses,
+// with [ErrCeilingDiffers], while a live relay of the app runs with another
+// MaxAttempts, and, with the scope's error ([AdminScope.Err]), while it
+// cannot tell its app's types or was named another app's.
 //
 // A re-queued row goes back in its key's order by id: if later messages of the
 // same key were delivered while it was dead, it now arrives after them, and the
@@ -339,7 +554,11 @@ func (a *Admin) RequeueAll(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := a.repo.requeueAll(ctx, a.pool, a.maxAttempts, scope)
+	repo, err := a.repoOf(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, err := repo.requeueAll(ctx, a.pool, a.maxAttempts, scope)
 	if err != nil {
 		return 0, fmt.Errorf("relay: re-queue the dead rows of %s: %w", a.table, err)
 	}
@@ -356,11 +575,18 @@ func (a *Admin) RequeueType(ctx context.Context, typ string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if scope != nil && !slices.Contains(scope, typ) {
-		return 0, fmt.Errorf("relay: RequeueType: type %q is not among the types this Admin acts on (%s): "+
-			"name it with AdminTypes (relayctl --types) or use AdminAllTypes (relayctl --all-types)", typ, strings.Join(scope, ", "))
+	if slices.Contains(scope.exclude, typ) {
+		return 0, fmt.Errorf("%w: RequeueType: type %q is served by another app's live relays: only that app re-queues its rows", ErrOtherApp, typ)
 	}
-	n, err := a.repo.requeueType(ctx, a.pool, a.maxAttempts, typ)
+	if scope.types != nil && !slices.Contains(scope.types, typ) {
+		return 0, fmt.Errorf("relay: RequeueType: type %q is not among the types this Admin acts on (%s): "+
+			"name it with AdminTypes (relayctl --types) or use AdminAllTypes (relayctl --all-types)", typ, quoteAll(scope.types))
+	}
+	repo, err := a.repoOf(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, err := repo.requeueType(ctx, a.pool, a.maxAttempts, typ)
 	if err != nil {
 		return 0, fmt.Errorf("relay: re-queue the dead rows of type %q in %s: %w", typ, a.table, err)
 	}
@@ -379,7 +605,11 @@ func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := a.repo.requeueIDs(ctx, a.pool, a.maxAttempts, ids, scope)
+	repo, err := a.repoOf(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, err := repo.requeueIDs(ctx, a.pool, a.maxAttempts, ids, scope)
 	if err != nil {
 		return 0, fmt.Errorf("relay: re-queue %d dead row(s) of %s by id: %w", len(ids), a.table, err)
 	}
@@ -498,8 +728,8 @@ func (a *Admin) EstimatePurge(ctx context.Context, retention time.Duration) (Pur
 	return a.estimatePurge(ctx, cutoff, scope)
 }
 
-// estimatePurge is EstimatePurge of the types of scope (nil: every type).
-func (a *Admin) estimatePurge(ctx context.Context, cutoff time.Time, scope []string) (PurgeEstimate, error) {
+// estimatePurge is EstimatePurge of the types of scope.
+func (a *Admin) estimatePurge(ctx context.Context, cutoff time.Time, scope writeScope) (PurgeEstimate, error) {
 	est, err := a.repo.estimatePurge(ctx, a.pool, cutoff, scope)
 	if err != nil {
 		return est, fmt.Errorf("relay: count the SENT rows of %s to purge: %w", a.table, err)

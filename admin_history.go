@@ -42,9 +42,14 @@ type TypeHistory struct {
 	// Delivered[i] is how many rows of the type were delivered (sent_at) in
 	// step i.
 	Delivered []int64
-	// Lag[i] is the lag at the end of step i (Lag[len-1] is To): the age then
-	// of the oldest row of the type that was waiting at that instant
-	// (written, and neither delivered nor dead yet); 0 when none was.
+	// Lag[i] is the lag at the end of step i (Lag[len-1] is To): how long
+	// the row of the type that had waited longest for the relays at that
+	// instant had waited, since it was written or re-queued (see
+	// [RowHead.WaitingSince]), until it was delivered or died; 0 when none
+	// was. A row that waits out a retry's backoff waits for no relay: a live
+	// failed row counts from when its retry came due, and a row delivered
+	// or dead after retries, whose earlier attempts the table does not date,
+	// does not count.
 	Lag []time.Duration
 }
 
@@ -86,7 +91,11 @@ func (a *Admin) History(ctx context.Context, window, step time.Duration) (Histor
 	if err != nil {
 		return History{}, fmt.Errorf("relay: read the indexes of %s: %w", a.table, err)
 	}
-	h, err := a.repo.history(ctx, a.pool, a.maxAttempts, window, step, indexed)
+	repo, err := a.repoOf(ctx)
+	if err != nil {
+		return History{}, err
+	}
+	h, err := repo.history(ctx, a.pool, a.maxAttempts, a.backoff, window, step, indexed)
 	if err != nil {
 		return h, fmt.Errorf("relay: read the history of %s: %w", a.table, err)
 	}
@@ -130,14 +139,14 @@ func historyIndexed(ctx context.Context, db store.Querier, table string) (bool, 
 	return true, nil
 }
 
-func (r *adminRepository) history(ctx context.Context, db store.Querier, ceiling int, window, step time.Duration, indexed bool) (History, error) {
+func (r *adminRepository) history(ctx context.Context, db store.Querier, ceiling int, backoff, window, step time.Duration, indexed bool) (History, error) {
 	var h History
 	steps := int(window / step)
 	if window%step != 0 {
 		steps++
 	}
 	rows, err := db.Query(ctx, r.HistorySQL, window.Seconds(), step.Seconds(), steps, ceiling,
-		historyChunk, historyGap, HistoryLookbackMax.Seconds(), indexed)
+		historyChunk, historyGap, HistoryLookbackMax.Seconds(), indexed, backoff.Seconds(), retryBackoffMax.Seconds())
 	if err != nil {
 		return h, err
 	}
@@ -159,10 +168,15 @@ func (r *adminRepository) history(ctx context.Context, db store.Querier, ceiling
 		case 0:
 			h.To, h.FromID = *now, *n
 		case 1, 2:
-			if typ == nil || c == nil {
+			if typ == nil || kind == 2 && c == nil {
 				return nil // no row: nothing to count
 			}
-			g.typ, g.created, g.n = *typ, *c, 0
+			g.typ, g.created, g.n = *typ, 0, 0
+			if c != nil {
+				g.created = *c
+			} else {
+				g.k1, g.k2 = nil, nil // delivered after retries: counted, not drawn as waiting
+			}
 			if n != nil {
 				g.n = *n
 			}

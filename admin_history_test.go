@@ -15,9 +15,12 @@ import (
 )
 
 // TestAdminHistory: deliveries are counted in the minute of their sent_at,
-// and the lag at the end of each minute is the age then of the oldest row
-// waiting at that instant: a pending row, a row until it was delivered, a
-// dead row until it died.
+// and the lag at the end of each minute is how long the row that had waited
+// longest for the relays at that instant had waited: a pending row, a row
+// until it was delivered, a row that died of its first attempt until it
+// died, a re-queued row since its re-queue, a retrying row since its retry
+// came due. A row that was retried before it was delivered or died is not
+// drawn: its backoffs were no relay's lag.
 func TestAdminHistory(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -26,7 +29,7 @@ func TestAdminHistory(t *testing.T) {
 	// dead ended ago (0: not yet).
 	row := func(typ string, n int, status string, attempts int, created, ended time.Duration) {
 		b.exec(t, `INSERT INTO %s (type, natural_key, payload, status, attempts, created_at, updated_at, sent_at)
-			SELECT $1, 'k' || g, '{}', $2, $3, now() - make_interval(secs => $4),
+			SELECT $1, $1 || g, '{}', $2, $3, now() - make_interval(secs => $4),
 				CASE WHEN $5 > 0 THEN now() - make_interval(secs => $5) ELSE now() END,
 				CASE WHEN $2 = 'SENT' THEN now() - make_interval(secs => $5) END
 			FROM generate_series(1, $6) g`, typ, status, attempts, created.Seconds(), ended.Seconds(), n)
@@ -36,20 +39,29 @@ func TestAdminHistory(t *testing.T) {
 	row("orders", 3, "SENT", 0, 5*m+30*time.Second, 4*m+30*time.Second)              // waited 1m, delivered in step 5
 	row("orders", 2, "SENT", 0, 90*time.Second, 30*time.Second)                      // delivered in step 9
 	row("orders", 1, "PENDING", 0, 20*m, 0)                                          // waits since before the window
-	row("refunds", 1, "ERROR", adminCeiling, 8*m+30*time.Second, 5*m+30*time.Second) // waited 3m, then died
-	row("refunds", 1, "ERROR", 1, 30*time.Second, 0)                                 // retrying: waits
+	row("refunds", 1, "ERROR", adminCeiling, 8*m+30*time.Second, 5*m+30*time.Second) // waited 3m, then died of a 400
+	b.exec(t, "UPDATE %s SET last_error = 'permanent after 1 attempt(s): 400 Bad Request' WHERE type = 'refunds'")
+	row("refunds", 1, "ERROR", 1, 30*time.Second, 30*time.Second)        // retrying, due since 30s ago
+	row("refunds", 1, "ERROR", adminCeiling, 9*m+30*time.Second, 5*m)    // died after its retries: not drawn
+	row("refunds", 1, "SENT", 2, 9*m+30*time.Second, 4*m+30*time.Second) // delivered after retries: counted, not drawn
+	row("refunds", 1, "ERROR", 1, 9*m+30*time.Second, 9*m)               // retrying, in its backoff for an hour
+	b.exec(t, "UPDATE %s SET updated_at = now() + interval '1 hour' WHERE type = 'refunds' AND status = 'ERROR' AND attempts = 1 AND created_at < now() - interval '9 minutes'")
+	// A row written 9m30s ago, re-queued 2m30s ago: it waits since then.
+	row("requeued", 1, "PENDING", 0, 9*m+30*time.Second, 0)
+	b.exec(t, "UPDATE %s SET requeued_at = now() - interval '150 seconds' WHERE type = 'requeued'")
 	a := b.newAdmin(t)
 
 	h, err := a.History(ctx, 10*m, m)
 	require.NoError(t, err)
 	require.Equal(t, 10*m, h.To.Sub(h.From))
 	require.Equal(t, m, h.Step)
-	require.Len(t, h.Types, 2, "the old type is outside the window: %+v", h.Types)
-	orders, refunds := h.Types[0], h.Types[1]
+	require.Len(t, h.Types, 3, "the old type is outside the window: %+v", h.Types)
+	orders, refunds, requeued := h.Types[0], h.Types[1], h.Types[2]
 	require.Equal(t, "orders", orders.Type)
 	require.Equal(t, []int64{0, 0, 0, 0, 0, 3, 0, 0, 0, 2}, orders.Delivered)
 	require.Equal(t, "refunds", refunds.Type)
-	require.Equal(t, make([]int64, 10), refunds.Delivered)
+	require.Equal(t, []int64{0, 0, 0, 0, 0, 1, 0, 0, 0, 0}, refunds.Delivered, "the row delivered after retries")
+	require.Equal(t, "requeued", requeued.Type)
 
 	near := func(want, got time.Duration, msg string) {
 		t.Helper()
@@ -64,6 +76,11 @@ func TestAdminHistory(t *testing.T) {
 	want := []time.Duration{0, 30 * time.Second, 90 * time.Second, 150 * time.Second, 0, 0, 0, 0, 0, 30 * time.Second}
 	for i := range want {
 		near(want[i], refunds.Lag[i], "refunds step "+string(rune('0'+i)))
+	}
+	// requeued: nothing until its re-queue 2m30s ago, then since it.
+	want = []time.Duration{0, 0, 0, 0, 0, 0, 0, 30 * time.Second, 90 * time.Second, 150 * time.Second}
+	for i := range want {
+		near(want[i], requeued.Lag[i], "requeued step "+string(rune('0'+i)))
 	}
 
 	for _, bad := range []struct {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/xadm/relay/internal/store"
 )
 
 // Overview is one app's table at a glance, as [Admin.Overview] reads it: its
@@ -24,8 +22,9 @@ type Overview struct {
 
 	Pending  int64         // the Types' Pending rows
 	Retrying int64         // the Types' Retrying rows
+	Backoff  int64         // the Types' Backoff rows: retrying rows not due yet
 	Dead     int64         // the Types' Dead rows
-	Lag      time.Duration // the largest of the Types' Lag: the age of the oldest row waiting
+	Lag      time.Duration // the largest of the Types' Lag: how long the relays have kept a row waiting
 
 	// Sent is how many outbound SENT rows the table holds. On a small table it
 	// is counted (and so is each type's); on a large one it is the planner's
@@ -55,14 +54,26 @@ type TypeOverview struct {
 	Type     string
 	Pending  int64 // waiting for their first attempt (PENDING, or a NULL status)
 	Retrying int64 // failed below the ceiling (ERROR): they will be retried
-	Dead     int64 // failed at or above the ceiling: never retried until re-queued
+	Dead     int64 // failed at or above the ceiling, or of a permanent failure: never retried until re-queued
 	Sent     int64 // delivered; counted only when the Overview's SentEstimated is false, else 0
+
+	// Backoff is how many of the Retrying rows wait out their backoff: their
+	// next attempt is not due yet, the earliest at NextRetry (zero when none).
+	// They wait for the destination, not for the relays: they are not behind.
+	Backoff   int64
+	NextRetry time.Time
 
 	// Next is the type's row the relays deliver first: the waiting (PENDING
 	// or retrying) row with the lowest id. nil when none waits.
 	Next *RowHead
-	// Lag is Next's age on the database's clock: how long the oldest waiting
-	// row of the type has waited. 0 when none waits.
+	// Oldest is the row of the type that the relays have kept waiting
+	// longest: a pending row since it was written or re-queued
+	// (WaitingSince), a retrying one since its next attempt came due. A row
+	// in its backoff, or held back behind a failed row of its key that is,
+	// waits for no relay. nil when no row waits for the relays.
+	Oldest *RowHead
+	// Lag is how long Oldest has waited for the relays, on the database's
+	// clock; 0 when none waits. It is what "behind" means.
 	Lag time.Duration
 	// FirstDead is the type's dead row with the lowest id; nil when none is dead.
 	FirstDead *RowHead
@@ -72,10 +83,20 @@ type TypeOverview struct {
 type RowHead struct {
 	ID        int64
 	Status    string // "PENDING" or "ERROR"
-	Attempts  int
+	Attempts  int    // the column: at the ceiling for a dead row, whatever killed it
 	CreatedAt time.Time
-	LastError string // cut to [LastErrorMax] characters; "" if none
-	// Permanent and AttemptsMade are as in [DeadMessage].
+	// WaitingSince is when the row last became waiting: when it was
+	// re-queued (the optional requeued_at column, which [CreateTable] adds),
+	// or else when it was written.
+	WaitingSince time.Time
+	// NextAttempt is when a retrying row (ERROR below the ceiling) is tried
+	// again: its last attempt plus its backoff step, as the Admin's
+	// [Config.RetryBackoff] sets it. Zero for any other row.
+	NextAttempt time.Time
+	LastError   string // cut to [LastErrorMax] characters; "" if none
+	// Permanent and AttemptsMade are as in [DeadMessage]: the attempts
+	// really made, where Attempts of a row killed by a permanent failure
+	// holds the ceiling.
 	Permanent    bool
 	AttemptsMade int
 }
@@ -100,7 +121,11 @@ const sentCountMaxPages = 4096
 // few seconds, and what replaces the deprecated [Admin.CountByStatus].
 func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 	o := Overview{AppName: a.app, Table: a.table, MaxAttempts: a.maxAttempts}
-	groups, err := a.repo.liveGroups(ctx, a.pool, a.maxAttempts)
+	repo, err := a.repoOf(ctx)
+	if err != nil {
+		return o, err
+	}
+	groups, err := repo.liveGroups(ctx, a.pool, a.maxAttempts, a.backoff)
 	if err != nil {
 		return o, fmt.Errorf("relay: count the live rows of %s: %w", a.table, err)
 	}
@@ -130,18 +155,33 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		}
 		t := get(g.typ)
 		head := g.head
-		switch {
-		case g.dead:
+		switch g.kind {
+		case liveIsDead:
 			t.Dead += g.count
 			t.FirstDead = &head
-		case g.status == store.StatusError:
+			continue
+		case liveIsCandidate:
+			// A pending row waits since it became waiting, a failed one
+			// since its retry came due.
+			since := head.WaitingSince
+			if !head.NextAttempt.IsZero() {
+				since = head.NextAttempt
+			}
+			if lag := max(o.At.Sub(since), 0); t.Oldest == nil || lag > t.Lag {
+				t.Oldest, t.Lag = &head, lag
+			}
+			continue
+		case liveIsBackoff:
+			t.Retrying += g.count
+			t.Backoff += g.count
+			t.NextRetry = g.at
+		case liveIsDue:
 			t.Retrying += g.count
 		default:
 			t.Pending += g.count
 		}
-		if !g.dead && (t.Next == nil || head.ID < t.Next.ID) {
+		if t.Next == nil || head.ID < t.Next.ID {
 			t.Next = &head
-			t.Lag = max(o.At.Sub(head.CreatedAt), 0)
 		}
 	}
 
@@ -149,6 +189,7 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		t := byType[typ]
 		o.Pending += t.Pending
 		o.Retrying += t.Retrying
+		o.Backoff += t.Backoff
 		o.Dead += t.Dead
 		o.Lag = max(o.Lag, t.Lag)
 	}

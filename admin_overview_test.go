@@ -22,9 +22,10 @@ func TestAdminOverview(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		f := b.seedAdmin(t)
-		// The waiting rows' ages: the pending row 90s old, the retrying one 30s.
+		// The waiting rows' ages: the pending row 90s old, the retrying one
+		// failed 30s ago, and is due since (RetryBackoff 0: the next pass).
 		b.exec(t, "UPDATE %s SET created_at = now() - interval '90 seconds' WHERE id = $1", f.pending)
-		b.exec(t, "UPDATE %s SET created_at = now() - interval '30 seconds' WHERE id = $1", f.retrying)
+		b.exec(t, "UPDATE %s SET created_at = now() - interval '30 seconds', updated_at = now() - interval '30 seconds' WHERE id = $1", f.retrying)
 		// A foreign table may allow a NULL status: the pass reads it as PENDING.
 		b.exec(t, "ALTER TABLE %s ALTER COLUMN status DROP NOT NULL")
 		b.exec(t, "UPDATE %s SET status = NULL WHERE id = $1", b.insert(t, "v", "null-status")[0])
@@ -53,6 +54,7 @@ func TestAdminOverview(t *testing.T) {
 		require.EqualValues(t, 2, tt.Sent)
 		require.Equal(t, f.pending, tt.Next.ID, "the lowest waiting id is delivered first")
 		require.Equal(t, "PENDING", tt.Next.Status)
+		require.Equal(t, f.pending, tt.Oldest.ID, "the row kept waiting longest")
 		require.InDelta(t, 90, tt.Lag.Seconds(), 5)
 		require.Equal(t, f.dead, tt.FirstDead.ID)
 		require.Equal(t, "boom", tt.FirstDead.LastError)
@@ -76,8 +78,74 @@ func TestAdminOverview(t *testing.T) {
 		require.Equal(t, "ERROR", tt.Next.Status)
 		require.Equal(t, adminCeiling-1, tt.Next.Attempts)
 		require.Equal(t, "boom", tt.Next.LastError)
+		require.Equal(t, f.retrying, tt.Oldest.ID)
+		require.WithinDuration(t, tt.Oldest.CreatedAt.Add(time.Second), tt.Oldest.NextAttempt, 2*time.Second, "due since its last attempt")
 		require.InDelta(t, 30, tt.Lag.Seconds(), 5)
 		require.EqualValues(t, 3, tt.Sent)
+	})
+
+	// A row that waits out its retry's backoff is not behind, nor is a row
+	// its failure holds back; a row of another key that waits is.
+	t.Run("RetryingIsNotBehind", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.insert(t, "orders", "k1", "k1", "k2")
+		b.exec(t, "UPDATE %s SET status = 'ERROR', attempts = 1, last_error = '503 Service Unavailable', "+
+			"created_at = now() - interval '10 minutes', updated_at = now() - interval '10 minutes' WHERE id = $1", ids[0])
+		b.exec(t, "UPDATE %s SET created_at = now() - interval '9 minutes' WHERE id = $1", ids[1])
+		b.exec(t, "UPDATE %s SET created_at = now() - interval '20 seconds' WHERE id = $1", ids[2])
+		cfg := b.cfg
+		cfg.MaxAttempts, cfg.RetryBackoff = adminCeiling, time.Hour
+		a, err := relay.NewAdmin(b.pool, cfg, relay.AdminAllTypes())
+		require.NoError(t, err)
+		o, err := a.Overview(ctx)
+		require.NoError(t, err)
+		tt := o.Types[0]
+		require.EqualValues(t, 1, tt.Retrying)
+		require.EqualValues(t, 1, tt.Backoff)
+		require.EqualValues(t, 1, o.Backoff)
+		require.WithinDuration(t, o.At.Add(50*time.Minute), tt.NextRetry, 5*time.Second, "its next attempt, an hour after its last")
+		require.Equal(t, ids[0], tt.Next.ID, "still the row delivered first")
+		require.WithinDuration(t, tt.NextRetry, tt.Next.NextAttempt, time.Second)
+		require.Equal(t, ids[2], tt.Oldest.ID, "the row behind the failed one of its key waits for the destination, not the relays")
+		require.InDelta(t, 20, tt.Lag.Seconds(), 5)
+		require.Equal(t, tt.Lag, o.Lag)
+
+		// Once its backoff is over, the failed row is due: behind since then.
+		b.exec(t, "UPDATE %s SET updated_at = now() - interval '61 minutes' WHERE id = $1", ids[0])
+		o, err = a.Overview(ctx)
+		require.NoError(t, err)
+		tt = o.Types[0]
+		require.Zero(t, tt.Backoff)
+		require.Equal(t, ids[1], tt.Oldest.ID, "the row of k1 is no longer held back: 9 minutes")
+		require.InDelta(t, (9 * time.Minute).Seconds(), tt.Lag.Seconds(), 5)
+	})
+
+	// A re-queued row waits since its re-queue, not since it was written;
+	// rows written since and never re-queued wait since they were written.
+	t.Run("RequeuedWaitsSinceItsRequeue", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		dead := b.insert(t, "orders", "a", "b")
+		b.exec(t, "UPDATE %s SET status = 'ERROR', attempts = $2, created_at = now() - interval '3 hours' WHERE id = ANY($1)", dead, adminCeiling)
+		a := b.newAdmin(t)
+		n, err := a.RequeueIDs(ctx, dead...)
+		require.NoError(t, err)
+		require.EqualValues(t, 2, n)
+		o, err := a.Overview(ctx)
+		require.NoError(t, err)
+		tt := o.Types[0]
+		require.Equal(t, dead[0], tt.Next.ID)
+		require.WithinDuration(t, o.At, tt.Next.WaitingSince, 5*time.Second, "waiting since the re-queue")
+		require.WithinDuration(t, time.Now().Add(-3*time.Hour), tt.Next.CreatedAt, time.Minute)
+		require.Less(t, tt.Lag, 5*time.Second, "not three hours")
+
+		later := b.insert(t, "orders", "c")[0]
+		b.exec(t, "UPDATE %s SET created_at = now() - interval '2 minutes' WHERE id = $1", later)
+		o, err = a.Overview(ctx)
+		require.NoError(t, err)
+		require.Equal(t, later, o.Types[0].Oldest.ID, "a later row written before the re-queue waited longer")
+		require.InDelta(t, 120, o.Lag.Seconds(), 5)
 	})
 
 	t.Run("Empty", func(t *testing.T) {
@@ -177,6 +245,13 @@ func TestAdminDeadPage(t *testing.T) {
 	even, err = a.DeadPage(ctx, relay.DeadQuery{Type: "even", AfterID: even[5].ID, Limit: 100})
 	require.NoError(t, err)
 	require.Len(t, even, 6)
+
+	// By id, as a re-queue by id finds them: the live row given is not dead.
+	live, err := a.DeadRows(ctx, all[3].ID, all[1].ID, all[25].ID+1)
+	require.NoError(t, err)
+	require.Len(t, live, 2)
+	require.Equal(t, []int64{all[1].ID, all[3].ID}, []int64{live[0].ID, live[1].ID})
+	require.Equal(t, all[1], live[0])
 
 	_, err = a.DeadPage(ctx, relay.DeadQuery{Limit: relay.ListDeadMax + 1})
 	require.ErrorContains(t, err, "Limit must be between 1 and")

@@ -17,6 +17,10 @@ type Replica struct {
 	// ID is the replica's id, 8 hex digits drawn when the relay was built;
 	// the election's statements name it (LockHolder.ReplicaID).
 	ID string
+	// App is its Config.AppName, and Table its Config.Table as it says
+	// them ([Admin.OtherReplicas] lists other apps' relays); App is "" when
+	// this role cannot read its session, Table "" for a relay too old to say.
+	App, Table string
 	// Types are the message types it has senders for. UnnamedTypes counts
 	// those whose names the Admin could not read (another role's session
 	// without pg_read_all_stats, or a list longer than
@@ -96,10 +100,10 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 		hashes := make(map[int][]int64)
 		var nameHashes []int64
 		for i, x := range rows {
-			r := Replica{ID: election.ReplicaID(x.Replica), MaxAttempts: x.MaxAttempts, Partitions: x.Partitions, PID: x.PID,
+			r := Replica{ID: election.ReplicaID(x.Replica), App: a.app, MaxAttempts: x.MaxAttempts, Partitions: x.Partitions, PID: x.PID,
 				ApplicationName: x.ApplicationName, ClientAddr: x.ClientAddr, BackendStart: x.BackendStart, Hidden: x.Hidden, At: x.At}
 			if d, ok := election.ParseComment(x.Query); ok && d.App == a.app && d.Replica == r.ID {
-				r.Types, r.Host, r.Process, r.Since = d.Types, d.Host, d.Process, d.Since
+				r.Types, r.Host, r.Process, r.Since, r.Table = d.Types, d.Host, d.Process, d.Since, d.Table
 				for _, p := range d.Paused {
 					r.Paused = append(r.Paused, PausedType(p))
 				}
@@ -148,4 +152,57 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 		}
 	}
 	return reps, nil
+}
+
+// OtherReplicas returns the live relays of the other apps that deliver from
+// the Admin's table (their presence holds its name's key), oldest session
+// first, each with the app, table and types its session says
+// ([Replica.App]). A relay too old to hold that key may deliver from it: it
+// is listed. One whose session this role cannot read (another role's,
+// without pg_read_all_stats) has no App; of its types, only those among
+// names are told, by their locks. An Admin never writes a type that another
+// app's live relays serve on its table ([Admin.Scope]).
+func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, error) {
+	names = slices.Clone(names)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	// A descriptor's type names count as far as the session's locks bear
+	// them out: read again with those the first read did not hash.
+	for reads := 1; ; reads++ {
+		rows, err := store.OtherReplicasStatement(ctx, a.pool, a.app, names, election.TableName(a.table))
+		if err != nil {
+			return nil, fmt.Errorf("relay: read the live relays of other apps: %w", err)
+		}
+		all := slices.Clone(names)
+		var reps []Replica
+		for _, x := range rows {
+			r := Replica{PID: x.PID, ApplicationName: x.ApplicationName, ClientAddr: x.ClientAddr, BackendStart: x.BackendStart,
+				Hidden: x.Hidden, At: x.At}
+			if d, ok := election.ParseComment(x.Query); ok && d.App != a.app {
+				r.App, r.Table, r.ID, r.MaxAttempts, r.Partitions = d.App, d.Table, d.Replica, d.MaxAttempts, d.Partitions
+				r.Host, r.Process, r.Since = d.Host, d.Process, d.Since
+				for _, p := range d.Paused {
+					r.Paused = append(r.Paused, PausedType(p))
+				}
+				all = append(all, d.Types...)
+			}
+			for i, h := range x.NameHashes {
+				if slices.Contains(x.Locks, h) && !slices.Contains(r.Types, names[i]) {
+					r.Types = append(r.Types, names[i])
+				}
+			}
+			slices.Sort(r.Types)
+			if x.OnTable && r.Table == "" {
+				r.Table = a.table // its key says so; its descriptor could not
+			}
+			if x.OnTable || !x.Tabled && sameTable(r.Table, a.table) {
+				reps = append(reps, r)
+			}
+		}
+		slices.Sort(all)
+		if all = slices.Compact(all); len(all) == len(names) || reads == replicasReads {
+			return reps, nil
+		}
+		names = all
+	}
 }

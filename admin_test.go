@@ -400,3 +400,52 @@ func TestAdminWhileRelaysDeliver(t *testing.T) {
 	require.NotContains(t, logs.String(), "outcome not recorded", "no re-queue touched a row in flight")
 	require.NotContains(t, logs.String(), "pass failed")
 }
+
+// TestAdminRequeuedAtColumn: on a table without the optional requeued_at
+// column (the JVM's migration), the Admin counts, re-queues and draws as
+// before, a row waiting since it was written; CreateTable adds the column to
+// the table as it is, and from then on a re-queue says when, and the row
+// waits since. A second CreateTable finds the column and changes nothing.
+func TestAdminRequeuedAtColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	table := jvmTableOf(t, b.pool)
+	cfg := b.cfg
+	cfg.Table, cfg.MaxAttempts = table, adminCeiling
+	a, err := relay.NewAdmin(b.pool, cfg, relay.AdminAllTypes())
+	require.NoError(t, err)
+	dead := func() {
+		_, err := b.pool.Exec(ctx, `INSERT INTO `+table+` (direction, type, natural_key, payload, status, attempts, created_at, updated_at)
+			VALUES ('OUT', 'orders', 'k', '{}', 'ERROR', $1, now() - interval '1 hour', now() - interval '1 hour')`, adminCeiling)
+		require.NoError(t, err)
+	}
+	dead()
+	n, err := a.RequeueAll(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	o, err := a.Overview(ctx)
+	require.NoError(t, err)
+	require.InDelta(t, time.Hour.Seconds(), o.Lag.Seconds(), 60, "without the column, a row waits since it was written")
+	_, err = a.History(ctx, time.Hour, time.Minute)
+	require.NoError(t, err)
+
+	require.NoError(t, relay.CreateTable(ctx, b.pool, table))
+	require.NoError(t, relay.CreateTable(ctx, b.pool, table), "idempotent")
+	_, err = b.pool.Exec(ctx, "DELETE FROM "+table)
+	require.NoError(t, err)
+	dead()
+	n, err = a.RequeueAll(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	var requeuedAt *time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT requeued_at FROM "+table).Scan(&requeuedAt))
+	require.NotNil(t, requeuedAt, "the re-queue says when")
+	o, err = a.Overview(ctx)
+	require.NoError(t, err)
+	require.Less(t, o.Lag, time.Minute, "waiting since the re-queue")
+	h, err := a.History(ctx, time.Hour, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, h.Types, 1)
+	require.Less(t, h.Types[0].Lag[59], time.Minute, "drawn since the re-queue")
+}

@@ -58,8 +58,12 @@ func HistoryPlanForTest(ctx context.Context, a *Admin, window, step time.Duratio
 		return "", false, err
 	}
 	steps := int(window / step)
-	rows, err := a.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+a.repo.HistorySQL, window.Seconds(), step.Seconds(), steps,
-		a.maxAttempts, historyChunk, historyGap, HistoryLookbackMax.Seconds(), indexed)
+	repo, err := a.repoOf(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	rows, err := a.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+repo.HistorySQL, window.Seconds(), step.Seconds(), steps,
+		a.maxAttempts, historyChunk, historyGap, HistoryLookbackMax.Seconds(), indexed, a.backoff.Seconds(), retryBackoffMax.Seconds())
 	if err != nil {
 		return "", false, err
 	}

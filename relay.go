@@ -150,7 +150,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		observer: cfg.Observer,
 		slot:     make(chan struct{}, 1),
 	}
-	r.presence = election.NewPresence(cfg.AppName, cfg.MaxAttempts, cfg.Partitions, r.types)
+	r.presence = election.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
 	r.runner = r.newRunner(byType)
 	said := func() { r.presence.SetPaused(r.runner.Lanes().Paused()) } // the session's next statement says it
 	r.runner.Lanes().OnChange(said)

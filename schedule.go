@@ -490,8 +490,12 @@ func ScheduledAt(ctx context.Context) (time.Time, bool) {
 // statement). It logs how many rows it deleted. age must not be negative: the
 // job fails, every time, if it is.
 //
+// It purges the Admin's scope ([Admin.Scope]): while no relay of the app is
+// live and the Admin was given no types ([AdminTypes], [AdminAllTypes]), it
+// purges nothing and fails with [ErrScopeUnknown].
+//
 // Purge is idempotent, so a rare second run of an occurrence is harmless. Use
-// a key per table, since SENT rows are purged whatever their type:
+// a key per table:
 //
 //	s.Add("mensagem_m2m_retention", "@hourly", relay.RetentionJob(admin, 7*24*time.Hour))
 func RetentionJob(admin *Admin, age time.Duration) func(ctx context.Context) error {

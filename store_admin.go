@@ -16,12 +16,12 @@ import (
 // Admin's statements, in internal/store's sql/admin.sql.
 
 // adminRepository runs Admin's statements (internal/store renders them) for
-// one table. A dead row is an outbound ERROR row whose attempts reached the
+// one table, with or without its optional requeued_at column. A dead row is an outbound ERROR row whose attempts reached the
 // ceiling (@ceiling everywhere).
 type adminRepository struct{ *store.AdminSQL }
 
-func newAdminRepository(table string) (*adminRepository, error) {
-	a, err := store.NewAdminSQL(table)
+func newAdminRepository(table string, requeued bool) (*adminRepository, error) {
+	a, err := store.NewAdminSQL(table, requeued)
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +45,15 @@ func (r *adminRepository) deadPage(ctx context.Context, db store.Querier, ceilin
 	if q.Type != "" {
 		sql, args = r.DeadTypeSQL, append(args, q.Type)
 	}
-	rows, err := db.Query(ctx, sql, args...)
+	return collectDead(db.Query(ctx, sql, args...))
+}
+
+func (r *adminRepository) deadRows(ctx context.Context, db store.Querier, ceiling int, ids []int64) ([]DeadMessage, error) {
+	return collectDead(db.Query(ctx, r.DeadIDsSQL, ceiling, ids, PayloadPreviewMax, LastErrorMax))
+}
+
+// collectDead reads the rows of a dead-rows statement.
+func collectDead(rows pgx.Rows, err error) ([]DeadMessage, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -71,16 +79,16 @@ func cutRunes(s string, n int) string {
 	return s
 }
 
-func (r *adminRepository) requeueAll(ctx context.Context, db store.Execer, ceiling int, scope []string) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.RequeueAllSQL, ceiling, scope))
+func (r *adminRepository) requeueAll(ctx context.Context, db store.Execer, ceiling int, s writeScope) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.RequeueAllSQL, ceiling, s.types, s.excluded()))
 }
 
 func (r *adminRepository) requeueType(ctx context.Context, db store.Execer, ceiling int, typ string) (int64, error) {
 	return rowsAffected(db.Exec(ctx, r.RequeueTypeSQL, ceiling, typ))
 }
 
-func (r *adminRepository) requeueIDs(ctx context.Context, db store.Execer, ceiling int, ids []int64, scope []string) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.RequeueIDsSQL, ceiling, ids, scope))
+func (r *adminRepository) requeueIDs(ctx context.Context, db store.Execer, ceiling int, ids []int64, s writeScope) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.RequeueIDsSQL, ceiling, ids, s.types, s.excluded()))
 }
 
 // cutoff is the database's now() minus retention, fixed once for a whole purge.
@@ -90,8 +98,8 @@ func (r *adminRepository) cutoff(ctx context.Context, db store.Querier, retentio
 	return t, err
 }
 
-func (r *adminRepository) purgeChunk(ctx context.Context, db store.Execer, cutoff time.Time, limit int, scope []string) (int64, error) {
-	return rowsAffected(db.Exec(ctx, r.PurgeSQL, cutoff, limit, scope))
+func (r *adminRepository) purgeChunk(ctx context.Context, db store.Execer, cutoff time.Time, limit int, s writeScope) (int64, error) {
+	return rowsAffected(db.Exec(ctx, r.PurgeSQL, cutoff, limit, s.types, s.excluded()))
 }
 
 // purgeSamplePages is about how many pages estimatePurge samples of a table
@@ -108,7 +116,7 @@ const purgeSamplePages = 1024
 // selectivities (9 rows for 960,000), and even analyzed it multiplies
 // status = 'SENT' by sent_at < cutoff as if they were independent, though
 // only SENT rows have a sent_at.
-func (r *adminRepository) estimatePurge(ctx context.Context, db store.Querier, cutoff time.Time, scope []string) (PurgeEstimate, error) {
+func (r *adminRepository) estimatePurge(ctx context.Context, db store.Querier, cutoff time.Time, scope writeScope) (PurgeEstimate, error) {
 	est := PurgeEstimate{Cutoff: cutoff}
 	srv, err := r.server(ctx, db)
 	if err != nil {
@@ -130,13 +138,13 @@ func (r *adminRepository) estimatePurge(ctx context.Context, db store.Querier, c
 	return est, nil
 }
 
-// purgeCounts counts the SENT rows of scope's types (nil: every type)
-// delivered before cutoff by type: all of
+// purgeCounts counts the SENT rows of scope's types delivered before cutoff
+// by type: all of
 // them with pages 0; else those of a sample of about purgeSamplePages of the
 // table's pages, scaled by the pages the sample read.
-func (r *adminRepository) purgeCounts(ctx context.Context, db store.Querier, cutoff time.Time, pages int64, scope []string) ([]TypeCount, error) {
+func (r *adminRepository) purgeCounts(ctx context.Context, db store.Querier, cutoff time.Time, pages int64, scope writeScope) ([]TypeCount, error) {
 	if pages == 0 {
-		rows, err := db.Query(ctx, r.CountPurgeSQL, cutoff, scope)
+		rows, err := db.Query(ctx, r.CountPurgeSQL, cutoff, scope.types, scope.excluded())
 		if err != nil {
 			return nil, err
 		}
@@ -147,7 +155,7 @@ func (r *adminRepository) purgeCounts(ctx context.Context, db store.Querier, cut
 		})
 	}
 	pct := min(100, 100*float64(purgeSamplePages)/float64(pages))
-	rows, err := db.Query(ctx, r.SamplePurgeSQL, cutoff, pct, scope)
+	rows, err := db.Query(ctx, r.SamplePurgeSQL, cutoff, pct, scope.types, scope.excluded())
 	if err != nil {
 		return nil, err
 	}
@@ -163,26 +171,52 @@ func (r *adminRepository) purgeCounts(ctx context.Context, db store.Querier, cut
 	return counts, err
 }
 
-// liveGroup is one row of liveGroupsSQL: a type's rows in one state.
+// The kinds of liveGroupsSQL's rows.
+const (
+	liveIsPending   = iota // a type's pending rows
+	liveIsDue              // its failed rows whose retry came due
+	liveIsBackoff          // its failed rows that wait out their backoff
+	liveIsDead             // its dead rows
+	liveIsCandidate        // one of its rows that may have waited longest for the relays
+)
+
+// liveGroup is one row of liveGroupsSQL: a type's rows of one kind, with
+// the first of them (head); or a candidate row (count 0).
 type liveGroup struct {
-	typ, status string
-	dead        bool
-	count       int64
-	head        RowHead
+	typ   string
+	kind  int
+	count int64
+	at    time.Time // the earliest next attempt of the failed rows of the group
+	head  RowHead
 }
 
-func (r *adminRepository) liveGroups(ctx context.Context, db store.Querier, ceiling int) ([]liveGroup, error) {
-	rows, err := db.Query(ctx, r.LiveGroupsSQL, ceiling, LastErrorMax)
+func (r *adminRepository) liveGroups(ctx context.Context, db store.Querier, ceiling int, backoff time.Duration) ([]liveGroup, error) {
+	rows, err := db.Query(ctx, r.LiveGroupsSQL, ceiling, LastErrorMax, backoff.Seconds(), retryBackoffMax.Seconds())
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (liveGroup, error) {
 		var g liveGroup
-		err := row.Scan(&g.typ, &g.status, &g.dead, &g.count,
-			&g.head.ID, &g.head.Status, &g.head.Attempts, &g.head.CreatedAt, &g.head.LastError)
+		var kind int32
+		var count *int64
+		var at, created, since, next *time.Time
+		err := row.Scan(&g.typ, &kind, &count, &at, &g.head.ID, &g.head.Status, &g.head.Attempts, &created, &since, &next, &g.head.LastError)
+		g.kind = int(kind)
+		if count != nil {
+			g.count = *count
+		}
+		g.at, g.head.CreatedAt, g.head.WaitingSince, g.head.NextAttempt = timeOr(at), timeOr(created), timeOr(since), timeOr(next)
 		g.head.Permanent, g.head.AttemptsMade = permanence(g.head.LastError, g.head.Attempts)
 		return g, err
 	})
+}
+
+// timeOr is *t, or the zero time for a NULL.
+func timeOr(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
 }
 
 // typeCount is a count of one type's rows.

@@ -35,34 +35,38 @@ func TestAdminStatements(t *testing.T) {
 				built = append(built, cut[0]+id.Sanitize()+cut[1])
 			}
 		}
-		a, err := newAdminRepository(table)
-		require.NoError(t, err)
-		rv := reflect.ValueOf(a.AdminSQL).Elem()
-		for i := range rv.NumField() {
-			if strings.HasSuffix(rv.Type().Field(i).Name, "SQL") {
-				built = append(built, rv.Field(i).String())
+		for _, requeued := range []bool{false, true} {
+			a, err := newAdminRepository(table, requeued)
+			require.NoError(t, err)
+			rv := reflect.ValueOf(a.AdminSQL).Elem()
+			for i := range rv.NumField() {
+				if strings.HasSuffix(rv.Type().Field(i).Name, "SQL") {
+					built = append(built, rv.Field(i).String())
+				}
 			}
+			cut := time.Now()
+			all, some := writeScope{}, writeScope{types: []string{"t"}, exclude: []string{"u"}}
+			_, _ = a.countByStatus(ctx, q, 3)
+			_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1})
+			_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, Type: "t"})
+			_, _ = a.deadRows(ctx, q, 3, []int64{1})
+			_, _ = a.requeueAll(ctx, q, 3, some)
+			_, _ = a.requeueType(ctx, q, 3, "t")
+			_, _ = a.requeueIDs(ctx, q, 3, []int64{1}, all)
+			_, _ = a.cutoff(ctx, q, time.Hour)
+			_, _ = a.purgeChunk(ctx, q, cut, 10, all)
+			_, _ = a.estimatePurge(ctx, q, cut, all)
+			_, _ = a.purgeCounts(ctx, q, cut, 0, all)
+			_, _ = a.purgeCounts(ctx, q, cut, 50_000, some)
+			_, _ = a.history(ctx, q, 3, time.Second, time.Hour, time.Minute, true)
+			_, _ = a.history(ctx, q, 3, 0, time.Hour, time.Minute, false)
+			_, _ = a.liveGroups(ctx, q, 3, time.Second)
+			_, _ = a.sentByType(ctx, q)
+			_, _ = a.server(ctx, q)
+			_, _ = a.sampleSent(ctx, q, 10)
+			_, _ = a.estimate(ctx, q, a.EstimateSentSQL)
+			_, _ = a.lockHolders(ctx, q, []string{"app"})
 		}
-		cut := time.Now()
-		_, _ = a.countByStatus(ctx, q, 3)
-		_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1})
-		_, _ = a.deadPage(ctx, q, 3, DeadQuery{Limit: 1, Type: "t"})
-		_, _ = a.requeueAll(ctx, q, 3, []string{"t"})
-		_, _ = a.requeueType(ctx, q, 3, "t")
-		_, _ = a.requeueIDs(ctx, q, 3, []int64{1}, nil)
-		_, _ = a.cutoff(ctx, q, time.Hour)
-		_, _ = a.purgeChunk(ctx, q, cut, 10, nil)
-		_, _ = a.estimatePurge(ctx, q, cut, nil)
-		_, _ = a.purgeCounts(ctx, q, cut, 0, nil)
-		_, _ = a.purgeCounts(ctx, q, cut, 50_000, []string{"t"})
-		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute, true)
-		_, _ = a.history(ctx, q, 3, time.Hour, time.Minute, false)
-		_, _ = a.liveGroups(ctx, q, 3)
-		_, _ = a.sentByType(ctx, q)
-		_, _ = a.server(ctx, q)
-		_, _ = a.sampleSent(ctx, q, 10)
-		_, _ = a.estimate(ctx, q, a.EstimateSentSQL)
-		_, _ = a.lockHolders(ctx, q, []string{"app"})
 	}
 	sqltest.Check(t, calls, built)
 }

@@ -65,7 +65,7 @@ func TestWakeOnCommit(t *testing.T) {
 
 // waitListening waits until a session of the bundle's app LISTENs: its last
 // statement is the LISTEN, or the presence it takes once the LISTEN's probe
-// came back (presence.go).
+// came back (internal/election/presence.go).
 func waitListening(t *testing.T, b *bundle) {
 	t.Helper()
 	require.Eventually(t, func() bool {

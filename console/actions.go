@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,30 +72,36 @@ func confirmed(r *http.Request) bool { return r.PostFormValue("confirm") == "1" 
 
 // confirmView is the page between the first POST of an action and its second.
 type confirmView struct {
-	Index  int
-	App    string
-	Table  string
-	Action string // "requeue" or "purge": the form's action
-	Title  string
-	Lead   string
-	Types  []relay.TypeCount
-	Rows   int64
-	Exact  bool
-	Note   string
-	Button string
-	Fields [][2]string // the hidden fields the second POST repeats, with confirm=1
-	start  time.Time   // when the count began, for the page's footer
+	Index   int
+	App     string
+	Table   string
+	Ceiling int
+	Action  string // "requeue" or "purge": the form's action
+	Title   string
+	Lead    string
+	Types   []relay.TypeCount
+	Dead    []relay.DeadMessage // the rows of a re-queue by id
+	Rows    int64
+	Exact   bool
+	Note    string
+	Button  string
+	Back    string      // the page Cancel returns to
+	Fields  [][2]string // the hidden fields the second POST repeats, with confirm=1
+	start   time.Time   // when the count began, for the page's footer
 }
 
 func (c *Console) confirm(w http.ResponseWriter, r *http.Request, i int, s *source, v confirmView) {
-	v.Index, v.App, v.Table = i, s.Admin.AppName(), s.Admin.Table()
+	v.Index, v.App, v.Table, v.Ceiling = i, s.Admin.AppName(), s.Admin.Table(), s.Admin.MaxAttempts()
+	if v.Back == "" {
+		v.Back = "./app?s=" + strconv.Itoa(i)
+	}
 	p := c.newPage(r, v.Title+" · "+s.Admin.AppName(), i)
 	p.Took, p.Content = time.Since(v.start), v
 	c.render(w, r, http.StatusOK, "confirm", p)
 }
 
-// requeue re-queues one dead row (id), a type's (type) or all (all=1, after
-// a confirmation).
+// requeue re-queues one dead row (id), a type's (type) or all (all=1), each
+// after a confirmation that says which rows.
 func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 	i, s := c.action(w, r, "requeue")
 	if s == nil {
@@ -109,16 +114,53 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 		c.badRequest(w, r, fmt.Sprintf("all=%q: re-queue all takes all=1.", cut(all)))
 		return
 	}
+	back := "app"
+	if r.PostFormValue("back") == "dead" {
+		back = "dead"
+	}
+	filter := r.PostFormValue("type_filter")
+	if checkText(filter) != "" {
+		filter = ""
+	}
 	var (
 		n     int64
 		err   error
 		scope []slog.Attr
+		cv    = confirmView{Action: "requeue", Exact: true, Fields: [][2]string{{"back", back}, {"type_filter", filter}}, start: time.Now(),
+			Note: "Counted now; rows that die before you confirm are re-queued too. A re-queued row arrives after any later message of its key that was delivered while it was dead."}
 	)
+	if back == "dead" {
+		cv.Back = "./dead?" + url.Values{"s": {strconv.Itoa(i)}, "type": {filter}}.Encode()
+		if filter == "" {
+			cv.Back = "./dead?s=" + strconv.Itoa(i)
+		}
+	}
 	switch {
 	case id != "" && !hasType && all == "":
 		rowID, perr := strconv.ParseInt(id, 10, 64)
 		if perr != nil || rowID < 1 {
 			c.badRequest(w, r, fmt.Sprintf("id=%q is not a row id (a positive integer).", cut(id)))
+			return
+		}
+		if !confirmed(r) {
+			sc, ok := c.scopeFor(w, r, "requeue", s)
+			if !ok {
+				return
+			}
+			rows, err := s.Admin.DeadRows(r.Context(), rowID)
+			if err != nil {
+				c.dbError(w, r, err)
+				return
+			}
+			cv.Title, cv.Button = "Re-queue a dead row", "Re-queue it"
+			cv.Fields = append(cv.Fields, [2]string{"id", id})
+			if len(rows) == 1 && sc.Includes(rows[0].Type) {
+				cv.Dead, cv.Rows = rows, 1
+				cv.Lead = fmt.Sprintf("Re-queue row %d (type %q) of %s: status PENDING, attempts 0; the next pass delivers it.", rowID, rows[0].Type, s.Admin.Table())
+			} else {
+				cv.Lead = fmt.Sprintf("Row %d of %s is not a dead row of %s: confirming changes nothing.", rowID, s.Admin.Table(), sc)
+			}
+			c.confirm(w, r, i, s, cv)
 			return
 		}
 		n, err = s.Admin.RequeueIDs(r.Context(), rowID)
@@ -128,32 +170,24 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 			c.badRequest(w, r, fmt.Sprintf("type=%q %s: give a message type.", cut(typ), msg))
 			return
 		}
+		if !confirmed(r) {
+			cv.Title, cv.Button = "Re-queue the dead rows of "+typ, "Re-queue them"
+			cv.Fields = append(cv.Fields, [2]string{"type", typ})
+			if !c.countDead(w, r, s, &cv, func(t string) bool { return t == typ }) {
+				return
+			}
+			c.confirm(w, r, i, s, cv)
+			return
+		}
 		n, err = s.Admin.RequeueType(r.Context(), typ)
 		scope = []slog.Attr{slog.String("type", typ)}
 	case all == "1" && id == "" && !hasType:
 		if !confirmed(r) {
-			start := time.Now()
-			sc, err := s.Admin.Scope(r.Context())
-			if err != nil {
-				c.dbError(w, r, err)
+			cv.Title, cv.Button = "Re-queue all dead rows", "Re-queue them"
+			cv.Fields = append(cv.Fields, [2]string{"all", "1"})
+			if !c.countDead(w, r, s, &cv, func(string) bool { return true }) {
 				return
 			}
-			o, err := s.Admin.Overview(r.Context())
-			if err != nil {
-				c.dbError(w, r, err)
-				return
-			}
-			cv := confirmView{Action: "requeue", Title: "Re-queue all dead rows", Exact: true,
-				Button: "Re-queue them", Fields: [][2]string{{"all", "1"}}, start: start}
-			for _, t := range o.Types {
-				if t.Dead > 0 && (sc.All || slices.Contains(sc.Types, t.Type)) {
-					cv.Types = append(cv.Types, relay.TypeCount{Type: t.Type, Rows: t.Dead})
-					cv.Rows += t.Dead
-				}
-			}
-			cv.Lead = fmt.Sprintf("Re-queue %s dead row(s) of %s, of %s: status PENDING, attempts 0; the next pass delivers them.",
-				diagnose.Count(cv.Rows), s.Admin.Table(), sc)
-			cv.Note = "Counted now; rows that die before you confirm are re-queued too. A re-queued row arrives after any later message of its key that was delivered while it was dead."
 			c.confirm(w, r, i, s, cv)
 			return
 		}
@@ -171,15 +205,45 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 		slog.String("app", s.Admin.AppName()), slog.String("table", s.Admin.Table()), slog.Int64("requeued", n),
 		slog.String("remote", r.RemoteAddr)}, scope...)
 	c.logger.LogAttrs(r.Context(), slog.LevelInfo, "relay console: re-queued dead rows", attrs...)
-	back := "app"
-	if r.PostFormValue("back") == "dead" {
-		back = "dead"
-	}
-	filter := r.PostFormValue("type_filter")
-	if checkText(filter) != "" {
-		filter = ""
-	}
 	c.redirect(w, back, i, "requeued", n, filter)
+}
+
+// scopeFor reads what s's Admin may write, or answers why nothing (no live
+// relay to learn the app's types from, another app's types) and returns false.
+func (c *Console) scopeFor(w http.ResponseWriter, r *http.Request, name string, s *source) (relay.AdminScope, bool) {
+	sc, err := s.Admin.Scope(r.Context())
+	if err != nil {
+		c.dbError(w, r, err)
+		return sc, false
+	}
+	if err := sc.Err(); err != nil {
+		c.actionFailed(w, r, name, s, err)
+		return sc, false
+	}
+	return sc, true
+}
+
+// countDead fills cv with the dead rows of the Admin's scope whose type
+// match keeps, by type, for a confirmation; false when it answered.
+func (c *Console) countDead(w http.ResponseWriter, r *http.Request, s *source, cv *confirmView, match func(string) bool) bool {
+	sc, ok := c.scopeFor(w, r, "requeue", s)
+	if !ok {
+		return false
+	}
+	o, err := s.Admin.Overview(r.Context())
+	if err != nil {
+		c.dbError(w, r, err)
+		return false
+	}
+	for _, t := range o.Types {
+		if t.Dead > 0 && sc.Includes(t.Type) && match(t.Type) {
+			cv.Types = append(cv.Types, relay.TypeCount{Type: t.Type, Rows: t.Dead})
+			cv.Rows += t.Dead
+		}
+	}
+	cv.Lead = fmt.Sprintf("Re-queue %s dead row(s) of %s, of %s: status PENDING, attempts 0; the next pass delivers them.",
+		diagnose.Count(cv.Rows), s.Admin.Table(), sc)
+	return true
 }
 
 // purgeUnits are the units of the purge form's age.
@@ -221,9 +285,8 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	}
 	if !confirmed(r) {
 		start := time.Now()
-		sc, err := s.Admin.Scope(r.Context())
-		if err != nil {
-			c.dbError(w, r, err)
+		sc, ok := c.scopeFor(w, r, "purge", s)
+		if !ok {
 			return
 		}
 		est, err := s.Admin.EstimatePurge(r.Context(), retention)
@@ -298,8 +361,9 @@ func (c *Console) redirect(w http.ResponseWriter, page string, i int, done strin
 	w.WriteHeader(http.StatusSeeOther)
 }
 
-// refused says err is the Admin declining to act (no scope, another
-// ceiling), which the operator fixes, not a failure of the console.
+// refused says err is the Admin declining to act (no types to act on,
+// another app's types, another ceiling), which the operator fixes, not a
+// failure of the console.
 func refused(err error) bool {
-	return errors.Is(err, relay.ErrCeilingDiffers)
+	return errors.Is(err, relay.ErrCeilingDiffers) || errors.Is(err, relay.ErrScopeUnknown) || errors.Is(err, relay.ErrOtherApp)
 }

@@ -146,6 +146,12 @@ func TestBrowserShowsTheTable(t *testing.T) {
 	summary := text(t, ctx, "#summary")
 	require.Contains(t, summary, "Nothing is delivered because another client")
 	require.Contains(t, summary, fmt.Sprintf("pg_terminate_backend(%d)", pid))
+	require.NotContains(t, summary, "`", "commands are set as code, not quoted in backticks")
+	require.Equal(t, "relayctl requeue --type T", text(t, ctx, "#summary code"))
+	require.Contains(t, summary, "reached MaxAttempts (3) after 3 attempts")
+	legend := text(t, ctx, "#legend")
+	require.Contains(t, legend, "Dead: reached MaxAttempts (3) or died of a permanent failure")
+	require.NotContains(t, legend, "failed 3 times")
 	require.Contains(t, text(t, ctx, `#election tr[data-kind="other"]`), "PostgreSQL JDBC Driver")
 	require.Contains(t, text(t, ctx, "#read-only"), "viewer may see this console but not act on it")
 
@@ -154,18 +160,29 @@ func TestBrowserShowsTheTable(t *testing.T) {
 	require.Contains(t, text(t, ctx, "#dead"), `{"note": "a payload of invoices", "order": 1}`)
 }
 
-// TestBrowserRequeueIsDelivered: a dead row re-queued from the page is then
-// delivered by a relay.
+// TestBrowserRequeueIsDelivered: a dead row's re-queue button asks first,
+// showing the row and the one attempt it made before a 400 killed it;
+// confirmed, the row is re-queued and then delivered by a relay.
 func TestBrowserRequeueIsDelivered(t *testing.T) {
 	w := setup(t)
 	dead := w.rows(t, "invoices", 3, "ERROR", ceiling, time.Hour)
+	w.exec(t, "UPDATE %s SET last_error = 'permanent after 1 attempt(s): PUT http://invoices.internal/1: 400 Bad Request' WHERE id = $1", dead)
 	srv := w.serve(t, console.Options{Actions: true, Authorize: users, PageSize: 2})
 
 	ctx := browser(t)
 	login(t, ctx, srv.URL, "admin")
 	step(t, ctx, chromedp.Navigate(srv.URL+"/dead?s=0"))
 	require.Contains(t, text(t, ctx, "#dead"), "invoices-1")
+	require.Equal(t, "permanent, 1 attempt", text(t, ctx, fmt.Sprintf(`#dead tr[data-id="%d"] td.attempts`, dead)))
 	status := submit(t, ctx, fmt.Sprintf(`button[data-requeue-id="%d"]`, dead))
+	require.EqualValues(t, http.StatusOK, status)
+	require.Contains(t, text(t, ctx, "#confirm-lead"), fmt.Sprintf("Re-queue row %d (type \"invoices\")", dead), "it asks first")
+	require.Equal(t, "1", text(t, ctx, fmt.Sprintf(`#confirm-rows-list tr[data-id="%d"] td.attempts`, dead)), "the attempts made")
+	require.Contains(t, text(t, ctx, "#confirm-rows-list"), "died of a permanent failure after 1 attempt")
+	st, _ := w.status(t, dead)
+	require.Equal(t, "ERROR", st, "nothing before the confirmation")
+	require.Empty(t, w.logs.Lines("re-queued dead rows"))
+	status = submit(t, ctx, "#confirm-button")
 	require.EqualValues(t, http.StatusOK, status, "redirected back to the dead rows")
 	require.Equal(t, "Re-queued 1 dead row(s): the next pass delivers them.", text(t, ctx, "#flash"))
 	st, attempts := w.status(t, dead)

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -186,9 +187,21 @@ func TestActionsAndAuthorization(t *testing.T) {
 	st, _ = w.status(t, dead)
 	require.Equal(t, "ERROR", st)
 
-	// The admin's actions go through, are logged with who and what, and
+	// The admin's actions ask first: one row's with the row, how it died
+	// and the attempts it made.
+	w.exec(t, "UPDATE %s SET last_error = 'permanent after 1 attempt(s): 400 Bad Request' WHERE id = $1", dead)
+	resp, body = admin.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}, "back": {"dead"}}, "same-origin")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, fmt.Sprintf("Re-queue row %d (type &#34;invoices&#34;)", dead))
+	require.Contains(t, body, `<td class="n attempts">1</td><td>died of a permanent failure after 1 attempt</td>`)
+	require.Contains(t, body, `<input type="hidden" name="id" value="`+itoa(dead)+`"><input type="hidden" name="confirm" value="1">`)
+	require.Contains(t, body, `href="./dead?s=0" id="cancel"`)
+	st, _ = w.status(t, dead)
+	require.Equal(t, "ERROR", st, "the first POST changes nothing")
+
+	// Confirmed, they go through, are logged with who and what, and
 	// redirect relative to the console's own path.
-	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}, "back": {"dead"}}, "same-origin")
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}, "back": {"dead"}, "confirm": {"1"}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Equal(t, "./dead?done=requeued&n=1&s=0", resp.Header.Get("Location"))
 	st, attempts := w.status(t, dead)
@@ -199,7 +212,14 @@ func TestActionsAndAuthorization(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "Re-queued 1 dead row(s)")
 
-	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "type": {"invoices"}, "token": {token}}, "same-origin")
+	// A type's asks first, with its count.
+	resp, body = admin.post("/requeue", url.Values{"s": {"0"}, "type": {"invoices"}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "Re-queue 2 dead row(s) of "+w.table)
+	require.Contains(t, body, `<tr data-type="invoices"><td class="mono">invoices</td><td class="n">2</td></tr>`)
+	require.NotContains(t, body, `data-type="orders"`)
+	require.Empty(t, w.logs.Lines("re-queued dead rows", "type=invoices"), "the first POST changes nothing")
+	resp, _ = admin.post("/requeue", url.Values{"s": {"0"}, "type": {"invoices"}, "token": {token}, "confirm": {"1"}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Len(t, w.logs.Lines("re-queued dead rows", "requeued=2", "type=invoices"), 1)
 	// Re-queue all asks first, with how many of which types, and acts on

@@ -116,7 +116,15 @@ func (c *Console) look(ctx context.Context, s *source) (diagnose.Look, diagnose.
 	if err != nil {
 		return diagnose.Look{}, diagnose.Diagnosis{}, err
 	}
-	now := diagnose.Look{Overview: o, Holders: h, Replicas: reps, PresenceKnown: true}
+	var types []string
+	for _, t := range o.Types {
+		types = append(types, t.Type)
+	}
+	others, err := s.Admin.OtherReplicas(ctx, types...)
+	if err != nil {
+		return diagnose.Look{}, diagnose.Diagnosis{}, err
+	}
+	now := diagnose.Look{Overview: o, Holders: h, Replicas: reps, PresenceKnown: true, Others: others}
 	in := diagnose.Input{Now: now, StallAfter: c.opts.StallAfter}
 	if s.Relay != nil {
 		st := s.Relay.Stats()
@@ -145,11 +153,17 @@ type sourceView struct {
 	D       diagnose.Diagnosis
 	Holders []holderView
 	Stats   *statsView
-	// Replicas are the app's live relays; Scope says which types the
-	// actions write (Admin.Scope), or why none.
+	// Replicas are the app's live relays, Others the other apps' on the
+	// table; Scope says which types the actions write (Admin.Scope), and
+	// ScopeErr why none, when none.
 	Replicas []replicaView
-	Scope    string
+	Others   []replicaView
+	Scope    relay.AdminScope
+	ScopeErr string
 }
+
+// Acts says whether the actions may write rows of typ.
+func (v sourceView) Acts(typ string) bool { return v.Scope.Includes(typ) }
 
 type replicaView struct {
 	relay.Replica
@@ -167,8 +181,11 @@ type statsView struct {
 	LastErr string
 }
 
-func newSourceView(i int, s *source, l diagnose.Look, d diagnose.Diagnosis) sourceView {
-	v := sourceView{Index: i, O: l.Overview, D: d}
+func newSourceView(i int, s *source, l diagnose.Look, d diagnose.Diagnosis, scope relay.AdminScope) sourceView {
+	v := sourceView{Index: i, O: l.Overview, D: d, Scope: scope}
+	if err := scope.Err(); err != nil {
+		v.ScopeErr = err.Error()
+	}
 	for _, h := range l.Holders {
 		v.Holders = append(v.Holders, holderView{LockHolder: h, Description: diagnose.Holder(h),
 			PartitionsText: strings.TrimPrefix(diagnose.PartitionsText(h.Partitions, h.PartitionsOf), "partitions ")})
@@ -176,7 +193,9 @@ func newSourceView(i int, s *source, l diagnose.Look, d diagnose.Diagnosis) sour
 	for _, r := range l.Replicas {
 		v.Replicas = append(v.Replicas, replicaView{Replica: r, Description: diagnose.Replica(r)})
 	}
-	v.Scope = scopeText(s.Admin, l.Replicas)
+	for _, r := range l.Others {
+		v.Others = append(v.Others, replicaView{Replica: r, Description: diagnose.Replica(r)})
+	}
 	if s.Relay != nil {
 		st := s.Relay.Stats()
 		v.Stats = &statsView{Stats: st}
@@ -201,7 +220,7 @@ func (c *Console) index(w http.ResponseWriter, r *http.Request) {
 			c.dbError(w, r, err)
 			return
 		}
-		views = append(views, newSourceView(i, s, l, d))
+		views = append(views, newSourceView(i, s, l, d, relay.AdminScope{}))
 	}
 	p := c.newPage(r, "relay console", -1)
 	p.Took, p.Content = time.Since(start), views
@@ -221,8 +240,13 @@ func (c *Console) app(w http.ResponseWriter, r *http.Request) {
 		c.dbError(w, r, err)
 		return
 	}
+	scope, err := s.Admin.Scope(r.Context())
+	if err != nil {
+		c.dbError(w, r, err)
+		return
+	}
 	p := c.newPage(r, s.Admin.AppName()+" · "+s.Admin.Table(), i)
-	p.Took, p.Content = time.Since(start), newSourceView(i, s, l, d)
+	p.Took, p.Content = time.Since(start), newSourceView(i, s, l, d, scope)
 	p.Flash = flash(r)
 	c.render(w, r, http.StatusOK, "app", p)
 }
@@ -238,7 +262,11 @@ type deadView struct {
 	Rows      []relay.DeadMessage
 	NextAfter int64 // 0 on the last page
 	Types     []string
+	Scope     relay.AdminScope // which rows the buttons may re-queue
 }
+
+// Acts says whether the actions may write rows of typ.
+func (v deadView) Acts(typ string) bool { return v.Scope.Includes(typ) }
 
 func (c *Console) dead(w http.ResponseWriter, r *http.Request) {
 	i, s, ok := c.sourceOf(w, r)
@@ -286,8 +314,13 @@ func (c *Console) dead(w http.ResponseWriter, r *http.Request) {
 		c.dbError(w, r, err)
 		return
 	}
+	scope, err := s.Admin.Scope(r.Context())
+	if err != nil {
+		c.dbError(w, r, err)
+		return
+	}
 	v := deadView{Index: i, App: s.Admin.AppName(), Table: s.Admin.Table(), Ceiling: s.Admin.MaxAttempts(),
-		Type: q.Type, After: q.AfterID, Rows: rows}
+		Type: q.Type, After: q.AfterID, Rows: rows, Scope: scope}
 	if len(rows) == q.Limit {
 		v.NextAfter = rows[len(rows)-1].ID
 	}
@@ -369,6 +402,11 @@ func parseTemplates() (map[string]*template.Template, error) {
 		"attempts": func(d relay.DeadMessage) string {
 			return diagnose.Attempts(d.Permanent, d.AttemptsMade, d.Attempts)
 		},
+		"died": diagnose.Died,
+		"head": func(d relay.DeadMessage) relay.RowHead {
+			return relay.RowHead{ID: d.ID, Status: "ERROR", Attempts: d.Attempts, Permanent: d.Permanent, AttemptsMade: d.AttemptsMade}
+		},
+		"code":  codeSpans,
 		"upper": strings.ToUpper,
 		"ms": func(d time.Duration) string {
 			return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) + " ms"
@@ -397,12 +435,20 @@ func parseTemplates() (map[string]*template.Template, error) {
 	return pages, nil
 }
 
-// scopeText says which types the source's actions write, from the live
-// replicas already read (the Admin's own options first).
-func scopeText(a *relay.Admin, reps []relay.Replica) string {
-	s, err := a.ScopeOf(reps)
-	if err != nil {
-		return "nothing: " + err.Error()
+// codeSpans writes text with its `quoted` commands as code, the rest
+// escaped: a diagnosis quotes what to run between backticks.
+func codeSpans(text string) template.HTML {
+	var b strings.Builder
+	parts := strings.Split(text, "`")
+	for i, part := range parts {
+		switch {
+		case i%2 == 1 && i == len(parts)-1: // a backtick left open: as it is
+			b.WriteString(template.HTMLEscapeString("`" + part))
+		case i%2 == 1:
+			b.WriteString("<code>" + template.HTMLEscapeString(part) + "</code>")
+		default:
+			b.WriteString(template.HTMLEscapeString(part))
+		}
 	}
-	return s.String()
+	return template.HTML(b.String())
 }

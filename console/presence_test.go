@@ -17,8 +17,9 @@ import (
 
 // TestConsoleReplicasAndScope: the page lists the live replicas with their
 // types, names a type none of them serves as the diagnosis, and says which
-// types the actions write; an Admin with no live relay to learn from says
-// that its actions would write every type.
+// types the actions write; an Admin with no live relay to learn from writes
+// nothing, says why, and offers no action: it does not widen to every type
+// when the relays are down.
 func TestConsoleReplicasAndScope(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -32,8 +33,24 @@ func TestConsoleReplicasAndScope(t *testing.T) {
 	code, body := c.get("/")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `id="no-replicas"`)
-	require.Contains(t, body, "every type: no live relay of the app to learn its types from", "the page says what the actions would write")
+	require.Contains(t, body, "Re-queue and purge write nothing: relay: no live relay of the app to learn its types from")
+	require.Contains(t, body, `id="requeue-all" disabled`)
+	require.NotContains(t, body, "data-requeue-type")
 	token := c.token("/")
+	for _, form := range []url.Values{{"all": {"1"}}, {"type": {"invoice"}}, {"id": {itoa(dead)}}} {
+		for _, confirm := range []string{"", "1"} {
+			form.Set("s", "0")
+			form.Set("token", token)
+			form.Set("confirm", confirm)
+			resp, body := c.post("/requeue", form, "same-origin")
+			require.Equal(t, http.StatusConflict, resp.StatusCode, "%v: %s", form, body)
+			require.Contains(t, body, "no live relay of the app to learn its types from")
+		}
+	}
+	resp, _ := c.post("/purge", url.Values{"s": {"0"}, "age": {"0"}, "unit": {"days"}, "token": {token}, "confirm": {"1"}}, "same-origin")
+	require.Equal(t, http.StatusConflict, resp.StatusCode)
+	st, _ := w.status(t, dead)
+	require.Equal(t, "ERROR", st)
 
 	r, err := relay.New(w.pool, w.cfg, &recorder{typ: "order"})
 	require.NoError(t, err)
@@ -48,9 +65,13 @@ func TestConsoleReplicasAndScope(t *testing.T) {
 	require.Contains(t, body, `<td class="mono replica-types">order</td>`)
 	require.Contains(t, body, `Rows of type &#34;invoice&#34; wait and no running relay`)
 	require.Contains(t, body, `Re-queue and purge act on types &#34;order&#34; (live replicas)`)
-	resp, _ := c.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}}, "same-origin")
+	require.NotContains(t, body, `data-requeue-type="invoice"`, "no button for a type outside the scope")
+	resp, body = c.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}}, "same-origin")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, body, "is not a dead row of types &#34;order&#34; (live replicas): confirming changes nothing")
+	resp, _ = c.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}, "confirm": {"1"}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	st, _ := w.status(t, dead)
+	st, _ = w.status(t, dead)
 	require.Equal(t, "ERROR", st, "another app's type is left alone")
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"image"
 	"image/color"
 	"image/png"
@@ -23,8 +24,9 @@ import (
 )
 
 // TestBrowserScreenshots renders each page of an incident in Chromium: a JVM
-// relay holds the election of "billing" while rows pile up and some are dead,
-// and "shipping", delivered by this process's relay, is healthy. With
+// relay holds the election of "billing" while rows pile up, some are dead
+// (a 422 killed them at their first attempt) and two wait out a retry's
+// backoff, and "shipping", delivered by this process's relay, is healthy. With
 // RELAY_CONSOLE_SCREENSHOTS=dir it writes the PNGs there (docs/console holds
 // them):
 //
@@ -36,9 +38,16 @@ func TestBrowserScreenshots(t *testing.T) {
 	billing.rows(t, "orders", 40, "SENT", 0, 2*time.Hour)
 	billing.rows(t, "orders", 1234, "PENDING", 0, 14*time.Minute)
 	billing.rows(t, "invoices", 310, "SENT", 0, 3*time.Hour)
-	billing.rows(t, "invoices", 5, "ERROR", ceiling, time.Hour)
-	billing.rows(t, "refunds", 2, "ERROR", 1, 9*time.Minute)
+	dead := billing.rows(t, "invoices", 5, "ERROR", ceiling, time.Hour)
+	billing.exec(t, "UPDATE %s SET last_error = 'permanent after 1 attempt(s): ' || last_error WHERE type = 'invoices' AND status = 'ERROR'")
+	billing.rows(t, "refunds", 2, "ERROR", 2, 9*time.Minute)
+	billing.exec(t, "UPDATE %s SET updated_at = now() - interval '5 seconds', "+
+		"last_error = 'PUT http://refunds.internal/refunds/1: 503 Service Unavailable' WHERE type = 'refunds'")
 	billing.holdLikeJVM(t)
+	billing.cfg.RetryBackoff = time.Minute // as the relays of billing run: the refunds wait out their backoff
+	var err error
+	billing.admin, err = relay.NewAdmin(billing.pool, billing.cfg, relay.AdminAllTypes())
+	require.NoError(t, err)
 
 	// shipping's last hour: about 40 shipments a minute delivered within
 	// seconds, but for a slow spell 35 to 25 minutes ago when they waited
@@ -55,14 +64,16 @@ func TestBrowserScreenshots(t *testing.T) {
 	shipping.rows(t, "shipments", 120, "PENDING", 0, time.Second)
 	fail := errors.New("PUT http://carrier.internal/shipments/7: 503 Service Unavailable")
 	r, err := relay.New(shipping.pool, shipping.cfg, senderFunc{"shipments", func(m relay.Message) error {
-		if m.ID%40 == 0 {
-			return fail
+		if m.ID%40 == 0 && m.Attempts == 0 {
+			return fail // its retry goes through
 		}
 		return nil
 	}})
 	require.NoError(t, err)
 	_, err = r.Run(ctx)
 	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx)) // live: its presence says it serves shipments
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 
 	c, err := console.New(console.Options{
 		Sources:   []console.Source{{Admin: billing.admin}, {Admin: shipping.admin, Relay: r}},
@@ -101,7 +112,13 @@ func TestBrowserScreenshots(t *testing.T) {
 	shot("app-stalled.png", "/relay/app?s=0")
 	require.Contains(t, text(t, b, "#summary"), "another client")
 	shot("dead-rows.png", "/relay/dead?s=0")
+	require.Contains(t, text(t, b, "#dead"), "permanent, 1 attempt")
+	// One row's re-queue asks first: the row, the attempt it made, how it died.
+	require.EqualValues(t, http.StatusOK, submit(t, b, fmt.Sprintf(`button[data-requeue-id="%d"]`, dead)))
+	require.Contains(t, text(t, b, "#confirm-rows-list"), "died of a permanent failure after 1 attempt")
+	shot("confirm-requeue.png", "")
 	shot("app-healthy.png", "/relay/app?s=1")
+	require.Equal(t, "OK", text(t, b, "#verdict"))
 	require.Contains(t, text(t, b, "#stats"), "1") // this process's relay ran a pass
 	shot("charts.png", "/relay/charts?s=1")
 	require.Contains(t, text(t, b, "#chart-all"), "delivered in the hour")

@@ -13,10 +13,11 @@
 // It reads the database from DATABASE_URL and the app, table and ceiling from
 // the relays' own RELAY_* variables (relay.ConfigFromEnv), so that run beside a
 // service it sees what the service's relays see; flags override both. Exit
-// codes are for scripts: see the usage text (relayctl -h).
+// codes are for scripts, status's for pagers: see the usage text (relayctl -h).
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -37,12 +38,19 @@ import (
 
 // Exit codes.
 const (
-	exitOK      = 0 // done; for status: delivery works, or nothing waits
-	exitError   = 1 // bad configuration, an unreachable database, a failed statement
-	exitUsage   = 2 // an unknown command or flag, a bad flag value
-	exitStalled = 3 // status: rows wait and nothing delivers them, or delivery is paused
-	exitDead    = 4 // status: delivery works, but dead rows wait for an operator
-	exitHeld    = 5 // pause: another session holds the election; resume: what holds it is not a pause
+	exitOK    = 0 // done
+	exitError = 1 // bad configuration, an unreachable database, a failed statement, an action refused or not confirmed
+	exitUsage = 2 // an unknown command or flag, a bad flag value, a missing confirmation
+	exitHeld  = 5 // pause: another session holds the election; resume: what holds it is not a pause
+)
+
+// The exit codes of status: the states pagers expect (Nagios), the verdict
+// table of docs/operations.md.
+const (
+	statusOK       = 0 // OK: nothing waits, rows move, or they wait out retries
+	statusWarning  = 1 // DEAD: dead rows wait for an operator
+	statusCritical = 2 // STALLED or PAUSED: rows wait and nothing delivers them
+	statusUnknown  = 3 // status could not look: a bad flag, the database unreachable
 )
 
 const usage = `relayctl sees and mends a relay's outbox: why nothing is delivered, dead rows,
@@ -57,7 +65,8 @@ the same. A command's own flags come after it.
 
 Commands:
   status   counts by type and status, the lag, the election's holder, and a
-           diagnosis: "nothing is delivered because ..."
+           diagnosis: "nothing is delivered because ..."; its exit code is a
+           pager's state (below)
   dead     the dead rows, a page at a time (--type, --after, --limit)
   requeue  re-queue dead rows: --id N[,N...], --type T or --all
   purge    delete SENT rows older than --older-than (e.g. 30d, 12h), in chunks,
@@ -77,20 +86,33 @@ Flags of every command:
   --json              machine-readable output on stdout (every command but
                       pause and resume)
 
-Flags of requeue and purge (which rows they write):
+Flags of requeue and purge (which rows they write, and the confirmation):
   --types A,B         these types only
   --all-types         every type of the table, the other apps' rows too
                       (default: the types the live relays of --app serve;
-                      without a live relay, one of the two is needed)
+                      without a live relay of --app, one of the two is
+                      needed, or nothing is written)
+  --yes               confirm without a prompt, for scripts
+  Never a type that live relays of another app serve: they are left alone,
+  and naming one in --types is refused. Each asks first: it says how many
+  rows of which types it would change, and acts on "y" at the prompt; without
+  a terminal it needs --yes.
 
 Exit codes:
-  0  done; status: delivery works, or nothing waits
-  1  error: bad configuration, the database unreachable, a statement failed
-  2  usage: unknown command or flag, bad value
-  3  status: delivery is stalled (rows wait and nothing delivers them) or paused
-  4  status: delivery works, but dead rows wait for an operator
+  0  done
+  1  error: bad configuration, the database unreachable, a statement failed,
+     an action refused (another app's types, another MaxAttempts) or not
+     confirmed at the prompt
+  2  usage: unknown command or flag, bad value, no types to act on, no
+     terminal to confirm on and no --yes
   5  pause: another session holds the election; resume: it is held by
      something that is not a pause
+
+Exit codes of status (a pager's states; docs/operations.md has the table):
+  0  OK: nothing waits, rows wait and move, or they wait out a retry's backoff
+  1  WARNING (DEAD): dead rows wait for an operator, whatever else waits
+  2  CRITICAL (STALLED or PAUSED): rows wait and nothing delivers them
+  3  UNKNOWN: status could not look (a bad flag, the database unreachable)
 
 Run relayctl <command> -h for a command's own flags.
 `
@@ -100,6 +122,18 @@ func main() {
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// run runs relayctl with args (without the program's name) and returns the
+// exit code; a confirmation is read from the process's stdin.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runWith(ctx, args, input{r: os.Stdin, terminal: isTerminal(os.Stdin)}, stdout, stderr)
+}
+
+// input is where a confirmation is read, and whether a person types it.
+type input struct {
+	r        io.Reader
+	terminal bool
 }
 
 // command is one subcommand: its flags are added to fs, and exec runs it.
@@ -143,6 +177,8 @@ type opts struct {
 	// purge
 	olderThan ageFlag
 	dryRun    bool
+	// requeue and purge
+	yes bool
 	// pause
 	holdFor, wait time.Duration
 }
@@ -151,13 +187,15 @@ type opts struct {
 type env struct {
 	o              opts
 	cfg            relay.Config
+	stdin          input
 	stdout, stderr io.Writer
 	pool           *pgxpool.Pool // pause also opens a session of its own
 	admin          *relay.Admin
+	judged         bool // status reached a verdict: its code is the verdict's
 }
 
-// run runs relayctl with args (without the program's name) and returns the exit code.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// runWith is run with a confirmation read from in.
+func runWith(ctx context.Context, args []string, in input, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usage)
 		if len(args) == 0 {
@@ -181,7 +219,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 
-	e := &env{stdout: stdout, stderr: stderr}
+	e := &env{stdin: in, stdout: stdout, stderr: stderr}
+	code := e.run(ctx, cmd, leading, rest)
+	if cmd.name == "status" && !e.judged && code != exitOK {
+		return statusUnknown // no verdict: a pager reads 1 and 2 as states
+	}
+	return code
+}
+
+// run parses cmd's flags and runs it.
+func (e *env) run(ctx context.Context, cmd *command, leading, rest []string) int {
+	stderr := e.stderr
 	fs := flag.NewFlagSet("relayctl "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&e.o.databaseURL, "database-url", "", "the database (default $DATABASE_URL)")
@@ -405,23 +453,65 @@ func (e *env) fail(err error) int {
 	return exitError
 }
 
-// scopeFlags are the flags of the commands that write rows: which types.
+// scopeFlags are the flags of the commands that write rows: which types,
+// and the confirmation.
 func scopeFlags(fs *flag.FlagSet, o *opts) {
-	fs.StringVar(&o.types, "types", "", "act on these types only, separated by commas (default: the types the live relays of --app serve)")
-	fs.BoolVar(&o.allTypes, "all-types", false, "act on every type of the table, the other apps' rows too")
+	fs.StringVar(&o.types, "types", "", "act on these types only, separated by commas (default: the types the live relays of --app serve; "+
+		"without a live relay of --app, this or --all-types is needed)")
+	fs.BoolVar(&o.allTypes, "all-types", false, "act on every type of the table, the other apps' rows too, but those their live relays serve")
+	fs.BoolVar(&o.yes, "yes", false, "confirm without a prompt (needed without a terminal)")
 }
 
-// scope says on stderr which types a command writes, and returns them
-// (nil: every type).
-func (e *env) scope(ctx context.Context) (relay.AdminScope, error) {
+// scope says on stderr which types a command writes, and returns them; or,
+// when the Admin writes nothing (no types to act on, another app's types),
+// it says why and returns the exit code (ok false).
+func (e *env) scope(ctx context.Context) (s relay.AdminScope, code int, ok bool) {
 	s, err := e.admin.Scope(ctx)
 	if err != nil {
-		return s, err
+		return s, e.fail(err), false
 	}
 	if !e.o.json { // the JSON answer carries them
 		fmt.Fprintf(e.stderr, "relayctl: acting on %s of app %q in %s\n", s, e.cfg.AppName, e.cfg.Table)
 	}
-	return s, nil
+	if err := s.Err(); err != nil {
+		fmt.Fprintf(e.stderr, "relayctl: nothing done: %v\n", err)
+		if errors.Is(err, relay.ErrScopeUnknown) {
+			return s, exitUsage, false // --types or --all-types is missing
+		}
+		return s, exitError, false
+	}
+	return s, 0, true
+}
+
+// confirm asks on the terminal whether to do what (a question without its
+// question mark), and says whether to go on; otherwise it returns the exit
+// code. --yes answers for scripts; without a terminal and without --yes it
+// refuses.
+func (e *env) confirm(ctx context.Context, cmd, what string) (code int, ok bool) {
+	if e.o.yes {
+		return 0, true
+	}
+	if !e.stdin.terminal {
+		fprintf(e.stderr, "relayctl %s: nothing done: it asks first, and stdin is not a terminal to answer on; pass --yes to confirm from a script\n", cmd)
+		return exitUsage, false
+	}
+	fprintf(e.stderr, "%s? [y/N] ", what)
+	answer := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(e.stdin.r).ReadString('\n')
+		answer <- strings.ToLower(strings.TrimSpace(line))
+	}()
+	select {
+	case a := <-answer:
+		if a == "y" || a == "yes" {
+			return 0, true
+		}
+		fprintf(e.stderr, "relayctl %s: not confirmed: nothing done\n", cmd)
+		return exitError, false
+	case <-ctx.Done():
+		fprintf(e.stderr, "\nrelayctl %s: interrupted: nothing done\n", cmd)
+		return exitError, false
+	}
 }
 
 // usageErr reports a bad flag value and returns exitUsage.

@@ -51,7 +51,7 @@ func (w *world) ctl(t *testing.T, ctx context.Context, cmd string, flags ...stri
 	var out, errOut bytes.Buffer
 	args := append([]string{cmd, "--database-url", pgserver.Shared().URL, "--app", w.app, "--table", w.table,
 		"--max-attempts", fmt.Sprint(ceiling)}, flags...)
-	code = run(ctx, args, &out, &errOut)
+	code = runWith(ctx, args, input{r: strings.NewReader("")}, &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 
@@ -97,6 +97,24 @@ func (w *world) holdLikeJVM(t *testing.T) (pid uint32) {
 	return pid
 }
 
+// holdLikeGoRelay holds w's election as a Go relay's guard does, until the
+// test ends: the marked lock statement, then the heartbeat that says since
+// when; its session is named name.
+func (w *world) holdLikeGoRelay(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	cc, err := pgx.ParseConfig(pgserver.Shared().URL)
+	require.NoError(t, err)
+	cc.RuntimeParams["application_name"] = name
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, "/* relay election */ SELECT pg_try_advisory_lock(hashtext($1 || '_relay_m2m'))", w.app)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "/* relay election since "+time.Now().UTC().Format(time.RFC3339)+" */ SELECT pg_backend_pid()")
+	require.NoError(t, err)
+}
+
 func (w *world) admin(t *testing.T) *relay.Admin {
 	t.Helper()
 	a, err := relay.NewAdmin(w.pool, w.cfg)
@@ -120,7 +138,7 @@ func TestUsage(t *testing.T) {
 	require.Equal(t, exitOK, run(ctx, []string{"purge", "-h"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "-older-than")
 	errOut.Reset()
-	require.Equal(t, exitUsage, run(ctx, []string{"status", "--nope"}, &out, &errOut))
+	require.Equal(t, statusUnknown, run(ctx, []string{"status", "--nope"}, &out, &errOut), "status's UNKNOWN, not CRITICAL")
 	require.Contains(t, errOut.String(), "flag provided but not defined: -nope")
 	errOut.Reset()
 	require.Equal(t, exitUsage, run(ctx, []string{"dead", "extra"}, &out, &errOut))
@@ -138,7 +156,6 @@ func TestUsage(t *testing.T) {
 		{"purge", nil, "--older-than is required"},
 		{"purge", []string{"--older-than", "soon"}, `"soon" is not an age`},
 		{"dead", []string{"--limit", "0"}, "--limit must be between 1 and"},
-		{"status", []string{"--sample", "-1s"}, "--sample must be between 0 and 1m"},
 		{"pause", []string{"--for", "-1s"}, "--for must not be negative"},
 		{"pause", []string{"--json"}, "flag provided but not defined: -json"},
 	} {
@@ -147,10 +164,12 @@ func TestUsage(t *testing.T) {
 		require.Contains(t, stderr, tc.want)
 	}
 
-	code, _, stderr := w.ctl(t, ctx, "status", "--table", "no.such.table")
+	code, _, stderr := w.ctl(t, ctx, "who", "--table", "no.such.table")
 	require.Equal(t, exitUsage, code, "a bad --table is the flag's fault")
 	require.Contains(t, stderr, "Config.Table")
-	code, _, stderr = w.ctl(t, ctx, "status", "--table", "missing_table")
+	code, _, _ = w.ctl(t, ctx, "who", "--table", "missing_table")
+	require.Equal(t, exitOK, code, "who reads no table")
+	code, _, stderr = w.ctl(t, ctx, "dead", "--table", "missing_table")
 	require.Equal(t, exitError, code)
 	require.Contains(t, stderr, `is "missing_table" the relays' table? Set RELAY_TABLE or --table`)
 }
@@ -166,7 +185,7 @@ func TestEnvironment(t *testing.T) {
 	t.Setenv("RELAY_MAX_ATTEMPTS", "7")
 	var out, errOut bytes.Buffer
 	code := run(context.Background(), []string{"status", "--sample", "0", "--json"}, &out, &errOut)
-	require.Equal(t, exitOK, code, errOut.String())
+	require.Equal(t, statusCritical, code, "no relay runs: STALLED; %s", errOut.String())
 	var s jsonStatus
 	require.NoError(t, json.Unmarshal(out.Bytes(), &s))
 	require.Equal(t, w.app, s.App)
@@ -193,7 +212,7 @@ func TestStatus(t *testing.T) {
 	status := func(t *testing.T, w *world, flags ...string) (int, jsonStatus, string) {
 		t.Helper()
 		code, stdout, stderr := w.ctl(t, ctx, "status", append([]string{"--json"}, flags...)...)
-		require.Contains(t, []int{exitOK, exitStalled, exitDead}, code, stderr)
+		require.Contains(t, []int{statusOK, statusCritical, statusWarning}, code, stderr)
 		var s jsonStatus
 		require.NoError(t, json.Unmarshal([]byte(stdout), &s), stdout)
 		return code, s, stderr
@@ -206,7 +225,7 @@ func TestStatus(t *testing.T) {
 		code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0")
 		require.Equal(t, exitOK, code)
 		require.Contains(t, stdout, "OK: Nothing waits to be delivered")
-		require.Regexp(t, `orders\s+0\s+0\s+0\s+3\s+-\s+-`, stdout, "the counts the table holds")
+		require.Regexp(t, `orders\s+0\s+0\s+0\s+0\s+3\s+-\s+-`, stdout, "the counts the table holds")
 		require.Contains(t, stdout, "is free: nobody holds it right now")
 	})
 
@@ -217,6 +236,7 @@ func TestStatus(t *testing.T) {
 		w.rows(t, "orders", 2, "ERROR", 1, time.Second)
 		w.rows(t, "orders", 4, "SENT", 0, time.Hour)
 		w.rows(t, "refunds", 1, "PENDING", 0, time.Second)
+		w.holdLikeGoRelay(t, "orders-replica-2")
 		code, s, _ := status(t, w, "--sample", "0")
 		require.Equal(t, exitOK, code, s.Summary)
 		require.Equal(t, "ok", s.Verdict)
@@ -231,6 +251,10 @@ func TestStatus(t *testing.T) {
 		require.EqualValues(t, 4, *s.Types[0].Sent)
 		require.InDelta(t, 2, s.Types[0].LagSeconds, 1.5)
 		require.NotNil(t, s.Types[0].Next)
+		require.NotNil(t, s.Types[0].Oldest)
+		require.Equal(t, "ok", s.Verdict)
+		require.Equal(t, "OK", s.State)
+		require.Zero(t, s.ExitCode)
 	})
 
 	t.Run("OnlyDeadRows", func(t *testing.T) {
@@ -238,7 +262,7 @@ func TestStatus(t *testing.T) {
 		w := setup(t)
 		w.rows(t, "invoices", 2, "ERROR", ceiling, time.Minute)
 		code, s, _ := status(t, w, "--sample", "0")
-		require.Equal(t, exitDead, code)
+		require.Equal(t, statusWarning, code)
 		require.Equal(t, "dead", s.Verdict)
 		require.EqualValues(t, 2, s.Dead)
 		require.Contains(t, s.Summary, "422 Unprocessable Entity")
@@ -249,7 +273,7 @@ func TestStatus(t *testing.T) {
 		w := setup(t)
 		w.rows(t, "orders", 3, "PENDING", 0, 10*time.Minute)
 		code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0")
-		require.Equal(t, exitStalled, code)
+		require.Equal(t, statusCritical, code)
 		require.Contains(t, stdout, "STALLED: Nothing is delivered because no relay of app")
 		require.Contains(t, stdout, "RELAY_APP_NAME="+w.app)
 	})
@@ -262,7 +286,7 @@ func TestStatus(t *testing.T) {
 		w.rows(t, "orders", 3, "PENDING", 0, 0)
 		pid := w.holdLikeJVM(t)
 		code, s, _ := status(t, w, "--sample", "300ms")
-		require.Equal(t, exitStalled, code, s.Summary)
+		require.Equal(t, statusCritical, code, s.Summary)
 		require.Equal(t, "held-by-other", s.Cause)
 		require.Contains(t, s.Summary, "another client")
 		require.Contains(t, s.Summary, `"PostgreSQL JDBC Driver"`)
@@ -275,7 +299,7 @@ func TestStatus(t *testing.T) {
 		// With one look and old rows, the lag alone says it.
 		w.exec(t, "UPDATE %s SET created_at = now() - interval '5 minutes'")
 		code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0")
-		require.Equal(t, exitStalled, code)
+		require.Equal(t, statusCritical, code)
 		require.Contains(t, stdout, "STALLED: Nothing is delivered because another client")
 		require.Contains(t, stdout, "held by another client")
 	})
@@ -284,21 +308,10 @@ func TestStatus(t *testing.T) {
 		t.Parallel()
 		w := setup(t)
 		w.rows(t, "orders", 1, "PENDING", 0, 0)
-		// A Go relay's election, as its guard holds it: the marked lock
-		// statement, then the heartbeat that says since when.
-		cc, err := pgx.ParseConfig(pgserver.Shared().URL)
-		require.NoError(t, err)
-		cc.RuntimeParams["application_name"] = "orders-replica-2"
-		conn, err := pgx.ConnectConfig(ctx, cc)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		_, err = conn.Exec(ctx, "/* relay election */ SELECT pg_try_advisory_lock(hashtext($1 || '_relay_m2m'))", w.app)
-		require.NoError(t, err)
-		_, err = conn.Exec(ctx, "/* relay election since "+time.Now().UTC().Format(time.RFC3339)+" */ SELECT pg_backend_pid()")
-		require.NoError(t, err)
+		w.holdLikeGoRelay(t, "orders-replica-2")
 		code, s, _ := status(t, w, "--sample", "0")
 		require.Equal(t, exitOK, code, s.Summary)
-		require.Contains(t, s.Summary, `Delivering: a Go relay (replica "orders-replica-2")`)
+		require.Contains(t, s.Summary, `Delivering: a Go relay (application_name "orders-replica-2")`)
 		require.Equal(t, "relay", s.Election[0].Kind)
 		require.Equal(t, "orders-replica-2", s.Election[0].Replica)
 	})
@@ -365,32 +378,37 @@ func TestRequeue(t *testing.T) {
 
 	var first int64
 	require.NoError(t, w.pool.QueryRow(ctx, fmt.Sprintf("SELECT min(id) FROM %s", pgx.Identifier{w.table}.Sanitize())).Scan(&first))
-	// No relay runs: nothing tells this app's types, so the tool acts on every
-	// type, and says so (the retrying row given is not dead: left alone).
-	code, _, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprint(first+5))
-	require.Equal(t, exitOK, code, stderr)
-	require.Contains(t, stderr, "every type: no live relay of the app to learn its types from")
-	require.Contains(t, stderr, "--types")
+	// No relay runs: nothing tells this app's types, so the tool writes
+	// nothing until they are named, and says how.
+	for _, flags := range [][]string{{"--id", fmt.Sprint(first)}, {"--type", "invoices"}, {"--all"}} {
+		code, _, stderr := w.ctl(t, ctx, "requeue", append(flags, "--yes")...)
+		require.Equal(t, exitUsage, code, stderr)
+		require.Contains(t, stderr, "nothing done: relay: no live relay of the app to learn its types from")
+		require.Contains(t, stderr, "relayctl --types a,b")
+		require.Contains(t, stderr, "relayctl --all-types")
+	}
+	require.Equal(t, 3, dead("invoices"))
 
-	code, stdout, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprintf("%d,%d", first, first+5), "--json", "--all-types")
+	code, stdout, stderr := w.ctl(t, ctx, "requeue", "--id", fmt.Sprintf("%d,%d", first, first+5), "--json", "--all-types", "--yes")
 	require.Equal(t, exitOK, code, stderr)
-	require.JSONEq(t, `{"requeued": 1, "types": null, "all_types": true}`, stdout, "the retrying row given is not dead: left alone")
+	require.JSONEq(t, `{"requeued": 1, "types": null, "all_types": true, "excluded": null}`, stdout, "the retrying row given is not dead: left alone")
 	require.Equal(t, 2, dead("invoices"))
 	require.Equal(t, 1, w.count(t, "status = 'ERROR' AND attempts = "+fmt.Sprint(ceiling-1)))
 
-	code, stdout, stderr = w.ctl(t, ctx, "requeue", "--type", "orders", "--types", "orders")
+	code, stdout, stderr = w.ctl(t, ctx, "requeue", "--type", "orders", "--types", "orders", "--yes")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, `re-queued 2 dead row(s) of type "orders"`)
 	require.Contains(t, stderr, `acting on types "orders" (explicit)`)
 	require.Zero(t, dead("orders"))
 
-	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all", "--all-types")
+	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all", "--all-types", "--yes")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, "re-queued 2 dead row(s)")
 	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all", "--all-types")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, exitOK, code, "nothing to re-queue: nothing to confirm")
 	require.Contains(t, stdout, "nothing re-queued")
 	require.Equal(t, 5, w.count(t, "status = 'PENDING' AND attempts = 0"))
+	require.Equal(t, 5, w.count(t, "status = 'PENDING' AND requeued_at IS NOT NULL"), "a re-queue says when")
 }
 
 func TestPurge(t *testing.T) {
@@ -412,7 +430,7 @@ func TestPurge(t *testing.T) {
 	require.Contains(t, stdout, `"orders": 2005`)
 	require.Equal(t, 2008, w.count(t, "status = 'SENT'"), "a dry run deletes nothing")
 
-	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "30d", "--all-types")
+	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "30d", "--all-types", "--yes")
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "purged 2,005 SENT row(s)")
 	require.Contains(t, stderr, "purge: about 2,005 SENT row(s) to delete, in chunks of 1,000\n", "the total before the first chunk")
@@ -420,9 +438,9 @@ func TestPurge(t *testing.T) {
 	require.Equal(t, 3, w.count(t, "status = 'SENT'"))
 	require.Equal(t, 1, w.count(t, "status = 'PENDING'"))
 
-	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "0", "--json", "--types", "orders")
+	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "0", "--json", "--types", "orders", "--yes")
 	require.Equal(t, exitOK, code)
-	require.JSONEq(t, `{"purged": 3, "types": ["orders"], "all_types": false}`, stdout)
+	require.JSONEq(t, `{"purged": 3, "types": ["orders"], "all_types": false, "excluded": null}`, stdout)
 	require.Empty(t, stderr, "no progress with --json")
 }
 
@@ -522,7 +540,7 @@ func TestPauseResume(t *testing.T) {
 		require.Equal(t, 2, w.count(t, "status = 'PENDING'"))
 
 		code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0")
-		require.Equal(t, exitStalled, code)
+		require.Equal(t, statusCritical, code)
 		require.Contains(t, stdout, "PAUSED: Nothing is delivered because delivery of app")
 
 		code, _, stderr := w.ctl(t, ctx, "pause", "--wait", "100ms")
@@ -722,9 +740,9 @@ func TestFlagsBeforeOrAfterTheCommand(t *testing.T) {
 	require.Equal(t, exitOK, before, beforeErr.String())
 	require.JSONEq(t, afterOut.String(), beforeOut.String())
 
-	// status exits 4 (dead rows wait) either way: the documented code, not 1.
+	// status exits 1 (WARNING: dead rows wait) either way; an error would be 3.
 	var out, errOut bytes.Buffer
-	require.Equal(t, exitDead, run(ctx, append(append([]string{}, common...), "status"), &out, &errOut), errOut.String())
+	require.Equal(t, statusWarning, run(ctx, append(append([]string{}, common...), "status"), &out, &errOut), errOut.String())
 
 	errOut.Reset()
 	require.Equal(t, exitUsage, run(ctx, []string{"--type", "orders", "dead"}, &out, &errOut))
@@ -742,7 +760,7 @@ func TestClock(t *testing.T) {
 }
 
 // TestInputValidation: every value a flag can carry that makes no sense is a
-// usage error (exit 2) naming the flag, before any statement runs: ages that
+// usage error (exit 2; status's UNKNOWN, 3) naming the flag, before any statement runs: ages that
 // are not finite, negative or beyond a Duration; text PostgreSQL cannot hold
 // or that names nothing; ids and limits that are not numbers or out of range.
 func TestInputValidation(t *testing.T) {
@@ -800,7 +818,11 @@ func TestInputValidation(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := w.ctl(t, ctx, tc.cmd, tc.flags...)
-			require.Equal(t, exitUsage, code, "stdout %q stderr %q", stdout, stderr)
+			want := exitUsage
+			if tc.cmd == "status" {
+				want = statusUnknown // a pager's state: no verdict
+			}
+			require.Equal(t, want, code, "stdout %q stderr %q", stdout, stderr)
 			require.Contains(t, stderr, tc.want)
 		})
 	}

@@ -51,30 +51,40 @@ func holdersJSON(hs []relay.LockHolder) []jsonHolder {
 	return out
 }
 
+// jsonHead is a row: attempts is the column (a dead row's holds the
+// ceiling, whatever killed it), attempts_made the attempts really made.
 type jsonHead struct {
-	ID        int64     `json:"id"`
-	Status    string    `json:"status"`
-	Attempts  int       `json:"attempts"`
-	CreatedAt time.Time `json:"created_at"`
-	LastError string    `json:"last_error"`
+	ID           int64      `json:"id"`
+	Status       string     `json:"status"`
+	Attempts     int        `json:"attempts"`
+	AttemptsMade int        `json:"attempts_made"`
+	Permanent    bool       `json:"permanent"`
+	CreatedAt    time.Time  `json:"created_at"`
+	WaitingSince *time.Time `json:"waiting_since,omitempty"`
+	NextAttempt  *time.Time `json:"next_attempt,omitempty"`
+	LastError    string     `json:"last_error"`
 }
 
 func headJSON(h *relay.RowHead) *jsonHead {
 	if h == nil {
 		return nil
 	}
-	return &jsonHead{ID: h.ID, Status: h.Status, Attempts: h.Attempts, CreatedAt: h.CreatedAt.UTC(), LastError: h.LastError}
+	return &jsonHead{ID: h.ID, Status: h.Status, Attempts: h.Attempts, AttemptsMade: h.AttemptsMade, Permanent: h.Permanent,
+		CreatedAt: h.CreatedAt.UTC(), WaitingSince: timePtr(h.WaitingSince), NextAttempt: timePtr(h.NextAttempt), LastError: h.LastError}
 }
 
 type jsonType struct {
-	Type       string    `json:"type"`
-	Pending    int64     `json:"pending"`
-	Retrying   int64     `json:"retrying"`
-	Dead       int64     `json:"dead"`
-	Sent       *int64    `json:"sent,omitempty"` // absent when estimated
-	LagSeconds float64   `json:"lag_seconds"`
-	Next       *jsonHead `json:"next,omitempty"`
-	FirstDead  *jsonHead `json:"first_dead,omitempty"`
+	Type       string     `json:"type"`
+	Pending    int64      `json:"pending"`
+	Retrying   int64      `json:"retrying"`
+	Backoff    int64      `json:"backoff"` // of retrying: in their backoff, not behind
+	NextRetry  *time.Time `json:"next_retry,omitempty"`
+	Dead       int64      `json:"dead"`
+	Sent       *int64     `json:"sent,omitempty"` // absent when estimated
+	LagSeconds float64    `json:"lag_seconds"`    // how long the relays have kept oldest waiting
+	Next       *jsonHead  `json:"next,omitempty"`
+	Oldest     *jsonHead  `json:"oldest,omitempty"`
+	FirstDead  *jsonHead  `json:"first_dead,omitempty"`
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -106,6 +116,8 @@ func fprintf(w io.Writer, format string, args ...any) { _, _ = fmt.Fprintf(w, fo
 
 type jsonReplica struct {
 	ID              string     `json:"id"`
+	App             string     `json:"app,omitempty"`
+	Table           string     `json:"table,omitempty"`
 	Description     string     `json:"description"`
 	Types           []string   `json:"types"`
 	UnnamedTypes    int        `json:"unnamed_types"`
@@ -125,7 +137,7 @@ type jsonReplica struct {
 func replicasJSON(reps []relay.Replica) []jsonReplica {
 	out := make([]jsonReplica, 0, len(reps))
 	for _, r := range reps {
-		out = append(out, jsonReplica{ID: r.ID, Description: diagnose.Replica(r), Types: r.Types, UnnamedTypes: r.UnnamedTypes,
+		out = append(out, jsonReplica{ID: r.ID, App: r.App, Table: r.Table, Description: diagnose.Replica(r), Types: r.Types, UnnamedTypes: r.UnnamedTypes,
 			MaxAttempts: r.MaxAttempts, Partitions: r.Partitions, Elected: r.Elected, Held: r.Held, Host: r.Host, Process: r.Process,
 			PID: r.PID, ApplicationName: r.ApplicationName, ClientAddr: r.ClientAddr, BackendStart: timePtr(r.BackendStart), Hidden: r.Hidden})
 	}

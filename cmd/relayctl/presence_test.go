@@ -41,7 +41,7 @@ func (w *world) waitReplicas(t *testing.T, n int) {
 // "order" runs and delivers; one "invoice" row written by another producer
 // waits. Before presence, status said OK for a minute and then blamed the
 // election ("no relay takes the election"). Now the first look names the
-// type no live replica serves, with its count and age, and exits 3.
+// type no live replica serves, with its count and age, and exits 2 (CRITICAL).
 func TestStatusUnservedType(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -56,7 +56,7 @@ func TestStatusUnservedType(t *testing.T) {
 		"the relay delivers its own type")
 
 	code, stdout, stderr := w.ctl(t, ctx, "status", "--sample", "0")
-	require.Equal(t, exitStalled, code, stdout+stderr)
+	require.Equal(t, statusCritical, code, stdout+stderr)
 	require.Contains(t, stdout, `Rows of type "invoice" wait and no running relay of app`)
 	require.Contains(t, stdout, `"invoice": 1 row(s), the oldest`)
 	require.Contains(t, stdout, `serve "order"`)
@@ -64,7 +64,7 @@ func TestStatusUnservedType(t *testing.T) {
 	require.Contains(t, stdout, "replicas: 1 relay(s) of app")
 
 	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0", "--json")
-	require.Equal(t, exitStalled, code)
+	require.Equal(t, statusCritical, code)
 	var st struct {
 		Cause    string `json:"cause"`
 		Replicas []struct {
@@ -83,7 +83,7 @@ func TestStatusNoRelayRunning(t *testing.T) {
 	w := setup(t)
 	w.rows(t, "order", 2, "PENDING", 0, 5*time.Minute)
 	code, stdout, _ := w.ctl(t, context.Background(), "status", "--sample", "0", "--json")
-	require.Equal(t, exitStalled, code)
+	require.Equal(t, statusCritical, code)
 	var st struct {
 		Cause, Summary string
 	}
@@ -140,8 +140,9 @@ func TestDeadShowsPermanent(t *testing.T) {
 	require.Contains(t, stdout, `"permanent": true`)
 	require.Contains(t, stdout, `"attempts_made": 1`)
 	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0")
-	require.Equal(t, exitDead, code)
-	require.Contains(t, stdout, "died of a permanent failure (permanent, 1 attempt)")
+	require.Equal(t, statusWarning, code)
+	require.Contains(t, stdout, "died of a permanent failure after 1 attempt")
+	require.NotContains(t, stdout, "reached MaxAttempts (3) after")
 }
 
 // TestStatusMissingIndexes: status names the relay's indexes the table lacks

@@ -15,9 +15,11 @@ import (
 	"github.com/xadm/relay"
 )
 
-// ageFlag is a duration that also takes days: 30d, 36h, 90m.
+// ageFlag is a duration that also takes days: 30d, 36h, 90m. It is said
+// back as it was given (1000d, not 24000h0m0s).
 type ageFlag struct {
 	d   time.Duration
+	raw string
 	set bool
 }
 
@@ -25,11 +27,12 @@ func (a *ageFlag) String() string {
 	if !a.set {
 		return ""
 	}
-	return a.d.String()
+	return a.raw
 }
 
 func (a *ageFlag) Set(v string) error {
 	v = strings.TrimSpace(v)
+	a.raw = v
 	if days, ok := strings.CutSuffix(v, "d"); ok {
 		n, err := strconv.ParseFloat(days, 64)
 		switch {
@@ -62,8 +65,8 @@ func purgeFlags(fs *flag.FlagSet, o *opts) {
 
 // runPurgeEstimate is purge --dry-run.
 func runPurgeEstimate(ctx context.Context, e *env) int {
-	if _, err := e.scope(ctx); err != nil {
-		return e.fail(err)
+	if _, code, ok := e.scope(ctx); !ok {
+		return code
 	}
 	est, err := e.admin.EstimatePurge(ctx, e.o.olderThan.d)
 	if err != nil {
@@ -100,6 +103,30 @@ func runPurgeEstimate(ctx context.Context, e *env) int {
 	return exitOK
 }
 
+// confirmPurge says what the purge would delete and asks; ok false with the
+// exit code when it is not to go on (nothing to delete: exitOK).
+func confirmPurge(ctx context.Context, e *env) (code int, ok bool) {
+	est, err := e.admin.EstimatePurge(ctx, e.o.olderThan.d)
+	if err != nil {
+		return e.fail(err), false
+	}
+	if est.Exact && est.Rows == 0 {
+		return 0, true // nothing to delete: nothing to ask
+	}
+	if !e.o.yes {
+		about := ""
+		if !est.Exact {
+			about = "about "
+		}
+		fprintf(e.stderr, "relayctl: delete %s%s SENT row(s) of %s delivered before %s (more than %s ago):\n",
+			about, num(est.Rows), e.cfg.Table, stamp(est.Cutoff), e.o.olderThan.String())
+		for _, c := range est.Types {
+			fprintf(e.stderr, "  %s%s  %s\n", about, num(c.Rows), c.Type)
+		}
+	}
+	return e.confirm(ctx, "purge", "Delete them")
+}
+
 func runPurge(ctx context.Context, e *env) int {
 	if !e.o.olderThan.set {
 		return e.usageErr("purge: --older-than is required (e.g. --older-than 30d; 0 purges every SENT row)")
@@ -108,9 +135,12 @@ func runPurge(ctx context.Context, e *env) int {
 		return runPurgeEstimate(ctx, e)
 	}
 	age := e.o.olderThan.d
-	scope, err := e.scope(ctx)
-	if err != nil {
-		return e.fail(err)
+	scope, code, ok := e.scope(ctx)
+	if !ok {
+		return code
+	}
+	if code, ok := confirmPurge(ctx, e); !ok {
+		return code
 	}
 	p := newProgress(e.stderr, e.o.json)
 	n, err := e.admin.PurgeSentProgress(ctx, age, p.update)
@@ -119,12 +149,12 @@ func runPurge(ctx context.Context, e *env) int {
 		return e.fail(err)
 	}
 	if e.o.json {
-		if err := writeJSON(e.stdout, map[string]any{"purged": n, "types": scope.Types, "all_types": scope.All}); err != nil {
+		if err := writeJSON(e.stdout, map[string]any{"purged": n, "types": scope.Types, "all_types": scope.All, "excluded": scope.Excluded}); err != nil {
 			return e.fail(err)
 		}
 		return exitOK
 	}
-	fprintf(e.stdout, "purged %s SENT row(s) of %s delivered more than %s ago\n", num(n), e.cfg.Table, age)
+	fprintf(e.stdout, "purged %s SENT row(s) of %s delivered more than %s ago\n", num(n), e.cfg.Table, e.o.olderThan.String())
 	return exitOK
 }
 
@@ -220,10 +250,11 @@ func (p *progress) done() {
 	}
 }
 
-// isTerminal says w is a terminal (a character device), where a bar redrawn
-// with \r reads well; a file or a pipe gets plain lines.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+// isTerminal says f is a terminal (a character device): where a bar redrawn
+// with \r reads well (a file or a pipe gets plain lines), where a person can
+// answer a confirmation.
+func isTerminal(v any) bool {
+	f, ok := v.(*os.File)
 	if !ok {
 		return false
 	}

@@ -136,39 +136,97 @@ func runRequeue(ctx context.Context, e *env) int {
 	if modes != 1 {
 		return e.usageErr("requeue: give exactly one of --id, --type or --all")
 	}
-	scope, err := e.scope(ctx)
-	if err != nil {
+	if len(e.o.ids) > relay.ListDeadMax {
+		return e.usageErr("requeue: at most %d ids at once, got %d", relay.ListDeadMax, len(e.o.ids))
+	}
+	scope, code, ok := e.scope(ctx)
+	if !ok {
+		return code
+	}
+	// What it would re-queue, to confirm: the dead rows of the scope.
+	var counts []relay.TypeCount
+	var rows []relay.DeadMessage
+	var total int64
+	switch {
+	case len(e.o.ids) > 0:
+		page, err := e.admin.DeadRows(ctx, e.o.ids...)
+		if err != nil {
+			return e.fail(err)
+		}
+		for _, d := range page {
+			if scope.Includes(d.Type) {
+				rows = append(rows, d)
+			}
+		}
+		total = int64(len(rows))
+	case e.o.typSet && !scope.Includes(e.o.typ):
+		_, err := e.admin.RequeueType(ctx, e.o.typ) // refused: it says why
 		return e.fail(err)
+	default:
+		o, err := e.admin.Overview(ctx)
+		if err != nil {
+			return e.fail(err)
+		}
+		for _, t := range o.Types {
+			if t.Dead > 0 && scope.Includes(t.Type) && (!e.o.typSet || t.Type == e.o.typ) {
+				counts = append(counts, relay.TypeCount{Type: t.Type, Rows: t.Dead})
+				total += t.Dead
+			}
+		}
+	}
+	if total == 0 {
+		return e.requeued(0, scope)
+	}
+	if !e.o.yes {
+		fprintf(e.stderr, "relayctl: re-queue %s dead row(s) of %s: status PENDING, attempts 0; the next pass delivers them:\n", num(total), e.cfg.Table)
+		for _, c := range counts {
+			fprintf(e.stderr, "  %s  %s\n", num(c.Rows), c.Type)
+		}
+		for _, d := range rows {
+			fprintf(e.stderr, "  id %d  %s  %s: %s\n", d.ID, d.Type, diagnose.Attempts(d.Permanent, d.AttemptsMade, d.Attempts), oneLine(d.LastError, 80))
+		}
+		if n := len(e.o.ids) - len(rows); len(e.o.ids) > 0 && n > 0 {
+			fprintf(e.stderr, "  (%d of the ids given: not dead, or not this app's: left alone)\n", n)
+		}
+	}
+	if code, ok := e.confirm(ctx, "requeue", fmt.Sprintf("Re-queue these %s row(s)", num(total))); !ok {
+		return code
 	}
 	var n int64
-	var what string
+	var err error
 	switch {
 	case e.o.all:
 		n, err = e.admin.RequeueAll(ctx)
-		what = "dead row(s)"
 	case e.o.typSet:
 		n, err = e.admin.RequeueType(ctx, e.o.typ)
-		what = fmt.Sprintf("dead row(s) of type %q", e.o.typ)
 	default:
 		n, err = e.admin.RequeueIDs(ctx, e.o.ids...)
-		what = fmt.Sprintf("of the %d row(s) given", len(e.o.ids))
 	}
 	if err != nil {
 		return e.fail(err)
 	}
+	return e.requeued(n, scope)
+}
+
+// requeued says how many rows requeue re-queued.
+func (e *env) requeued(n int64, scope relay.AdminScope) int {
 	if e.o.json {
-		if err := writeJSON(e.stdout, map[string]any{"requeued": n, "types": scope.Types, "all_types": scope.All}); err != nil {
+		if err := writeJSON(e.stdout, map[string]any{"requeued": n, "types": scope.Types, "all_types": scope.All,
+			"excluded": scope.Excluded}); err != nil {
 			return e.fail(err)
 		}
 		return exitOK
 	}
 	switch {
 	case n == 0:
-		fprintf(e.stdout, "nothing re-queued: no dead row matched (a row is dead at %d attempts; live and SENT rows are left alone)\n", e.cfg.MaxAttempts)
+		fprintf(e.stdout, "nothing re-queued: no dead row of this app matched (a row is dead at %d attempts; live and SENT rows, "+
+			"and other apps' types, are left alone)\n", e.cfg.MaxAttempts)
 	case len(e.o.ids) > 0:
-		fprintf(e.stdout, "re-queued %d %s (the others were not dead); the next pass delivers them\n", n, what)
+		fprintf(e.stdout, "re-queued %d of the %d row(s) given (the others were not dead, or not this app's); the next pass delivers them\n", n, len(e.o.ids))
+	case e.o.typSet:
+		fprintf(e.stdout, "re-queued %d dead row(s) of type %q; the next pass delivers them\n", n, e.o.typ)
 	default:
-		fprintf(e.stdout, "re-queued %d %s; the next pass delivers them\n", n, what)
+		fprintf(e.stdout, "re-queued %d dead row(s); the next pass delivers them\n", n)
 	}
 	return exitOK
 }

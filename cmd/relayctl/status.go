@@ -37,7 +37,15 @@ func look(ctx context.Context, a *relay.Admin) (diagnose.Look, error) {
 	if err != nil {
 		return diagnose.Look{}, err
 	}
-	return diagnose.Look{Overview: o, Holders: h, Replicas: reps, PresenceKnown: true}, nil
+	var types []string
+	for _, t := range o.Types {
+		types = append(types, t.Type)
+	}
+	others, err := a.OtherReplicas(ctx, types...)
+	if err != nil {
+		return diagnose.Look{}, err
+	}
+	return diagnose.Look{Overview: o, Holders: h, Replicas: reps, PresenceKnown: true, Others: others}, nil
 }
 
 func runStatus(ctx context.Context, e *env) int {
@@ -74,13 +82,19 @@ func runStatus(ctx context.Context, e *env) int {
 	} else {
 		printStatus(e, in.Now, d)
 	}
-	switch d.Verdict {
-	case diagnose.Stalled, diagnose.Paused:
-		return exitStalled
-	case diagnose.Dead:
-		return exitDead
+	e.judged = true
+	return statusCode(d.Verdict)
+}
+
+// statusCode is the exit code of a verdict: its state's, as pagers read it.
+func statusCode(v diagnose.Verdict) int {
+	switch v.State() {
+	case diagnose.StateOK:
+		return statusOK
+	case diagnose.StateWarning:
+		return statusWarning
 	}
-	return exitOK
+	return statusCritical
 }
 
 type jsonStatus struct {
@@ -89,12 +103,15 @@ type jsonStatus struct {
 	MaxAttempts     int           `json:"max_attempts"`
 	At              time.Time     `json:"at"`
 	Verdict         string        `json:"verdict"`
+	State           string        `json:"state"`
+	ExitCode        int           `json:"exit_code"`
 	Cause           string        `json:"cause"`
 	Summary         string        `json:"summary"`
 	Trend           string        `json:"trend,omitempty"`
 	Waiting         int64         `json:"waiting"`
 	Pending         int64         `json:"pending"`
 	Retrying        int64         `json:"retrying"`
+	Backoff         int64         `json:"backoff"`
 	Dead            int64         `json:"dead"`
 	Sent            int64         `json:"sent"`
 	SentEstimated   bool          `json:"sent_estimated"`
@@ -104,6 +121,7 @@ type jsonStatus struct {
 	Types           []jsonType    `json:"types"`
 	Election        []jsonHolder  `json:"election"`
 	Replicas        []jsonReplica `json:"replicas"`
+	OtherApps       []jsonReplica `json:"other_apps"`
 	MissingIndexes  []jsonIndex   `json:"missing_indexes"`
 }
 
@@ -115,18 +133,18 @@ type jsonIndex struct {
 func statusJSON(l diagnose.Look, d diagnose.Diagnosis) jsonStatus {
 	o := l.Overview
 	s := jsonStatus{App: o.AppName, Table: o.Table, MaxAttempts: o.MaxAttempts, At: o.At.UTC(),
-		Verdict: string(d.Verdict), Cause: d.Cause, Summary: d.Summary, Trend: d.Trend,
-		Waiting: o.Pending + o.Retrying, Pending: o.Pending, Retrying: o.Retrying, Dead: o.Dead,
+		Verdict: string(d.Verdict), State: d.Verdict.State(), ExitCode: statusCode(d.Verdict), Cause: d.Cause, Summary: d.Summary, Trend: d.Trend,
+		Waiting: o.Pending + o.Retrying, Pending: o.Pending, Retrying: o.Retrying, Backoff: o.Backoff, Dead: o.Dead,
 		Sent: o.Sent, SentEstimated: o.SentEstimated, LagSeconds: o.Lag.Seconds(),
 		InRecovery: o.InRecovery, DefaultReadOnly: o.DefaultReadOnly,
 		Types: make([]jsonType, 0, len(o.Types)), Election: holdersJSON(l.Holders),
-		Replicas: replicasJSON(l.Replicas), MissingIndexes: []jsonIndex{}}
+		Replicas: replicasJSON(l.Replicas), OtherApps: replicasJSON(l.Others), MissingIndexes: []jsonIndex{}}
 	for _, m := range o.MissingIndexes {
 		s.MissingIndexes = append(s.MissingIndexes, jsonIndex{m.Name, m.Statement})
 	}
 	for _, t := range o.Types {
-		jt := jsonType{Type: t.Type, Pending: t.Pending, Retrying: t.Retrying, Dead: t.Dead,
-			LagSeconds: t.Lag.Seconds(), Next: headJSON(t.Next), FirstDead: headJSON(t.FirstDead)}
+		jt := jsonType{Type: t.Type, Pending: t.Pending, Retrying: t.Retrying, Backoff: t.Backoff, NextRetry: timePtr(t.NextRetry), Dead: t.Dead,
+			LagSeconds: t.Lag.Seconds(), Next: headJSON(t.Next), Oldest: headJSON(t.Oldest), FirstDead: headJSON(t.FirstDead)}
 		if !o.SentEstimated {
 			sent := t.Sent
 			jt.Sent = &sent
@@ -143,7 +161,7 @@ func printStatus(e *env, l diagnose.Look, d diagnose.Diagnosis) {
 	fprintf(w, "%s: %s\n\n", strings.ToUpper(string(d.Verdict)), d.Summary)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fprintf(tw, "type\tpending\tretrying\tdead\tsent\toldest waiting\tlag\t\n")
+	fprintf(tw, "type\tpending\tretrying\tin backoff\tdead\tsent\twaiting longest\tlag\t\n")
 	sent := func(n int64) string {
 		if o.SentEstimated {
 			return "-"
@@ -151,12 +169,15 @@ func printStatus(e *env, l diagnose.Look, d diagnose.Diagnosis) {
 		return num(n)
 	}
 	for _, t := range o.Types {
-		next, lag := "-", "-"
-		if t.Next != nil {
-			next = fmt.Sprintf("id %d", t.Next.ID)
+		oldest, lag := "-", "-"
+		switch {
+		case t.Oldest != nil:
+			oldest = fmt.Sprintf("id %d", t.Oldest.ID)
 			lag = diagnose.Duration(t.Lag)
+		case t.Backoff > 0:
+			oldest = "retry at " + t.NextRetry.UTC().Format("15:04:05Z")
 		}
-		fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", t.Type, num(t.Pending), num(t.Retrying), num(t.Dead), sent(t.Sent), next, lag)
+		fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", t.Type, num(t.Pending), num(t.Retrying), num(t.Backoff), num(t.Dead), sent(t.Sent), oldest, lag)
 	}
 	total := num(o.Sent)
 	if o.SentEstimated {
@@ -166,15 +187,25 @@ func printStatus(e *env, l diagnose.Look, d diagnose.Diagnosis) {
 	if o.Pending+o.Retrying > 0 {
 		lag = diagnose.Duration(o.Lag)
 	}
-	fprintf(tw, "all types\t%s\t%s\t%s\t%s\t\t%s\t\n", num(o.Pending), num(o.Retrying), num(o.Dead), total, lag)
+	fprintf(tw, "all types\t%s\t%s\t%s\t%s\t%s\t\t%s\t\n", num(o.Pending), num(o.Retrying), num(o.Backoff), num(o.Dead), total, lag)
 	_ = tw.Flush()
 	if o.SentEstimated {
 		fprintf(w, "(~: the SENT rows are the planner's estimate on a table this large; they are not counted)\n")
+	}
+	fprintf(w, "(lag: how long the relays have kept a row waiting, since it was written or re-queued, or its retry came due; "+
+		"rows in a retry's backoff wait for their destination)\n")
+	for _, t := range o.Types {
+		if h := t.FirstDead; h != nil {
+			fprintf(w, "dead:     %s: %s row(s), the first (id %d) %s\n", t.Type, num(t.Dead), h.ID, diagnose.Died(*h, o.MaxAttempts))
+		}
 	}
 	fprintf(w, "\n")
 
 	printElection(e, o.AppName, l.Holders)
 	printReplicas(e, o.AppName, l.Replicas)
+	for _, r := range l.Others {
+		fprintf(w, "other app: %s serves %s here: %s\n", appName(r), quoted(r.Types), diagnose.Replica(r))
+	}
 	server := "accepts writes"
 	switch {
 	case o.InRecovery:
@@ -222,4 +253,23 @@ func printReplicas(e *env, app string, reps []relay.Replica) {
 	for _, r := range reps {
 		fprintf(e.stdout, "  %s\n", diagnose.Replica(r))
 	}
+}
+
+// appName names a relay's app, "app ?" when its session cannot be read.
+func appName(r relay.Replica) string {
+	if r.App == "" {
+		return "app ? (grant pg_read_all_stats to read it)"
+	}
+	return fmt.Sprintf("app %q", r.App)
+}
+
+func quoted(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	if len(q) == 0 {
+		return "types it does not name"
+	}
+	return strings.Join(q, ", ")
 }

@@ -29,6 +29,10 @@ type Look struct {
 	// diagnosis then goes without.
 	Replicas      []relay.Replica
 	PresenceKnown bool
+	// Others are the live relays of other apps on the table
+	// ([relay.Admin.OtherReplicas]): the rows of the types they serve, and
+	// the app's own relays do not, are theirs, not counted in the verdict.
+	Others []relay.Replica
 }
 
 // Input is what Diagnose judges.
@@ -48,13 +52,35 @@ type Input struct {
 // Verdict is Diagnose's one-word answer.
 type Verdict string
 
-// The verdicts.
+// The verdicts, from the most urgent: when several hold, the first is the
+// verdict (docs/operations.md, "A status to page on").
 const (
-	OK      Verdict = "ok"      // delivering, or nothing waits
-	Dead    Verdict = "dead"    // delivery works, but dead rows need an operator
-	Stalled Verdict = "stalled" // rows wait and nothing delivers them
 	Paused  Verdict = "paused"  // an operator's pause holds the election
+	Stalled Verdict = "stalled" // rows wait and nothing delivers them
+	Dead    Verdict = "dead"    // dead rows need an operator, whatever else waits
+	OK      Verdict = "ok"      // delivering, waiting out retries, or nothing waits
 )
+
+// The states of [Verdict.State]: Nagios' names, which pagers expect.
+const (
+	StateOK       = "OK"
+	StateWarning  = "WARNING"
+	StateCritical = "CRITICAL"
+	StateUnknown  = "UNKNOWN" // no verdict: the look failed
+)
+
+// State is the verdict's state as pagers name it: OK, WARNING for dead
+// rows (an operator must act, nothing is late), CRITICAL when nothing
+// delivers (stalled or paused).
+func (v Verdict) State() string {
+	switch v {
+	case OK:
+		return StateOK
+	case Dead:
+		return StateWarning
+	}
+	return StateCritical
+}
 
 // Causes name why, for scripts (relayctl status --json).
 const (
@@ -66,15 +92,16 @@ const (
 	CauseHeldByOther = "held-by-other"    // a session that is not a Go relay holds the election and nothing moves
 	CauseRelayStuck  = "relay-stuck"      // a Go relay holds the election far too long and nothing moves
 	CausePassFails   = "pass-fails"       // this process's passes fail
-	CauseFailing     = "deliveries-fail"  // the oldest rows are retried and fail
+	CauseRetrying    = "retrying"         // rows wait only for their retries' backoff: the destination fails
 	CauseTypeMissing = "type-not-drained" // some types move, these do not
 	CauseNoRelay     = "no-relay-elected" // nobody takes the election (presence unknown)
 
 	// With presence (Look.PresenceKnown):
-	CauseUnserved       = "type-unserved"    // rows of a type no live relay of the app has a sender for
-	CauseNoRelayRunning = "no-relay-running" // rows wait and no relay of the app is running
-	CauseNoneElected    = "none-elected"     // relays run, serve the types, and none takes the election
-	CauseNotMoving      = "rows-not-moving"  // a live relay serves the type, and its rows do not move
+	CauseUnserved       = "type-unserved"        // rows of a type no live relay of the app has a sender for
+	CauseNoRelayRunning = "no-relay-running"     // rows wait, no relay of the app is running, and they do not move
+	CauseNoGoRelay      = "moving-without-relay" // no relay of the app is running, and rows move: a JVM relay
+	CauseNoneElected    = "none-elected"         // relays run, serve the types, and none takes the election
+	CauseNotMoving      = "rows-not-moving"      // a live relay serves the type, and its rows do not move
 )
 
 // Diagnosis is Diagnose's answer.
@@ -91,7 +118,8 @@ type Diagnosis struct {
 	// Trend says how the lag moved since Before: "growing", "shrinking",
 	// "steady", or "" without Before.
 	Trend string
-	// Waiting is how many rows wait (PENDING and retrying); Lag the oldest's age.
+	// Waiting is how many of the app's rows wait (PENDING and retrying);
+	// Lag how long the relays have kept one waiting ([relay.Overview.Lag]).
 	Waiting int64
 	Lag     time.Duration
 }
@@ -102,11 +130,20 @@ func Diagnose(in Input) Diagnosis {
 	if stallAfter <= 0 {
 		stallAfter = StallAfterDefault
 	}
-	o := in.Now.Overview
+	j := judge{stallAfter: stallAfter}
+	j.in = in
+	j.in.Now.Overview, j.foreign = ours(in.Now)
+	if in.Before != nil {
+		before := *in.Before
+		before.Overview, _ = ours(before)
+		j.in.Before = &before
+	}
+	o := j.in.Now.Overview
 	d := Diagnosis{Waiting: o.Pending + o.Retrying, Lag: o.Lag}
-	j := judge{in: in, o: o, stallAfter: stallAfter, d: &d}
+	j.o, j.d = o, &d
 	j.trend()
 	j.decide()
+	j.deadVerdict()
 	d.Lead, d.Notes = j.lead, j.notes
 	d.Summary = strings.Join(append([]string{j.lead}, j.notes...), " ")
 	return d
@@ -114,7 +151,8 @@ func Diagnose(in Input) Diagnosis {
 
 type judge struct {
 	in         Input
-	o          relay.Overview
+	o          relay.Overview // of the app's rows only (ours)
+	foreign    []relay.TypeOverview
 	stallAfter time.Duration
 	d          *Diagnosis
 
@@ -165,6 +203,43 @@ func heads(o relay.Overview) map[string]int64 {
 	return m
 }
 
+// ours is l's overview without the types that only other apps' live relays
+// serve (l.Others), which it returns apart.
+func ours(l Look) (relay.Overview, []relay.TypeOverview) {
+	o := l.Overview
+	if len(l.Others) == 0 {
+		return o, nil
+	}
+	var kept, foreign []relay.TypeOverview
+	for _, t := range o.Types {
+		other, own := false, false
+		for _, r := range l.Others {
+			other = other || r.Serves(t.Type)
+		}
+		for _, r := range l.Replicas {
+			own = own || r.Serves(t.Type)
+		}
+		if other && !own {
+			foreign = append(foreign, t)
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	if len(foreign) == 0 {
+		return o, nil
+	}
+	o.Types = kept
+	o.Pending, o.Retrying, o.Backoff, o.Dead, o.Lag = 0, 0, 0, 0, 0
+	for _, t := range kept {
+		o.Pending += t.Pending
+		o.Retrying += t.Retrying
+		o.Backoff += t.Backoff
+		o.Dead += t.Dead
+		o.Lag = max(o.Lag, t.Lag)
+	}
+	return o, foreign
+}
+
 func (j *judge) set(v Verdict, cause, lead string) {
 	j.d.Verdict, j.d.Cause, j.lead = v, cause, lead
 }
@@ -177,17 +252,20 @@ func (j *judge) decide() {
 	o := j.o
 	app := o.AppName
 	late := o.Lag > j.stallAfter
-	// Nothing moves: the oldest row waited too long and did not move since
-	// the earlier look, if any. Between passes nobody holds the election, so
-	// a look without a holder needs the lag to say more.
+	// Nothing moves: the row kept waiting longest waited too long and no
+	// type's oldest row moved since the earlier look, if any. Between passes
+	// nobody holds the election, so a look without a holder needs the lag
+	// to say more.
 	stuck := late && !j.moved
 	holder := granted(j.in.Now.Holders)
 	pause := j.holderOf(relay.HolderPause)
 	// The same session held the election at both looks and no row moved.
 	heldThrough := holder != nil && j.still && j.heldBefore(holder.PID)
 
+	defer j.foreignNote()
 	defer j.deadNote()
 	defer j.trendNote()
+	defer j.retryNote()
 	defer j.readOnlyNote()
 	defer j.ceilingNote()
 	defer j.indexNote()
@@ -204,10 +282,7 @@ func (j *judge) decide() {
 			app, Holder(*pause), what))
 		return
 	case j.d.Waiting == 0 && o.Dead > 0:
-		j.set(Dead, CauseDeadRows, fmt.Sprintf(
-			"Nothing waits to be delivered, but %s row(s) are dead: they failed %d times (MaxAttempts), or once with a permanent failure, "+
-				"and are never retried until re-queued.",
-			Count(o.Dead), o.MaxAttempts))
+		j.set(Dead, CauseDeadRows, j.deadLead("Nothing waits to be delivered, but"))
 		return
 	case j.d.Waiting == 0 && o.Sent == 0:
 		j.set(OK, CauseIdle, fmt.Sprintf("Nothing waits to be delivered: %s has no outbound rows.", o.Table))
@@ -217,14 +292,27 @@ func (j *judge) decide() {
 		return
 	}
 
-	waiting := fmt.Sprintf("%s row(s) wait, the oldest (%s) for %s", Count(j.d.Waiting), j.oldest(), Duration(o.Lag))
+	waiting := j.waiting()
 	readOnly := o.InRecovery || o.DefaultReadOnly
+	if j.in.Now.PresenceKnown && len(j.in.Now.Replicas) == 0 && holder == nil {
+		// No relay of the app runs: nothing will deliver these rows, unless a
+		// relay without presence (a JVM relay) does, which moves them. Rows
+		// that moved while a relay still ran at the earlier look say nothing.
+		if j.moved && len(j.in.Before.Replicas) == 0 {
+			j.set(OK, CauseNoGoRelay, fmt.Sprintf(
+				"Rows move although no relay of this library runs for app %q: a JVM relay of the app (which has no presence) delivers them; %s.",
+				app, waiting))
+			return
+		}
+		j.presenceCause(waiting)
+		return
+	}
 	if unserved := j.unserved(); len(unserved) > 0 {
 		// Named at once: no relay that runs will ever select these rows.
 		reps := j.in.Now.Replicas
 		var rows []string
 		for _, t := range unserved {
-			rows = append(rows, fmt.Sprintf("%q: %s row(s), the oldest (id %d) waiting for %s", t.Type, Count(t.Pending+t.Retrying), t.Next.ID, Duration(t.Lag)))
+			rows = append(rows, fmt.Sprintf("%q: %s row(s), the oldest (id %d) waiting for %s", t.Type, Count(t.Pending+t.Retrying), t.Next.ID, Duration(j.waited(t))))
 		}
 		j.set(Stalled, CauseUnserved, fmt.Sprintf(
 			"Rows of type %s wait and no running relay of app %q has a sender for them: %s. The %d live replica(s) serve %s. "+
@@ -269,7 +357,7 @@ func (j *judge) decide() {
 		}
 		j.set(OK, CauseDelivering, fmt.Sprintf("Delivering: %s holds the election; %s.", Holder(*holder), waiting))
 		if late {
-			j.note("The oldest row has waited longer than %s: the relay is behind.", Duration(j.stallAfter))
+			j.note("A row has waited for the relays longer than %s: they are behind.", Duration(j.stallAfter))
 		}
 		return
 	case holder != nil:
@@ -296,19 +384,15 @@ func (j *judge) decide() {
 			"Nothing is delivered because this process's relay fails its passes: %v. %s.", st.LastPassErr, waiting))
 		return
 	}
+	if j.oldestType() == nil {
+		j.set(OK, CauseRetrying, j.retryLead())
+		return
+	}
 	if !stuck {
 		j.set(OK, CauseDelivering, fmt.Sprintf("Delivering: %s; nobody holds the election right now, which is normal between passes.", waiting))
 		if late {
-			j.note("The oldest row has waited longer than %s: the relays are behind, but rows move.", Duration(j.stallAfter))
+			j.note("A row has waited for the relays longer than %s: they are behind, but rows move.", Duration(j.stallAfter))
 		}
-		return
-	}
-	if t := j.failingHead(); t != nil {
-		j.set(Stalled, CauseFailing, fmt.Sprintf(
-			"Nothing is delivered because deliveries fail: the oldest waiting row of type %q (id %d) failed %d time(s), last error: %s. "+
-				"The relays retry it (after the RetryBackoff, if set) and later rows of its key wait behind it; at %d attempts it is dead. "+
-				"%s. Fix the destination; the retries then go through by themselves.",
-			t.Type, t.Next.ID, t.Next.Attempts, quote(Cut(t.Next.LastError, 300)), o.MaxAttempts, waiting))
 		return
 	}
 	if late, fine := j.splitTypes(); len(late) > 0 && len(fine) > 0 {
@@ -329,6 +413,111 @@ func (j *judge) decide() {
 		app, waiting, app, o.Table))
 }
 
+// deadVerdict makes a verdict of OK into Dead when dead rows wait: they need
+// an operator whatever else waits, and say so at every look.
+func (j *judge) deadVerdict() {
+	if j.d.Verdict != OK || j.o.Dead == 0 {
+		return
+	}
+	j.notes = append([]string{j.lead}, j.notes...)
+	j.set(Dead, CauseDeadRows, j.deadLead("Delivery works, but"))
+}
+
+// deadLead says that dead rows wait, after lead.
+func (j *judge) deadLead(lead string) string {
+	return fmt.Sprintf("%s %s row(s) are dead: they reached MaxAttempts (%d) or died of a permanent failure, "+
+		"and are never retried until re-queued.", lead, Count(j.o.Dead), j.o.MaxAttempts)
+}
+
+// waiting says how many rows wait and which the relays kept waiting longest.
+func (j *judge) waiting() string {
+	t := j.oldestType()
+	if t == nil {
+		return fmt.Sprintf("%s row(s) wait, none of them for the relays (they wait out a retry's backoff, or behind a row that does)", Count(j.d.Waiting))
+	}
+	return fmt.Sprintf("%s row(s) wait, the oldest (id %d, type %q) for %s", Count(j.d.Waiting), t.Oldest.ID, t.Type, Duration(t.Lag))
+}
+
+// retryLead says that rows wait only for their retries.
+func (j *judge) retryLead() string {
+	lead := fmt.Sprintf("Nothing waits for the relays: %s row(s) wait out the backoff of a retry after a failure (or behind such a row of their key)",
+		Count(j.d.Waiting))
+	if at := j.nextRetry(); !at.IsZero() {
+		lead += fmt.Sprintf("; the next attempt at %s (in %s)", at.UTC().Format(time.RFC3339), Duration(at.Sub(j.o.At)))
+	}
+	if h := j.failingExample(); h != nil {
+		lead += fmt.Sprintf("; row id %d failed %s, last with %s", h.ID, times(h.Attempts), quote(Cut(h.LastError, 200)))
+	}
+	return lead + ". The destination fails, not the relays: they retry by themselves; rows die at MaxAttempts (" + strconv.Itoa(j.o.MaxAttempts) + ")."
+}
+
+// retryNote says, beside another cause, that rows wait out retries.
+func (j *judge) retryNote() {
+	if j.o.Backoff == 0 || j.d.Cause == CauseRetrying {
+		return
+	}
+	note := fmt.Sprintf("%s row(s) retry after a failure and wait out their backoff", Count(j.o.Backoff))
+	if at := j.nextRetry(); !at.IsZero() {
+		note += ", the next attempt at " + at.UTC().Format(time.RFC3339)
+	}
+	if h := j.failingExample(); h != nil {
+		note += fmt.Sprintf(" (row id %d failed %s, last with %s)", h.ID, times(h.Attempts), quote(Cut(h.LastError, 200)))
+	}
+	j.note("%s: they wait for their destination, not for the relays.", note)
+}
+
+func times(n int) string {
+	if n == 1 {
+		return "once"
+	}
+	return fmt.Sprintf("%d times", n)
+}
+
+// nextRetry is the earliest next attempt of a row in its backoff.
+func (j *judge) nextRetry() time.Time {
+	var at time.Time
+	for _, t := range j.o.Types {
+		if t.Backoff > 0 && (at.IsZero() || t.NextRetry.Before(at)) {
+			at = t.NextRetry
+		}
+	}
+	return at
+}
+
+// failingExample is a type's first waiting row when it failed before.
+func (j *judge) failingExample() *relay.RowHead {
+	for _, t := range j.o.Types {
+		if t.Next != nil && t.Next.Status == "ERROR" && t.Next.LastError != "" {
+			return t.Next
+		}
+	}
+	return nil
+}
+
+// foreignNote names the rows left out of the verdict: other apps'.
+func (j *judge) foreignNote() {
+	if len(j.foreign) == 0 {
+		return
+	}
+	var parts []string
+	for _, t := range j.foreign {
+		var apps []string
+		for _, r := range j.in.Now.Others {
+			if r.Serves(t.Type) {
+				name := "an app this role cannot name"
+				if r.App != "" {
+					name = strconv.Quote(r.App)
+				}
+				apps = append(apps, name)
+			}
+		}
+		slices.Sort(apps)
+		parts = append(parts, fmt.Sprintf("%q (%s waiting, %s dead; app %s)", t.Type, Count(t.Pending+t.Retrying), Count(t.Dead),
+			strings.Join(slices.Compact(apps), ", ")))
+	}
+	j.note("Not counted here: the rows of %s, whose own app's live relays serve them.", strings.Join(parts, ", "))
+}
+
 // presenceCause tells, with presence, why rows that wait too long do not
 // move while nobody holds the election.
 func (j *judge) presenceCause(waiting string) {
@@ -339,7 +528,7 @@ func (j *judge) presenceCause(waiting string) {
 		j.set(Stalled, CauseNoRelayRunning, fmt.Sprintf(
 			"Nothing is delivered because no relay of app %q is running: no live replica holds its presence, and %s. "+
 				"Start the service that runs the relay (RELAY_APP_NAME=%s, RELAY_TABLE=%s, RELAY_ENABLED=true); "+
-				"a JVM relay of the app, which has no presence, would show as the election's holder while it passes.",
+				"a JVM relay of the app, which has no presence, would show as the election's holder while it passes, and its rows would move.",
 			app, waiting, app, o.Table))
 	case !anyElected(reps):
 		j.set(Stalled, CauseNoneElected, fmt.Sprintf(
@@ -485,30 +674,26 @@ func Replica(r relay.Replica) string {
 	return "replica " + r.ID + " [" + strings.Join(d, ", ") + "]"
 }
 
-// oldest names the oldest waiting row.
-func (j *judge) oldest() string {
+// oldestType is the type whose row the relays kept waiting longest; nil
+// when no row waits for them.
+func (j *judge) oldestType() *relay.TypeOverview {
 	var best *relay.TypeOverview
 	for i := range j.o.Types {
 		t := &j.o.Types[i]
-		if t.Next != nil && (best == nil || t.Lag > best.Lag) {
+		if t.Oldest != nil && (best == nil || t.Lag > best.Lag) {
 			best = t
 		}
 	}
-	if best == nil {
-		return "none"
-	}
-	return fmt.Sprintf("id %d, type %q", best.Next.ID, best.Type)
+	return best
 }
 
-// failingHead is the late type whose oldest waiting row has failed before.
-func (j *judge) failingHead() *relay.TypeOverview {
-	for i := range j.o.Types {
-		t := &j.o.Types[i]
-		if t.Next != nil && t.Next.Attempts > 0 && t.Lag > j.stallAfter/2 {
-			return t
-		}
+// waited is how long t's rows have waited: for the relays, or else (in
+// backoff) since its first waiting row was written or re-queued.
+func (j *judge) waited(t relay.TypeOverview) time.Duration {
+	if t.Oldest != nil || t.Next == nil {
+		return t.Lag
 	}
-	return nil
+	return max(j.o.At.Sub(t.Next.WaitingSince), 0)
 }
 
 // splitTypes sorts the types with waiting rows into late and fine.
@@ -609,23 +794,50 @@ func (j *judge) deadNote() {
 	for _, t := range o.Types {
 		if t.Dead > 0 {
 			parts = append(parts, fmt.Sprintf("%s %s", t.Type, Count(t.Dead)))
-			if example == "" && t.FirstDead != nil && t.FirstDead.LastError != "" {
-				how := "last failed with"
-				if t.FirstDead.Permanent {
-					how = fmt.Sprintf("died of a permanent failure (%s):", Attempts(true, t.FirstDead.AttemptsMade, t.FirstDead.Attempts))
+			if example == "" && t.FirstDead != nil {
+				example = fmt.Sprintf(" The oldest dead row of %s (id %d) %s", t.Type, t.FirstDead.ID, Died(*t.FirstDead, o.MaxAttempts))
+				if t.FirstDead.LastError != "" {
+					example += ": " + quote(Cut(Reason(t.FirstDead.LastError), 200))
 				}
-				example = fmt.Sprintf(" The oldest dead row of %s (id %d) %s %s.", t.Type, t.FirstDead.ID, how, quote(Cut(t.FirstDead.LastError, 200)))
+				example += "."
 			}
 		}
 	}
 	lead := ""
 	if j.d.Cause != CauseDeadRows {
-		lead = fmt.Sprintf("Besides, %s row(s) are dead (they reached MaxAttempts, %d, and are never retried): ", Count(o.Dead), o.MaxAttempts)
+		lead = fmt.Sprintf("Besides, %s row(s) are dead and never retried until re-queued: ", Count(o.Dead))
 	} else {
 		lead = "By type: "
 	}
 	j.note("%s%s.%s Re-queue them once the cause is fixed: `relayctl requeue --type T` or `--all`, or the console's buttons.",
 		lead, strings.Join(parts, ", "), example)
+}
+
+// Reason is a last error without the mark of a permanent failure
+// ("permanent after 1 attempt(s): "), which [Died] says in words.
+func Reason(lastError string) string {
+	if _, ok := relay.ParsePermanent(lastError); ok {
+		if _, rest, ok := strings.Cut(lastError, " attempt(s): "); ok {
+			return rest
+		}
+	}
+	return lastError
+}
+
+// Died says how a dead row died: "died of a permanent failure after 1
+// attempt", or "reached MaxAttempts (10) after 10 attempts".
+func Died(h relay.RowHead, ceiling int) string {
+	if h.Permanent {
+		return "died of a permanent failure after " + attemptsText(h.AttemptsMade)
+	}
+	return fmt.Sprintf("reached MaxAttempts (%d) after %s", ceiling, attemptsText(h.AttemptsMade))
+}
+
+func attemptsText(n int) string {
+	if n == 1 {
+		return "1 attempt"
+	}
+	return fmt.Sprintf("%d attempts", n)
 }
 
 // Attempts writes a dead row's attempts: "permanent, 1 attempt" for a row
@@ -646,8 +858,13 @@ func Holder(h relay.LockHolder) string {
 	switch h.Kind {
 	case relay.HolderRelay:
 		who = "a Go relay"
-		if h.Replica != "" {
-			who += fmt.Sprintf(" (replica %q)", h.Replica)
+		switch {
+		case h.ReplicaID != "" && h.Replica != "":
+			who += fmt.Sprintf(" (replica %s, application_name %q)", h.ReplicaID, h.Replica)
+		case h.ReplicaID != "":
+			who += " (replica " + h.ReplicaID + ")"
+		case h.Replica != "":
+			who += fmt.Sprintf(" (application_name %q)", h.Replica)
 		}
 	case relay.HolderPause:
 		who = "relayctl pause"
@@ -655,7 +872,12 @@ func Holder(h relay.LockHolder) string {
 		who = fmt.Sprintf("another client (a JVM relay or SQL; application_name %q)", h.ApplicationName)
 	}
 	var d []string
-	d = append(d, fmt.Sprintf("pid %d", h.PID))
+	if h.ReplicaID != "" {
+		// Not the pid Replicas lists: a relay's election runs on a session of its own.
+		d = append(d, fmt.Sprintf("pid %d, its election's session", h.PID))
+	} else {
+		d = append(d, fmt.Sprintf("pid %d", h.PID))
+	}
 	if h.Mode == relay.LockShared && h.Kind == relay.HolderRelay {
 		d = append(d, PartitionsText(h.Partitions, h.PartitionsOf))
 	}

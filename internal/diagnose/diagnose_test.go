@@ -19,6 +19,7 @@ func overview(types ...relay.TypeOverview) relay.Overview {
 	for _, t := range types {
 		o.Pending += t.Pending
 		o.Retrying += t.Retrying
+		o.Backoff += t.Backoff
 		o.Dead += t.Dead
 		o.Lag = max(o.Lag, t.Lag)
 	}
@@ -27,8 +28,16 @@ func overview(types ...relay.TypeOverview) relay.Overview {
 
 // waiting is a type with n pending rows, the oldest id head, lag old.
 func waiting(typ string, n, head int64, lag time.Duration) relay.TypeOverview {
-	return relay.TypeOverview{Type: typ, Pending: n, Lag: lag,
-		Next: &relay.RowHead{ID: head, Status: "PENDING", CreatedAt: now.Add(-lag)}}
+	h := &relay.RowHead{ID: head, Status: "PENDING", CreatedAt: now.Add(-lag), WaitingSince: now.Add(-lag)}
+	return relay.TypeOverview{Type: typ, Pending: n, Lag: lag, Next: h, Oldest: h}
+}
+
+// retrying is a type with n rows retried after a 503, in their backoff
+// until next, the first failed attempts times.
+func retrying(typ string, n, head int64, attempts int, next time.Time) relay.TypeOverview {
+	return relay.TypeOverview{Type: typ, Retrying: n, Backoff: n, NextRetry: next,
+		Next: &relay.RowHead{ID: head, Status: "ERROR", Attempts: attempts, AttemptsMade: attempts, CreatedAt: now.Add(-time.Hour),
+			WaitingSince: now.Add(-time.Hour), NextAttempt: next, LastError: "PUT http://orders/1: 503 Service Unavailable"}}
 }
 
 func holder(kind relay.HolderKind, pid int, name string) relay.LockHolder {
@@ -130,7 +139,7 @@ func TestDiagnose(t *testing.T) {
 			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, late)),
 				Holders: []relay.LockHolder{holder(relay.HolderRelay, 42, "relay@2026-11-30T09:50:00Z billing-7f9c")}}},
 			verdict: diagnose.Stalled, cause: diagnose.CauseRelayStuck,
-			contains: []string{`a Go relay (replica "billing-7f9c")`, "since 2026-11-30T09:50:00Z (10m00s)", "stuck", "pg_terminate_backend(42)"},
+			contains: []string{`a Go relay (application_name "billing-7f9c")`, "since 2026-11-30T09:50:00Z (10m00s)", "stuck", "pg_terminate_backend(42)"},
 		},
 		{
 			name: "GoRelayDelivering",
@@ -175,11 +184,20 @@ func TestDiagnose(t *testing.T) {
 			contains: []string{"behind, but rows move", "the oldest rows moved"},
 		},
 		{
-			name: "Failing",
-			in: diagnose.Input{Now: diagnose.Look{Overview: overview(relay.TypeOverview{Type: "orders", Retrying: 2, Lag: late,
-				Next: &relay.RowHead{ID: 5, Status: "ERROR", Attempts: 4, LastError: "PUT http://orders/1: 503 Service Unavailable"}})}},
-			verdict: diagnose.Stalled, cause: diagnose.CauseFailing,
-			contains: []string{"deliveries fail", "failed 4 time(s)", "503 Service Unavailable"},
+			// Issue 36: a row retrying a 503 in its backoff is not "behind".
+			name:    "RetryingInItsBackoff",
+			in:      diagnose.Input{Now: diagnose.Look{Overview: overview(retrying("orders", 2, 5, 4, now.Add(90*time.Second)))}},
+			verdict: diagnose.OK, cause: diagnose.CauseRetrying,
+			contains: []string{"Nothing waits for the relays: 2 row(s) wait out the backoff", "the next attempt at 2026-11-30T10:01:30Z (in 1m30s)",
+				"row id 5 failed 4 times", "503 Service Unavailable", "The destination fails, not the relays"},
+		},
+		{
+			name: "RetryingBesidesDelivering",
+			in: diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("invoices", 3, 9, time.Second),
+				retrying("orders", 2, 5, 1, now.Add(time.Minute)))}},
+			verdict: diagnose.OK, cause: diagnose.CauseDelivering,
+			contains: []string{"Delivering: 5 row(s) wait, the oldest (id 9, type \"invoices\") for 1s", "2 row(s) retry after a failure",
+				"row id 5 failed once", "not for the relays"},
 		},
 		{
 			name: "TypeNotDrained",
@@ -300,6 +318,50 @@ func TestDiagnosePresence(t *testing.T) {
 			contains: []string{`no relay of app "billing" is running`, "Start the service"},
 		},
 		{
+			// Issue 36: the last relay stopped a moment ago; the rows are fresh.
+			name:    "NoRelayRunningFreshRows",
+			in:      look(nil, nil, waiting("order", 2, 10, time.Second)),
+			verdict: diagnose.Stalled, cause: diagnose.CauseNoRelayRunning,
+		},
+		{
+			name:    "NoRelayRunningOnlyRetries",
+			in:      look(nil, nil, retrying("order", 2, 10, 1, now.Add(time.Minute))),
+			verdict: diagnose.Stalled, cause: diagnose.CauseNoRelayRunning,
+			contains: []string{"none of them for the relays"},
+		},
+		{
+			name: "NoRelayButRowsMove",
+			in: func() diagnose.Input {
+				in := look(nil, nil, waiting("order", 2, 12, time.Second))
+				in.Before = &diagnose.Look{Overview: withAt(overview(waiting("order", 2, 10, time.Second)), now.Add(-2*time.Second)), PresenceKnown: true}
+				return in
+			}(),
+			verdict: diagnose.OK, cause: diagnose.CauseNoGoRelay,
+			contains: []string{"a JVM relay of the app"},
+		},
+		{
+			// The last relay stopped between the two looks: its last pass moved
+			// the rows, which says nothing of what delivers them now.
+			name: "LastRelayStoppedBetweenTheLooks",
+			in: func() diagnose.Input {
+				in := look(nil, nil, waiting("order", 2, 12, time.Second))
+				in.Before = &diagnose.Look{Overview: withAt(overview(waiting("order", 2, 10, time.Second)), now.Add(-2*time.Second)),
+					Replicas: []relay.Replica{replica("a1", true, "order")}, PresenceKnown: true}
+				return in
+			}(),
+			verdict: diagnose.Stalled, cause: diagnose.CauseNoRelayRunning,
+		},
+		{
+			name: "AnotherAppsRowsAreNotCounted",
+			in: func() diagnose.Input {
+				in := look(nil, nil, waiting("tb", 2, 10, late), relay.TypeOverview{Type: "tb2", Dead: 1})
+				in.Now.Others = []relay.Replica{{App: "shipping", Types: []string{"tb", "tb2"}}}
+				return in
+			}(),
+			verdict: diagnose.OK, cause: diagnose.CauseIdle,
+			contains: []string{`Not counted here: the rows of "tb" (2 waiting, 0 dead; app "shipping"), "tb2" (0 waiting, 1 dead; app "shipping")`},
+		},
+		{
 			name:    "RunningButNoneElected",
 			in:      look([]relay.Replica{replica("a1", false, "order"), replica("a2", false, "order")}, nil, waiting("order", 2, 10, late)),
 			verdict: diagnose.Stalled, cause: diagnose.CauseNoneElected,
@@ -331,4 +393,90 @@ func TestDiagnosePresence(t *testing.T) {
 	}
 	require.Contains(t, diagnose.Replica(replica("a1", true, "order")), `replica a1 [pid 4242, from 10.0.0.9`)
 	require.Contains(t, diagnose.Replica(replica("a1", true, "order")), "in a pass")
+	// The election's holder names the replica whose pass it runs: its pid is
+	// its election's session, not the presence session Replicas lists.
+	h := holder(relay.HolderRelay, 42, "billing-7f9c")
+	h.ReplicaID = "a1"
+	require.Contains(t, diagnose.Holder(h), `a Go relay (replica a1, application_name "billing-7f9c") [pid 42, its election's session`)
+}
+
+// TestVerdictTable is docs/operations.md's table "A status to page on", row
+// by row: each verdict's condition, its state (relayctl status's exit code),
+// and its precedence when several hold.
+func TestVerdictTable(t *testing.T) {
+	t.Parallel()
+	late := 5 * time.Minute
+	dead := relay.TypeOverview{Type: "invoices", Dead: 1, FirstDead: &relay.RowHead{ID: 7, Status: "ERROR", Attempts: 10,
+		LastError: "permanent after 1 attempt(s): PUT http://x/invoices/1: 400 Bad Request", Permanent: true, AttemptsMade: 1}}
+	live := []relay.Replica{replica("a1", false, "orders", "invoices")}
+	look := func(reps []relay.Replica, hs []relay.LockHolder, types ...relay.TypeOverview) diagnose.Look {
+		return diagnose.Look{Overview: overview(types...), Holders: hs, Replicas: reps, PresenceKnown: true}
+	}
+	pause := []relay.LockHolder{holder(relay.HolderPause, 42, "relayctl pause billing")}
+	jvm := []relay.LockHolder{holder(relay.HolderOther, 43, "PostgreSQL JDBC Driver")}
+	moved := func(now diagnose.Look) diagnose.Input {
+		before := now
+		before.Overview = withAt(overview(waiting("orders", 5, 90, time.Second)), now.Overview.At.Add(-2*time.Second))
+		return diagnose.Input{Now: now, Before: &before}
+	}
+	for _, tc := range []struct {
+		row     string
+		in      diagnose.Input
+		verdict diagnose.Verdict
+		state   string
+		cause   string
+	}{
+		{"1 PAUSED, over every other", diagnose.Input{Now: look(nil, pause, waiting("orders", 4, 100, late), dead)},
+			diagnose.Paused, diagnose.StateCritical, diagnose.CausePaused},
+		{"1 PAUSED, nothing waiting", diagnose.Input{Now: look(live, pause)},
+			diagnose.Paused, diagnose.StateCritical, diagnose.CausePaused},
+		{"2 STALLED: no relay runs, fresh rows, at once", diagnose.Input{Now: look(nil, nil, waiting("orders", 4, 100, time.Second))},
+			diagnose.Stalled, diagnose.StateCritical, diagnose.CauseNoRelayRunning},
+		{"2 STALLED: no relay runs, over DEAD", diagnose.Input{Now: look(nil, nil, waiting("orders", 4, 100, time.Second), dead)},
+			diagnose.Stalled, diagnose.StateCritical, diagnose.CauseNoRelayRunning},
+		{"2 STALLED: no relay runs, rows only in a retry's backoff", diagnose.Input{Now: look(nil, nil, retrying("orders", 1, 100, 1, now.Add(time.Minute)))},
+			diagnose.Stalled, diagnose.StateCritical, diagnose.CauseNoRelayRunning},
+		{"2 STALLED: no live relay serves a waiting type", diagnose.Input{Now: look([]relay.Replica{replica("a1", false, "orders")}, nil, waiting("refunds", 1, 3, time.Second))},
+			diagnose.Stalled, diagnose.StateCritical, diagnose.CauseUnserved},
+		{"2 STALLED: read-only server, nothing moves", diagnose.Input{Now: func() diagnose.Look {
+			l := look(live, nil, waiting("orders", 4, 100, late))
+			l.Overview.DefaultReadOnly = true
+			return l
+		}()}, diagnose.Stalled, diagnose.StateCritical, diagnose.CauseReadOnly},
+		{"2 STALLED: a session holds the election, nothing moves", diagnose.Input{Now: look(live, jvm, waiting("orders", 4, 100, late))},
+			diagnose.Stalled, diagnose.StateCritical, diagnose.CauseHeldByOther},
+		{"2 STALLED: a row waited past --stall-after, nothing moves", diagnose.Input{Now: look(live, nil, waiting("orders", 4, 100, late))},
+			diagnose.Stalled, diagnose.StateCritical, diagnose.CauseNoneElected},
+		{"3 DEAD: only dead rows", diagnose.Input{Now: look(live, nil, dead)},
+			diagnose.Dead, diagnose.StateWarning, diagnose.CauseDeadRows},
+		{"3 DEAD: whatever else waits and moves", moved(look(live, nil, waiting("orders", 5, 95, time.Second), dead)),
+			diagnose.Dead, diagnose.StateWarning, diagnose.CauseDeadRows},
+		{"3 DEAD: beside rows in a retry's backoff", diagnose.Input{Now: look(live, nil, retrying("orders", 1, 100, 2, now.Add(time.Minute)), dead)},
+			diagnose.Dead, diagnose.StateWarning, diagnose.CauseDeadRows},
+		{"4 OK: nothing waits", diagnose.Input{Now: look(live, nil)},
+			diagnose.OK, diagnose.StateOK, diagnose.CauseIdle},
+		{"4 OK: rows wait and move", moved(look(live, nil, waiting("orders", 5, 95, time.Second))),
+			diagnose.OK, diagnose.StateOK, diagnose.CauseDelivering},
+		{"4 OK: rows wait out a retry's backoff", diagnose.Input{Now: look(live, nil, retrying("orders", 1, 100, 2, now.Add(time.Minute)))},
+			diagnose.OK, diagnose.StateOK, diagnose.CauseRetrying},
+		{"4 OK: no Go relay, rows move (a JVM relay)", moved(look(nil, nil, waiting("orders", 5, 95, time.Second))),
+			diagnose.OK, diagnose.StateOK, diagnose.CauseNoGoRelay},
+		{"4 OK: a JVM relay holds the election, fresh rows", diagnose.Input{Now: look(nil, jvm, waiting("orders", 5, 95, time.Second))},
+			diagnose.OK, diagnose.StateOK, diagnose.CauseDelivering},
+	} {
+		t.Run(tc.row, func(t *testing.T) {
+			t.Parallel()
+			d := diagnose.Diagnose(tc.in)
+			require.Equal(t, tc.verdict, d.Verdict, d.Summary)
+			require.Equal(t, tc.state, d.Verdict.State())
+			require.Equal(t, tc.cause, d.Cause, d.Summary)
+			if tc.in.Now.Overview.Dead > 0 && d.Verdict != diagnose.Dead {
+				require.Contains(t, d.Summary, "Besides, 1 row(s) are dead", "dead rows are said under a more urgent verdict")
+			}
+			if d.Verdict == diagnose.Dead {
+				require.Contains(t, d.Summary, "died of a permanent failure after 1 attempt", "the attempts really made")
+				require.NotContains(t, d.Summary, "failed 10 times")
+			}
+		})
+	}
 }

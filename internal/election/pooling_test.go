@@ -141,7 +141,7 @@ func TestPresenceReleaseLetsGoOfItsOwnLocksOnly(t *testing.T) {
 	ctx := context.Background()
 	conn := sharedConn(t)
 	app := pgserver.Name(t)
-	p := NewPresence(app, 10, 1, []string{"a", "b"})
+	p := NewPresence(app, "outbox", 10, 1, []string{"a", "b"})
 	pid, err := p.Take(ctx, conn)
 	require.NoError(t, err)
 	key := app + "_relay_m2m"
@@ -154,14 +154,14 @@ func TestPresenceReleaseLetsGoOfItsOwnLocksOnly(t *testing.T) {
 		return presence, others
 	}
 	presence, others := held()
-	require.Equal(t, 6, presence, "app, replica, max attempts, partitions and two types")
+	require.Equal(t, 7, presence, "app, replica, max attempts, partitions, two types and the table")
 	require.Equal(t, 1, others)
 
 	released, err := store.PresenceReleaseStatement(ctx, conn, p.Args(), pid+1)
 	require.NoError(t, err)
 	require.False(t, released, "another backend's: nothing let go of")
 	presence, others = held()
-	require.Equal(t, 6, presence)
+	require.Equal(t, 7, presence)
 	require.Equal(t, 1, others)
 
 	released, err = store.PresenceReleaseStatement(ctx, conn, p.Args(), pid)

@@ -32,6 +32,7 @@ import (
 //	(hashtext('relay_presence_max_attempts:' || app), MaxAttempts)   its ceiling
 //	(hashtext('relay_presence_partitions:' || app), Partitions)      its Partitions
 //	(hashtext('relay_presence_type:' || app), hashtext(type))        one per type it has a sender for
+//	(hashtext('relay_presence_table'), hashtext(table))              its table (without the schema)
 //
 // pg_locks joins them to pg_stat_activity (pid, client address, application
 // name, backend start): [Admin.Replicas] reads them. Shared locks conflict
@@ -62,7 +63,7 @@ type Presence struct {
 	id   string // the replica id: 8 hex digits of num
 	num  int32  // the replica lock's second int
 	app  string
-	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types
+	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types, table
 	desc Descriptor
 	// marks is the comment the statements carry: desc, with the types
 	// paused now (setPaused). The next statement on the session says it.
@@ -72,6 +73,7 @@ type Presence struct {
 // Descriptor is the comment the presence statements carry.
 type Descriptor struct {
 	App         string             `json:"app"`
+	Table       string             `json:"table,omitempty"`
 	Replica     string             `json:"replica"`
 	Types       []string           `json:"types"`
 	MaxAttempts int                `json:"max_attempts"`
@@ -102,26 +104,37 @@ const pausedReasonMax = 80
 // presenceMarkPrefix starts the presence statements' comment.
 const presenceMarkPrefix = "/* relay presence "
 
-// NewPresence is the presence of a relay of app with ceiling maxAttempts,
-// partitions and types, under a replica id drawn now.
-func NewPresence(app string, maxAttempts, partitions int, types []string) *Presence {
+// NewPresence is the presence of a relay of app on table with ceiling
+// maxAttempts, partitions and types, under a replica id drawn now.
+func NewPresence(app, table string, maxAttempts, partitions int, types []string) *Presence {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	num := int32(binary.BigEndian.Uint32(b[:]))
 	p := &Presence{id: ReplicaID(num), num: num, app: app}
-	p.args = []any{app, num, maxAttempts, max(partitions, 1), types}
+	p.args = []any{app, num, maxAttempts, max(partitions, 1), types, TableName(table)}
 	host, _ := os.Hostname()
-	p.desc = Descriptor{App: app, Replica: p.id, Types: types, MaxAttempts: maxAttempts,
+	p.desc = Descriptor{App: app, Table: table, Replica: p.id, Types: types, MaxAttempts: maxAttempts,
 		Partitions: max(partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)}
 	p.SetPaused(nil)
 	return p
+}
+
+// TableName is table without its schema, as presence's table key hashes it:
+// two tables of one name in two schemas look the same, which only makes an
+// Admin more careful.
+func TableName(table string) string {
+	_, name, found := strings.Cut(table, ".")
+	if !found {
+		return table
+	}
+	return name
 }
 
 // ID is the replica's id: 8 hex digits.
 func (p *Presence) ID() string { return p.id }
 
 // Args are the presence keys' arguments: app, replica, MaxAttempts,
-// Partitions, types.
+// Partitions, types, table.
 func (p *Presence) Args() []any { return p.args }
 
 // Mark is the comment the presence statements carry now.

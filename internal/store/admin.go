@@ -16,6 +16,7 @@ type AdminSQL struct {
 	CountSQL       string
 	DeadPageSQL    string
 	DeadTypeSQL    string
+	DeadIDsSQL     string
 	RequeueAllSQL  string
 	RequeueTypeSQL string
 	RequeueIDsSQL  string
@@ -31,18 +32,20 @@ type AdminSQL struct {
 	HistorySQL string
 }
 
-// NewAdminSQL renders the statements of relay.Admin for table.
-func NewAdminSQL(table string) (*AdminSQL, error) {
+// NewAdminSQL renders the statements of relay.Admin for table, with or
+// without its optional requeued_at column.
+func NewAdminSQL(table string, requeued bool) (*AdminSQL, error) {
 	id, err := ParseTable(table)
 	if err != nil {
 		return nil, err
 	}
-	d := Data{Table: id.Sanitize()}
+	d := Data{Table: id.Sanitize(), Requeued: requeued}
 	return &AdminSQL{
 		Table:           d.Table,
 		CountSQL:        Statements.Positional("countByStatus", d),
 		DeadPageSQL:     Statements.Positional("deadPage", d),
 		DeadTypeSQL:     Statements.Positional("deadPageOfType", d),
+		DeadIDsSQL:      Statements.Positional("deadRows", d),
 		RequeueAllSQL:   Statements.Positional("requeueAll", d),
 		RequeueTypeSQL:  Statements.Positional("requeueType", d),
 		RequeueIDsSQL:   Statements.Positional("requeueIDs", d),

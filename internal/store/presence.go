@@ -18,11 +18,13 @@ var (
 	presenceReleaseSQL  = Statements.Positional("presenceRelease", Data{})
 	presenceStrandedSQL = Statements.Positional("presenceStranded", Data{})
 	replicasSQL         = Statements.Positional("replicas", Data{})
+	otherReplicasSQL    = Statements.Positional("otherReplicas", Data{})
+	hasColumnSQL        = Statements.Positional("hasColumn", Data{})
 	tableIndexesSQL     = Statements.Positional("tableIndexes", Data{})
 )
 
 // PresenceTakeStatement takes the presence locks of args (app, replica id,
-// MaxAttempts, Partitions, types) with the lease's settings, after mark (the
+// MaxAttempts, Partitions, types, table) with the lease's settings, after mark (the
 // relay's descriptor comment); it returns the backend's pid and whether
 // every lock was granted.
 func PresenceTakeStatement(ctx context.Context, db querier, mark string, args []any, idle time.Duration) (pid uint32, ok bool, err error) {
@@ -96,6 +98,55 @@ func ReplicasStatement(ctx context.Context, db Querier, app string, names []stri
 		out = append(out, x)
 	}
 	return out, rows.Err()
+}
+
+// OtherReplicaRow is one session of otherReplicasSQL: a live relay of
+// another app.
+type OtherReplicaRow struct {
+	PID             int
+	ApplicationName string
+	ClientAddr      string
+	BackendStart    time.Time // zero when hidden
+	Hidden          bool      // the reader may not see the session (pg_read_all_stats)
+	Query           string    // its last statement, which carries its descriptor
+	At              time.Time // the database's clock
+	Locks           []int64   // the second ints of every shared advisory lock it holds
+	NameHashes      []int64   // the hashes of the names asked for, in order
+	// OnTable says it holds the table key of the Admin's table, Tabled
+	// that it holds one (a relay older than that key holds none).
+	OnTable, Tabled bool
+}
+
+// OtherReplicasStatement reads the presence of the relays of every app but
+// app, with the hashes of names and whether they deliver from table (its
+// name without the schema).
+func OtherReplicasStatement(ctx context.Context, db Querier, app string, names []string, table string) ([]OtherReplicaRow, error) {
+	rows, err := db.Query(ctx, otherReplicasSQL, app, names, table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []OtherReplicaRow
+	for rows.Next() {
+		var x OtherReplicaRow
+		var start *time.Time
+		if err := rows.Scan(&x.PID, &x.ApplicationName, &x.ClientAddr, &start, &x.Hidden, &x.Query, &x.At,
+			&x.Locks, &x.NameHashes, &x.OnTable, &x.Tabled); err != nil {
+			return nil, err
+		}
+		if start != nil {
+			x.BackendStart = *start
+		}
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+// HasColumn says whether table (quoted) has column.
+func HasColumn(ctx context.Context, db Querier, table, column string) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, hasColumnSQL, table, column).Scan(&ok)
+	return ok, err
 }
 
 // TableIndexesStatement reads the indexes of table as JSON.

@@ -146,6 +146,7 @@ type Data struct {
 	Wake        bool   // Enqueue's insert also notifies
 	Headers     bool   // the table has the optional headers column: read or write it
 	Others      bool   // the select leaves some types out, whose rows hold back later ones of their keys
+	Requeued    bool   // the table has the optional requeued_at column: read or write it
 
 	// Per use of a fragment.
 	Alias    string // the row alias a fragment reads ("m", "e")

@@ -108,7 +108,7 @@ func exerciseStatements(t *testing.T, q sqltest.Recorder) (built []string) {
 	}
 	built = append(built, preflightSQL, schemaLockSQL, LockSQL, LockSharedSQL, SessionLocksHeldSQL,
 		UnlockSQL, UnlockSharedSQL, markSQL, partitionConfigSQL, partitionLookSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
-		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, tableIndexesSQL)
+		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, otherReplicasSQL, hasColumnSQL, tableIndexesSQL)
 	pending, zero := pgtype.Text{String: StatusPending, Valid: true}, pgtype.Int8{Valid: true}
 	failedState, three := pgtype.Text{String: StatusError, Valid: true}, pgtype.Int8{Int64: 3, Valid: true}
 	for _, table := range []string{"outbox", "billing." + strings.Repeat("x", 63)} {
@@ -142,9 +142,11 @@ func exerciseStatements(t *testing.T, q sqltest.Recorder) (built []string) {
 				_, _ = r.Probe(ctx, q)
 			}
 		}
-		a, err := NewAdminSQL(table)
-		require.NoError(t, err)
-		_ = a // relay.Admin sends them (TestAdminStatements)
+		for _, requeued := range []bool{false, true} {
+			a, err := NewAdminSQL(table, requeued)
+			require.NoError(t, err)
+			_ = a // relay.Admin sends them (TestAdminStatements)
+		}
 		_, _ = TableIndexesStatement(ctx, q, table)
 	}
 	for _, stmt := range []string{LockSQL, LockSharedSQL} {
@@ -160,12 +162,14 @@ func exerciseStatements(t *testing.T, q sqltest.Recorder) (built []string) {
 	_, _ = DatabaseNow(ctx, q)
 	_, _ = SessionLocksHeld(ctx, q, 1)
 	_ = WakeProbe(ctx, q, "c", "p")
-	args := []any{"app", int32(7), 10, 1, []string{"t"}} // app, replica, MaxAttempts, Partitions, types
+	args := []any{"app", int32(7), 10, 1, []string{"t"}, "outbox"} // app, replica, MaxAttempts, Partitions, types, table
 	_, _, _ = PresenceTakeStatement(ctx, q, "", args, lease.Server)
 	_, _ = PresenceBeatStatement(ctx, q, "")
 	_, _ = PresenceReleaseStatement(ctx, q, args, 7)
 	_ = PresenceStrandedStatement(ctx, q, "app", 7, 7)
 	_, _ = ReplicasStatement(ctx, q, "app", []string{"t"})
+	_, _ = OtherReplicasStatement(ctx, q, "app", []string{"t"}, "t")
+	_, _ = HasColumn(ctx, q, "outbox", "requeued_at")
 	return built
 }
 

@@ -23,29 +23,37 @@ SELECT id, type, natural_key, attempts, left(coalesce(last_error, ''), @error_wi
   left(payload::text, @preview + 1) FROM {{.Table}}
 WHERE {{template "dead"}} AND id > @after AND type = @type ORDER BY id LIMIT @limit
 
+-- name: deadRows @ceiling @ids @preview @error_width
+-- The rows @ids that are dead, as deadPage reads them.
+SELECT id, type, natural_key, attempts, left(coalesce(last_error, ''), @error_width), created_at, updated_at,
+  left(payload::text, @preview + 1) FROM {{.Table}}
+WHERE {{template "dead"}} AND id = ANY(@ids::bigint[]) ORDER BY id
+
 -- name: requeue
 -- Re-queue touches only rows dead at the moment of the statement; no pass
--- reads them, so it never races a delivery.
-UPDATE {{.Table}} SET status = 'PENDING', attempts = 0, updated_at = now() WHERE {{template "dead"}}
+-- reads them, so it never races a delivery. With the optional requeued_at
+-- column (.Requeued), it says since when the row waits again.
+UPDATE {{.Table}} SET status = 'PENDING', attempts = 0, updated_at = now(){{if .Requeued}}, requeued_at = now(){{end}} WHERE {{template "dead"}}
 
 -- name: scope
--- The Admin's scope (Admin.Scope): a NULL @scope is every type.
-(@scope::text[] IS NULL OR type = ANY(@scope::text[]))
+-- The Admin's scope (Admin.Scope): a NULL @scope is every type; the types
+-- of @exclude (other apps' live relays serve them) are never touched.
+(@scope::text[] IS NULL OR type = ANY(@scope::text[])) AND type <> ALL(@exclude::text[])
 
--- name: requeueAll @ceiling @scope
+-- name: requeueAll @ceiling @scope @exclude
 {{template "requeue" .}} AND {{template "scope"}}
 
 -- name: requeueType @ceiling @type
 {{template "requeue" .}} AND type = @type
 
--- name: requeueIDs @ceiling @ids @scope
+-- name: requeueIDs @ceiling @ids @scope @exclude
 {{template "requeue" .}} AND id = ANY(@ids::bigint[]) AND {{template "scope"}}
 
 -- name: purgeCutoff @retention
 -- The database's now() minus @retention seconds, fixed once for a whole purge.
 SELECT now() - make_interval(secs => @retention::float8)
 
--- name: purgeChunk @cutoff @limit @scope
+-- name: purgeChunk @cutoff @limit @scope @exclude
 -- One bounded chunk, oldest first: short statements, few locks. SENT rows are
 -- never written by a pass again. id = ANY(ARRAY(...)) deletes by primary key;
 -- "id IN (subquery)" plans a hash join that reads the whole table for every
@@ -53,22 +61,92 @@ SELECT now() - make_interval(secs => @retention::float8)
 DELETE FROM {{.Table}} WHERE id = ANY(ARRAY(SELECT id FROM {{.Table}}
 WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < @cutoff AND {{template "scope"}} ORDER BY id LIMIT @limit))
 
--- name: liveGroups @ceiling @error_width
--- The live rows by type and state, each group with its first row (the lowest
--- id). Each branch repeats a partial index's predicate word for word (the
--- pending and the error index of schema.sql), so it reads that index and
--- never the SENT history.
-WITH g AS (
-  SELECT type, 'PENDING' AS status, false AS dead, count(*) AS n, min(id) AS head FROM {{.Table}}
+-- name: liveGroups @ceiling @error_width @backoff @cap
+-- The live rows by type and state (kind: 0 pending, 1 retrying and due, 2
+-- retrying in its backoff, 3 dead), each group with its first row (the
+-- lowest id); and (kind 4) each type's candidates for the row that has
+-- waited longest for the relays (waitHeads). The pending and dead branches
+-- repeat a partial index's predicate word for word (the pending and the error
+-- index of schema.sql), so they read that index and never the SENT history;
+-- the retrying rows are read (failing): their updated_at says when they are
+-- retried.
+WITH fr AS MATERIALIZED ({{template "failing" .}}
+), g AS (
+  SELECT type, 0 AS kind, count(*) AS n, min(id) AS head, NULL::timestamptz AS at FROM {{.Table}}
   WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) GROUP BY type
   UNION ALL
-  SELECT type, 'ERROR', attempts >= @ceiling, count(*), min(id) FROM {{.Table}}
-  WHERE direction = 'OUT' AND status = 'ERROR' GROUP BY type, attempts >= @ceiling
+  SELECT type, 3, count(*), min(id), NULL FROM {{.Table}}
+  WHERE direction = 'OUT' AND status = 'ERROR' AND attempts >= @ceiling GROUP BY type
+  UNION ALL
+  SELECT type, CASE WHEN at > now() THEN 2 ELSE 1 END, count(*), min(id), min(at) FROM fr GROUP BY 1, 2
+), lt AS (
+  SELECT type FROM g WHERE kind = 0
+){{template "waitHeads" .}}
+SELECT x.type, x.kind, x.n, x.at, h.id, coalesce(h.status, 'PENDING'), coalesce(h.attempts, 0), h.created_at,
+  {{template "waitingSince" (.As "h")}}, {{template "retryAt" (.As "h")}}, left(coalesce(h.last_error, ''), @error_width)
+FROM (SELECT type, kind, n, at, head FROM g UNION ALL SELECT type, 4, NULL, NULL, id FROM wh) x
+JOIN {{.Table}} h ON h.id = x.head
+ORDER BY x.type, x.kind, h.id
+
+-- name: failing
+-- The failed rows below the ceiling, each with when it is retried
+-- (nextAttempt), through the error index's range below the ceiling.
+{{/* starts on a line of its own */}}
+  SELECT m.type, m.id, {{template "nextAttempt" (.As "m")}} AS at FROM {{.Table}} m
+  WHERE m.direction = 'OUT' AND m.status = 'ERROR' AND (m.attempts < @ceiling OR m.attempts IS NULL)
+
+-- name: waitHeads
+-- Follows a WITH whose lt(type) are the types with pending rows, and fr the
+-- failing rows (failing): wh(type, id) are each type's candidates for the row
+-- that has waited longest for the relays. Rows wait since they were written
+-- or re-queued (waitingSince), a failed row since its next attempt came due;
+-- a row in its backoff, or held back behind a failed row of its key that is
+-- (adminHeldBack), waits for no relay. Of the pending rows: the first (by id)
+-- never re-queued, which waited longer than any later row (created_at follows
+-- the ids, near enough), and the re-queued one before it that waits since the
+-- earliest re-queue; of the failed rows, the one whose retry came due first.
+-- The type is a range, as in the pass's candidates, so that the pending index
+-- serves "ORDER BY type, id".
+{{/* starts with a comma, after the caller's last CTE */}}, wp AS (
+  SELECT lt.type, x.id FROM lt CROSS JOIN LATERAL (
+    SELECT m.id FROM {{.Table}} m
+    WHERE m.type >= lt.type AND m.type <= lt.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL){{if .Requeued}} AND m.requeued_at IS NULL{{end}}{{template "adminHeldBack" .}}
+    ORDER BY m.type, m.id LIMIT 1) x
+), wh AS (
+  SELECT type, id FROM wp{{if .Requeued}}
+  UNION ALL
+  SELECT lt.type, x.id FROM lt LEFT JOIN wp ON wp.type = lt.type CROSS JOIN LATERAL (
+    SELECT m.id FROM {{.Table}} m
+    WHERE m.type >= lt.type AND m.type <= lt.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
+      AND m.id < coalesce(wp.id, 9223372036854775807) AND m.requeued_at IS NOT NULL{{template "adminHeldBack" .}}
+    ORDER BY m.requeued_at, m.id LIMIT 1) x{{end}}
+  UNION ALL
+  (SELECT DISTINCT ON (type) type, id FROM fr WHERE at IS NULL OR at <= now() ORDER BY type, at NULLS FIRST, id)
 )
-SELECT g.type, g.status, g.dead, g.n, h.id, coalesce(h.status, 'PENDING'), h.attempts, h.created_at,
-  left(coalesce(h.last_error, ''), @error_width)
-FROM g JOIN {{.Table}} h ON h.id = g.head
-ORDER BY g.type, g.status, g.dead
+
+-- name: nextAttempt
+-- When failed row .Alias is tried again: its last attempt (updated_at) plus
+-- its backoff step, RetryBackoff (@backoff seconds) doubling per attempt,
+-- capped at @cap seconds, as the pass's "waiting" reads it. NULL when its
+-- updated_at is: such a row does not wait.
+{{.Alias}}.updated_at + make_interval(secs => least(@backoff::float8 * power(2::float8, least(greatest(coalesce({{.Alias}}.attempts, 0), 1) - 1, 40)), @cap::float8))
+
+-- name: retryAt
+-- nextAttempt of .Alias if it is a failed row below the ceiling, else NULL.
+CASE WHEN {{.Alias}}.status = 'ERROR' AND ({{.Alias}}.attempts < @ceiling OR {{.Alias}}.attempts IS NULL) THEN {{template "nextAttempt" .}} END
+
+-- name: waitingSince
+-- When row .Alias last became waiting: re-queued (the optional requeued_at
+-- column), or else written.
+{{if .Requeued}}coalesce({{.Alias}}.requeued_at, {{.Alias}}.created_at){{else}}{{.Alias}}.created_at{{end}}
+
+-- name: adminHeldBack
+-- The pass's heldBack, for a row m of any app: an earlier failed row of its
+-- key that waits out its backoff holds it back.
+{{/* starts on a line of its own */}}
+      AND NOT EXISTS (SELECT 1 FROM {{.Table}} e
+        WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.direction = 'OUT' AND e.status = 'ERROR'
+          AND (e.attempts < @ceiling OR e.attempts IS NULL) AND {{template "nextAttempt" (.As "e")}} > now())
 
 -- name: sent
 direction = 'OUT' AND status = 'SENT'
@@ -85,12 +163,12 @@ EXPLAIN (FORMAT JSON) SELECT 1 FROM {{.Table}} WHERE {{template "sent"}}
 -- A table never analyzed: count a sample of its pages.
 SELECT count(*) FROM {{.Table}} TABLESAMPLE SYSTEM (@percent) WHERE {{template "sent"}}
 
--- name: countPurge @cutoff @scope
+-- name: countPurge @cutoff @scope @exclude
 -- What a purge would delete, by type: on a small table, counted.
 SELECT type, count(*) FROM {{.Table}} WHERE {{template "sent"}} AND sent_at < @cutoff AND {{template "scope"}}
 GROUP BY type ORDER BY type
 
--- name: samplePurge @cutoff @percent @scope
+-- name: samplePurge @cutoff @percent @scope @exclude
 -- countPurge on a table too large to count: a sample of its pages, with
 -- the number of pages the sample read (each row once: ctid's page), so that
 -- the count scales by the pages read rather than by @percent, whose page
@@ -103,14 +181,14 @@ WITH s AS (
 SELECT type, count(*) FILTER (WHERE hit), (SELECT count(DISTINCT page) FROM s) FROM s
 GROUP BY type HAVING count(*) FILTER (WHERE hit) > 0 ORDER BY type
 
--- name: history @window @step @steps @ceiling @chunk @gap @lookback @indexed
+-- name: history @window @step @steps @ceiling @chunk @gap @lookback @indexed @backoff @cap
 -- Admin.History in one statement, one round trip (admin_history.go). Its
 -- rows: kind 0, one, the clock (now) and FromID (n); kind 1, a group of rows
 -- of a type that waited over the instants k1..k2 (each the end of a step,
 -- k = 1..@steps; none when k1 > k2), c the oldest created_at (seconds since
 -- the epoch) and n how many, delivered in step d (NULL: dead, not
--- delivered); kind 2, a type's first pending or failed row, c when it was
--- written: a live row waits from then to now.
+-- delivered); kind 2, a type's live row that has waited longest for the
+-- relays (waitHeads), c since when: a live row waits from then to now.
 --
 -- b and s: the clock, and by a binary search on the primary key the first
 -- id written at or after now() - @window seconds, each step one index lookup
@@ -134,10 +212,19 @@ GROUP BY type HAVING count(*) FILTER (WHERE hit) > 0 ORDER BY type
 -- dead rows itself. A row that waited at no instant and was delivered in no
 -- step (what a range reads below the walk's end) adds nothing.
 --
+-- A row waits from when it was written or re-queued (waitingSince) until it
+-- was delivered or died; a row that was retried after a failure (a SENT row
+-- with attempts, a dead one that made more than one attempt) does not count:
+-- the table keeps no time of its earlier attempts, and waits for a retry's
+-- backoff are not the relays' lag. A live failed row counts from when its
+-- retry came due.
+--
 -- pend and fail: each type's first pending row, and each (type, attempts)
 -- of the failed rows with its first id, by a skip scan of the pending and
 -- the error index (one index lookup per type or pair, never the whole
 -- index); without the indexes, a GROUP BY reads the live rows instead.
+-- fr and waitHeads: the failed rows below the ceiling, read, and each type's
+-- candidates for the row that waited longest.
 --
 -- date_part is float8 arithmetic, where extract() would be numeric, several
 -- times slower; CASE WHEN q keeps it, and the steps' arithmetic, off the rows
@@ -173,20 +260,22 @@ WITH RECURSIVE b AS (
       r.type, r.k1, r.k2, r.d, min(r.c) FILTER (WHERE r.q) AS c, count(*) FILTER (WHERE r.q) AS n
     FROM (
       SELECT type, id, created_at, waiting, q, c,
-        CASE WHEN q THEN greatest(ceil((c - w.e0) / @step::float8), 1)::int END AS k1,
-        CASE WHEN q THEN least(ceil((e - w.e0) / @step::float8) - 1, @steps::int)::int END AS k2,
+        CASE WHEN q AND c IS NOT NULL THEN greatest(ceil((c - w.e0) / @step::float8), 1)::int END AS k1,
+        CASE WHEN q AND c IS NOT NULL THEN least(ceil((e - w.e0) / @step::float8) - 1, @steps::int)::int END AS k2,
         CASE WHEN q AND sent THEN least(floor((e - w.e0) / @step::float8), @steps::int - 1)::int END AS d
       FROM (
         SELECT type, id, created_at, sent, q, waiting,
-          CASE WHEN q THEN date_part('epoch', created_at) END AS c,
+          CASE WHEN q THEN date_part('epoch', since) END AS c,
           CASE WHEN q THEN date_part('epoch', CASE WHEN sent THEN sent_at ELSE updated_at END) END AS e
         FROM (
           SELECT type, id, created_at, sent_at, updated_at, status = 'SENT' AS sent,
+            CASE WHEN status = 'SENT' AND coalesce(attempts, 0) = 0 OR status = 'ERROR' AND {{template "attemptsMade"}} <= 1
+              THEN {{template "waitingSince" (.As "m")}} END AS since,
             status = 'SENT' AND sent_at >= w.at
               OR NOT @indexed::bool AND status = 'ERROR' AND attempts >= @ceiling AND updated_at > w.at AS q,
             status IS NULL OR status = 'PENDING' OR status = 'ERROR' AND (attempts < @ceiling OR updated_at > w.at)
               OR status = 'SENT' AND sent_at >= w.at AS waiting
-          FROM {{.Table}} WHERE id >= l.lo AND id < walk.hi AND direction = 'OUT' AND c.live < walk.hi - l.lo OFFSET 0
+          FROM {{.Table}} m WHERE id >= l.lo AND id < walk.hi AND direction = 'OUT' AND c.live < walk.hi - l.lo OFFSET 0
         ) r0
       ) r1
     ) r
@@ -210,7 +299,12 @@ WITH RECURSIVE b AS (
   UNION ALL
   SELECT x.type, x.attempts, x.id FROM fail CROSS JOIN LATERAL (SELECT type, attempts, id FROM {{.Table}}
     WHERE direction = 'OUT' AND status = 'ERROR' AND (type, attempts) > (fail.type, fail.attempts) ORDER BY type, attempts, id LIMIT 1) x
-), v AS MATERIALIZED (
+), fr AS MATERIALIZED ({{template "failing" .}}
+), lt AS (
+  SELECT type FROM pend
+  UNION
+  SELECT DISTINCT type FROM {{.Table}} WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) AND NOT @indexed::bool
+){{template "waitHeads" .}}, v AS MATERIALIZED (
   SELECT w.now, w.at, w.e0, (SELECT min(f) FROM walk WHERE ctl) AS from_id FROM w
 )
 SELECT 0 AS kind, NULL::text AS type, NULL::int AS k1, NULL::int AS k2, NULL::int AS d, NULL::float8 AS c, v.from_id AS n, v.now FROM v
@@ -221,7 +315,8 @@ SELECT 1, type, k1, k2, NULL, min(c), count(*), NULL FROM (
   SELECT x.type, x.c, greatest(ceil((x.c - v.e0) / @step::float8), 1)::int AS k1,
     least(ceil((x.e - v.e0) / @step::float8) - 1, @steps::int)::int AS k2
   FROM v CROSS JOIN fail CROSS JOIN LATERAL (
-    SELECT type, date_part('epoch', created_at) AS c, date_part('epoch', updated_at) AS e FROM {{.Table}}
+    SELECT type, CASE WHEN {{template "attemptsMade"}} <= 1 THEN date_part('epoch', {{template "waitingSince" (.As "m")}}) END AS c,
+      date_part('epoch', updated_at) AS e FROM {{.Table}} m
     WHERE direction = 'OUT' AND status = 'ERROR' AND type = fail.type AND attempts = fail.attempts
       AND (type, attempts, id) >= (fail.type, fail.attempts, v.from_id) AND updated_at > v.at
     OFFSET 0
@@ -231,15 +326,13 @@ SELECT 1, type, k1, k2, NULL, min(c), count(*), NULL FROM (
 WHERE k1 <= k2
 GROUP BY type, k1, k2
 UNION ALL
-SELECT 2, h.type, NULL, NULL, NULL, date_part('epoch', h.created_at), NULL, NULL FROM (
-  SELECT id FROM pend
-  UNION ALL
-  SELECT min(id) FROM fail WHERE attempts < @ceiling GROUP BY type
-  UNION ALL
-  SELECT min(id) FROM {{.Table}} WHERE direction = 'OUT' AND (status = 'PENDING' OR status IS NULL) AND NOT @indexed::bool GROUP BY type
-  UNION ALL
-  SELECT min(id) FROM {{.Table}} WHERE direction = 'OUT' AND status = 'ERROR' AND attempts < @ceiling AND NOT @indexed::bool GROUP BY type
-) g JOIN {{.Table}} h ON h.id = g.id
+SELECT 2, h.type, NULL, NULL, NULL, date_part('epoch', coalesce({{template "retryAt" (.As "h")}}, {{template "waitingSince" (.As "h")}})), NULL, NULL
+FROM wh JOIN {{.Table}} h ON h.id = wh.id
+
+-- name: attemptsMade
+-- The attempts a failed row really made: those its permanent failure's mark
+-- says (outcomes.go, permanentPrefix), or else its attempts.
+coalesce(substring(last_error FROM '^permanent after ([0-9]+) attempt')::int, attempts)
 
 -- name: serverState @table
 -- What Overview reads of the server and of the table's size.

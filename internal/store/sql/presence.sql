@@ -4,15 +4,18 @@
 -- on that session is sent after the relay's own descriptor comment
 -- ("/* relay presence {...} */ "), which pg_stat_activity.query shows.
 
--- name: presenceKeys @app @replica @max_attempts @partitions @types
--- A replica's presence keys, two ints each, in namespaces of their own.
+-- name: presenceKeys @app @replica @max_attempts @partitions @types @table
+-- A replica's presence keys, two ints each, in namespaces of their own. The
+-- table's (its name without the schema) is in a namespace of every app's, so
+-- that another app's Admin tells the relays of its table from the others'.
 SELECT hashtext('relay_presence_app') AS a, hashtext(@app) AS b
+  UNION ALL SELECT hashtext('relay_presence_table'), hashtext(@table)
   UNION ALL SELECT hashtext('relay_presence_replica:' || @app), @replica::int
   UNION ALL SELECT hashtext('relay_presence_max_attempts:' || @app), @max_attempts::int
   UNION ALL SELECT hashtext('relay_presence_partitions:' || @app), @partitions::int
   UNION ALL SELECT hashtext('relay_presence_type:' || @app), hashtext(t) FROM unnest(@types::text[]) t
 
--- name: presenceTake @app @replica @max_attempts @partitions @types @idle_timeout @keepalive_idle @keepalive_interval @keepalive_count @user_timeout
+-- name: presenceTake @app @replica @max_attempts @partitions @types @table @idle_timeout @keepalive_idle @keepalive_interval @keepalive_count @user_timeout
 -- Takes the presence locks and sets the session's lease, in one round trip:
 -- @idle_timeout idle_session_timeout (ms); on PostgreSQL 13 the TCP
 -- keepalives (s) and @user_timeout tcp_user_timeout (ms).
@@ -29,7 +32,7 @@ FROM (SELECT pg_backend_pid() AS pid, coalesce(bool_and(pg_try_advisory_lock_sha
 -- still the backend that took the locks.
 SELECT pg_backend_pid()
 
--- name: presenceRelease @app @replica @max_attempts @partitions @types @pid
+-- name: presenceRelease @app @replica @max_attempts @partitions @types @table @pid
 -- Lets go of the presence locks before the session is closed: these locks
 -- only, and only on backend @pid, the one that took them. Through a pooler
 -- that does not keep sessions (a missed check, pooling.go) the statement
@@ -71,6 +74,33 @@ SELECT m.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''
   coalesce((SELECT array_agg(hashtext(t)::bigint & 4294967295 ORDER BY n) FROM unnest(@names::text[]) WITH ORDINALITY u(t, n)), '{}')
 FROM m CROSS JOIN ns LEFT JOIN pg_stat_activity a ON a.pid = m.pid
 ORDER BY a.backend_start, m.pid
+
+-- name: otherReplicas @app @names @table
+-- The sessions holding the presence key of another app than @app, with
+-- every shared two-int advisory lock they hold (their types' among them),
+-- and the hashes of @names, in order: a type is served by a session that
+-- holds its hash. Then whether it holds the table key of @table (the
+-- Admin's table without its schema), and any table key (an older relay
+-- holds none). Their descriptors (the query) say the rest.
+WITH l AS (SELECT pid, classid::bigint AS c, objid::bigint AS o FROM pg_locks
+    WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND mode = 'ShareLock'
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+  ns AS (SELECT hashtext('relay_presence_app')::bigint & 4294967295 AS app_ns, hashtext(@app)::bigint & 4294967295 AS app_id),
+  m AS (SELECT DISTINCT l.pid FROM l, ns WHERE l.c = ns.app_ns AND l.o <> ns.app_id)
+SELECT m.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start,
+  a.backend_start IS NULL, coalesce(a.query, ''), now(),
+  coalesce((SELECT array_agg(DISTINCT o) FROM l WHERE l.pid = m.pid), '{}'),
+  coalesce((SELECT array_agg(hashtext(t)::bigint & 4294967295 ORDER BY n) FROM unnest(@names::text[]) WITH ORDINALITY u(t, n)), '{}'),
+  EXISTS (SELECT 1 FROM l WHERE l.pid = m.pid AND l.c = hashtext('relay_presence_table')::bigint & 4294967295
+    AND l.o = hashtext(@table)::bigint & 4294967295),
+  EXISTS (SELECT 1 FROM l WHERE l.pid = m.pid AND l.c = hashtext('relay_presence_table')::bigint & 4294967295)
+FROM m LEFT JOIN pg_stat_activity a ON a.pid = m.pid
+ORDER BY a.backend_start, m.pid
+
+-- name: hasColumn @table @column
+-- Whether @table has the column @column (an optional one: requeued_at).
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+  WHERE attrelid = to_regclass(@table) AND attname = @column AND attnum > 0 AND NOT attisdropped)
 
 -- name: tableIndexes @table
 -- The indexes of @table (indexes.go): name, key columns, predicate, validity.

@@ -15,7 +15,8 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     created_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
     sent_at     timestamptz,
-    headers     jsonb
+    headers     jsonb,
+    requeued_at timestamptz
 );
 -- a message's headers (one JSON object of strings), optional: a table made before them gets the column here.
 -- The catalog is asked first: ALTER TABLE takes an ACCESS EXCLUSIVE lock even when the column exists, and
@@ -24,6 +25,14 @@ DO $relay$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{{.Table}}'::regclass
                    AND attname = 'headers' AND NOT attisdropped) THEN
         ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS headers jsonb;
+    END IF;
+END $relay$;
+-- when an operator last re-queued the row (NULL: never), optional: a row waits since then, or since created_at.
+-- Asked of the catalog first, as headers is.
+DO $relay$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{{.Table}}'::regclass
+                   AND attname = 'requeued_at' AND NOT attisdropped) THEN
+        ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS requeued_at timestamptz;
     END IF;
 END $relay$;
 -- the pass reads only the small live part of the table, however large the SENT history grows
