@@ -162,6 +162,18 @@ type sourceView struct {
 	ScopeErr string
 }
 
+// PausedOf is the pause of typ by a live relay of the app, or nil.
+func (v sourceView) PausedOf(typ string) *relay.PausedType {
+	for _, r := range v.Replicas {
+		for i := range r.Paused {
+			if r.Paused[i].Type == typ {
+				return &r.Paused[i]
+			}
+		}
+	}
+	return nil
+}
+
 // Acts says whether the actions may write rows of typ.
 func (v sourceView) Acts(typ string) bool { return v.Scope.Includes(typ) }
 

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
@@ -73,6 +74,36 @@ func TestConsoleReplicasAndScope(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	st, _ = w.status(t, dead)
 	require.Equal(t, "ERROR", st, "another app's type is left alone")
+}
+
+// TestConsolePausedType: a type a relay paused is named in its row, with
+// the probe's time and the reason, and in its replica's row; the verdict is
+// not STALLED, its rows waiting for their destination.
+func TestConsolePausedType(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	cfg := w.cfg
+	cfg.Interval, cfg.PauseAfter, cfg.RetryBackoff = 50*time.Millisecond, 2, time.Hour
+	r, err := relay.New(w.pool, cfg, &recorder{typ: "invoice"},
+		relay.SenderFunc("order", func(context.Context, relay.Message) error { return errors.New("PUT http://orders/1: 503 Service Unavailable") }))
+	require.NoError(t, err)
+	w.rows(t, "order", 4, "PENDING", 0, 5*time.Minute)
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	admin, err := relay.NewAdmin(w.pool, w.cfg)
+	require.NoError(t, err)
+	srv := w.serve(t, console.Options{Sources: []console.Source{{Admin: admin}}, Authorize: users})
+	c := newClient(t, srv, "admin")
+	var body string
+	require.Eventually(t, func() bool {
+		_, body = c.get("/")
+		return strings.Contains(body, `data-paused="order"`)
+	}, 20*time.Second, 50*time.Millisecond, "the page says the pause")
+	require.Contains(t, body, "paused by the relays")
+	require.Contains(t, body, "503 Service Unavailable")
+	require.Contains(t, body, `<td class="mono replica-paused">order (`)
+	require.Contains(t, body, `<strong id="verdict">OK</strong>`)
 }
 
 // TestConsoleDeadShowsPermanent: the dead page says "permanent, 1 attempt"

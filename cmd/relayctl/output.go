@@ -115,23 +115,33 @@ func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 func fprintf(w io.Writer, format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
 
 type jsonReplica struct {
-	ID              string     `json:"id"`
-	App             string     `json:"app,omitempty"`
-	Table           string     `json:"table,omitempty"`
-	Description     string     `json:"description"`
-	Types           []string   `json:"types"`
-	UnnamedTypes    int        `json:"unnamed_types"`
-	MaxAttempts     int        `json:"max_attempts"`
-	Partitions      int        `json:"partitions"`
-	Elected         bool       `json:"elected"`
-	Held            []int      `json:"held"`
-	Host            string     `json:"host,omitempty"`
-	Process         int        `json:"process,omitempty"`
-	PID             int        `json:"pid"`
-	ApplicationName string     `json:"application_name"`
-	ClientAddr      string     `json:"client_addr"`
-	BackendStart    *time.Time `json:"backend_start,omitempty"`
-	Hidden          bool       `json:"hidden"`
+	ID              string       `json:"id"`
+	App             string       `json:"app,omitempty"`
+	Table           string       `json:"table,omitempty"`
+	Description     string       `json:"description"`
+	Types           []string     `json:"types"`
+	UnnamedTypes    int          `json:"unnamed_types"`
+	MaxAttempts     int          `json:"max_attempts"`
+	Partitions      int          `json:"partitions"`
+	Elected         bool         `json:"elected"`
+	Held            []int        `json:"held"`
+	Host            string       `json:"host,omitempty"`
+	Process         int          `json:"process,omitempty"`
+	PID             int          `json:"pid"`
+	ApplicationName string       `json:"application_name"`
+	ClientAddr      string       `json:"client_addr"`
+	BackendStart    *time.Time   `json:"backend_start,omitempty"`
+	Hidden          bool         `json:"hidden"`
+	Paused          []jsonPaused `json:"paused"`
+}
+
+// jsonPaused is a type a relay paused (relay.PausedType).
+type jsonPaused struct {
+	Type    string    `json:"type"`
+	Reason  string    `json:"reason,omitempty"`
+	Since   time.Time `json:"since"`
+	Until   time.Time `json:"until"` // its next probe
+	Probing bool      `json:"probing"`
 }
 
 func replicasJSON(reps []relay.Replica) []jsonReplica {
@@ -139,7 +149,11 @@ func replicasJSON(reps []relay.Replica) []jsonReplica {
 	for _, r := range reps {
 		out = append(out, jsonReplica{ID: r.ID, App: r.App, Table: r.Table, Description: diagnose.Replica(r), Types: r.Types, UnnamedTypes: r.UnnamedTypes,
 			MaxAttempts: r.MaxAttempts, Partitions: r.Partitions, Elected: r.Elected, Held: r.Held, Host: r.Host, Process: r.Process,
-			PID: r.PID, ApplicationName: r.ApplicationName, ClientAddr: r.ClientAddr, BackendStart: timePtr(r.BackendStart), Hidden: r.Hidden})
+			PID: r.PID, ApplicationName: r.ApplicationName, ClientAddr: r.ClientAddr, BackendStart: timePtr(r.BackendStart), Hidden: r.Hidden,
+			Paused: make([]jsonPaused, 0, len(r.Paused))})
+		for _, p := range r.Paused {
+			out[len(out)-1].Paused = append(out[len(out)-1].Paused, jsonPaused(p))
+		}
 	}
 	return out
 }

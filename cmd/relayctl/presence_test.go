@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -165,4 +166,59 @@ func TestStatusMissingIndexes(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &st))
 	require.Len(t, st.Missing, 1)
 	require.Equal(t, w.table+"_outbox_pending", st.Missing[0].Name)
+}
+
+// TestStatusPausedType is issue 34's visibility: a relay pauses "order",
+// whose receiver keeps failing, and goes on delivering "invoice". status
+// and who name the paused type, the replica, the reason and the probe's
+// time; the paused rows wait for their destination, not for the relays:
+// OK, not STALLED, though they were written five minutes ago.
+func TestStatusPausedType(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	cfg := w.cfg
+	cfg.Interval, cfg.PauseAfter, cfg.RetryBackoff = 50*time.Millisecond, 2, time.Hour
+	r, err := relay.New(w.pool, cfg,
+		relay.SenderFunc("order", func(context.Context, relay.Message) error { return errors.New("PUT http://orders/1: 503 Service Unavailable") }),
+		relay.SenderFunc("invoice", func(context.Context, relay.Message) error { return nil }))
+	require.NoError(t, err)
+	w.rows(t, "order", 4, "PENDING", 0, 5*time.Minute)
+	w.rows(t, "invoice", 3, "PENDING", 0, 5*time.Minute)
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	a := w.admin(t)
+	require.Eventually(t, func() bool {
+		reps, err := a.Replicas(ctx)
+		require.NoError(t, err)
+		return len(reps) == 1 && len(reps[0].Paused) == 1
+	}, 20*time.Second, 20*time.Millisecond, "presence says the pause")
+	require.Eventually(t, func() bool { return w.count(t, "type = 'invoice' AND status = 'SENT'") == 3 }, 20*time.Second, 10*time.Millisecond,
+		"the other type goes on")
+
+	code, stdout, stderr := w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, exitOK, code, stdout+stderr)
+	require.Contains(t, stdout, `type(s) a relay paused because their destination keeps failing: "order" (4 row(s); paused by replica `)
+	require.Contains(t, stdout, "503 Service Unavailable")
+	require.Contains(t, stdout, `paused "order"`, "the replica's line")
+
+	code, stdout, _ = w.ctl(t, ctx, "who", "--json")
+	require.Equal(t, exitOK, code)
+	var who struct {
+		Replicas []struct {
+			Paused []struct {
+				Type   string    `json:"type"`
+				Reason string    `json:"reason"`
+				Until  time.Time `json:"until"`
+			} `json:"paused"`
+		} `json:"replicas"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &who))
+	require.Len(t, who.Replicas, 1)
+	require.Len(t, who.Replicas[0].Paused, 1)
+	p := who.Replicas[0].Paused[0]
+	require.Equal(t, "order", p.Type)
+	require.Contains(t, p.Reason, "503 Service Unavailable")
+	require.False(t, p.Until.IsZero(), "when it is probed")
+	require.Equal(t, 4, w.count(t, "type = 'order' AND status <> 'SENT' AND attempts < 3"), "pausing is not failing: nothing died")
 }

@@ -93,6 +93,7 @@ const (
 	CauseRelayStuck  = "relay-stuck"      // a Go relay holds the election far too long and nothing moves
 	CausePassFails   = "pass-fails"       // this process's passes fail
 	CauseRetrying    = "retrying"         // rows wait only for their retries' backoff: the destination fails
+	CauseTypePaused  = "type-paused"      // rows wait only in types a relay paused: their destination keeps failing
 	CauseTypeMissing = "type-not-drained" // some types move, these do not
 	CauseNoRelay     = "no-relay-elected" // nobody takes the election (presence unknown)
 
@@ -136,8 +137,10 @@ func Diagnose(in Input) Diagnosis {
 	if in.Before != nil {
 		before := *in.Before
 		before.Overview, _ = ours(before)
+		before.Overview, _ = notBehind(before)
 		j.in.Before = &before
 	}
+	j.in.Now.Overview, j.paused = notBehind(j.in.Now)
 	o := j.in.Now.Overview
 	d := Diagnosis{Waiting: o.Pending + o.Retrying, Lag: o.Lag}
 	j.o, j.d = o, &d
@@ -153,6 +156,7 @@ type judge struct {
 	in         Input
 	o          relay.Overview // of the app's rows only (ours)
 	foreign    []relay.TypeOverview
+	paused     []pausedType // the waiting types a live relay paused, by name
 	stallAfter time.Duration
 	d          *Diagnosis
 
@@ -240,6 +244,94 @@ func ours(l Look) (relay.Overview, []relay.TypeOverview) {
 	return o, foreign
 }
 
+// pausedType is a waiting type that a live relay paused.
+type pausedType struct {
+	relay.TypeOverview
+	pause   relay.PausedType
+	replica string
+}
+
+// notBehind is l's overview with the rows of the types a live relay of the
+// app paused ([relay.Replica.Paused]) taken as waiting for their
+// destination, as rows in a retry's backoff are: not behind (no Oldest, no
+// Lag). It returns those types apart.
+func notBehind(l Look) (relay.Overview, []pausedType) {
+	o := l.Overview
+	var paused []pausedType
+	for i, t := range o.Types {
+		if t.Next == nil {
+			continue
+		}
+		p, replica, ok := pauseOf(l.Replicas, t.Type)
+		if !ok {
+			continue
+		}
+		paused = append(paused, pausedType{TypeOverview: t, pause: p, replica: replica})
+		if len(paused) == 1 {
+			o.Types = slices.Clone(o.Types)
+		}
+		o.Types[i].Oldest, o.Types[i].Lag = nil, 0
+	}
+	if len(paused) > 0 {
+		o.Lag = 0
+		for _, t := range o.Types {
+			o.Lag = max(o.Lag, t.Lag)
+		}
+	}
+	return o, paused
+}
+
+// pauseOf is the pause of typ by a replica of reps, and that replica's id.
+func pauseOf(reps []relay.Replica, typ string) (relay.PausedType, string, bool) {
+	for _, r := range reps {
+		for _, p := range r.Paused {
+			if p.Type == typ {
+				return p, r.ID, true
+			}
+		}
+	}
+	return relay.PausedType{}, "", false
+}
+
+// pausedText says each paused type: by which replica, why, and when it is
+// probed.
+func (j *judge) pausedText() string {
+	var parts []string
+	for _, p := range j.paused {
+		when := fmt.Sprintf("probed again at %s (in %s)", p.pause.Until.UTC().Format(time.RFC3339), Duration(max(p.pause.Until.Sub(j.o.At), 0)))
+		if p.pause.Probing {
+			when = "a message being sent as a probe now"
+		}
+		reason := ""
+		if p.pause.Reason != "" {
+			reason = ", after " + quote(Cut(p.pause.Reason, 200))
+		}
+		parts = append(parts, fmt.Sprintf("%q (%s row(s); paused by replica %s since %s%s; %s)", p.Type, Count(p.Pending+p.Retrying),
+			p.replica, p.pause.Since.UTC().Format(time.RFC3339), reason, when))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// pausedLead says that rows wait only in paused types (and backoffs); ""
+// when no type is paused.
+func (j *judge) pausedLead() string {
+	if len(j.paused) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Nothing waits for the relays: the rows that wait are of type(s) a relay paused because their "+
+		"destination keeps failing: %s. The destination fails, not the relays: the other types go on, these rows keep their "+
+		"status, attempts and order, and a successful probe resumes the type (docs/operations.md, \"A type paused\").",
+		j.pausedText())
+}
+
+// pausedNote says, beside another cause, which types are paused.
+func (j *judge) pausedNote() {
+	if len(j.paused) == 0 || j.d.Cause == CauseTypePaused {
+		return
+	}
+	j.note("Paused by the relays because their destination keeps failing (not counted as behind): %s.", j.pausedText())
+}
+
 func (j *judge) set(v Verdict, cause, lead string) {
 	j.d.Verdict, j.d.Cause, j.lead = v, cause, lead
 }
@@ -263,6 +355,7 @@ func (j *judge) decide() {
 	heldThrough := holder != nil && j.still && j.heldBefore(holder.PID)
 
 	defer j.foreignNote()
+	defer j.pausedNote()
 	defer j.deadNote()
 	defer j.trendNote()
 	defer j.retryNote()
@@ -385,6 +478,10 @@ func (j *judge) decide() {
 		return
 	}
 	if j.oldestType() == nil {
+		if lead := j.pausedLead(); lead != "" {
+			j.set(OK, CauseTypePaused, lead)
+			return
+		}
 		j.set(OK, CauseRetrying, j.retryLead())
 		return
 	}
@@ -661,6 +758,13 @@ func Replica(r relay.Replica) string {
 		types += fmt.Sprintf(" and %d type(s) whose names are hidden", r.UnnamedTypes)
 	}
 	d = append(d, "types "+types, fmt.Sprintf("MaxAttempts %d", r.MaxAttempts))
+	for _, p := range r.Paused {
+		if p.Probing {
+			d = append(d, fmt.Sprintf("paused %q, probing now", p.Type))
+		} else {
+			d = append(d, fmt.Sprintf("paused %q until %s", p.Type, p.Until.UTC().Format(time.RFC3339)))
+		}
+	}
 	switch {
 	case r.Partitions > 1 && r.Elected:
 		d = append(d, "member of the partitioned election, "+PartitionsText(r.Held, r.Partitions))
@@ -703,7 +807,7 @@ func (j *judge) splitTypes() (late, fine []string) {
 		before = heads(j.in.Before.Overview)
 	}
 	for _, t := range j.o.Types {
-		if t.Next == nil {
+		if t.Next == nil || slices.ContainsFunc(j.paused, func(p pausedType) bool { return p.Type == t.Type }) {
 			continue
 		}
 		moved := before != nil && before[t.Type] != 0 && before[t.Type] != t.Next.ID

@@ -400,6 +400,39 @@ func TestDiagnosePresence(t *testing.T) {
 	require.Contains(t, diagnose.Holder(h), `a Go relay (replica a1, application_name "billing-7f9c") [pid 42, its election's session`)
 }
 
+// TestPausedTypes: the rows of a type a live relay paused wait for their
+// destination, as rows in a backoff do: not behind, said with the replica,
+// the reason and the probe's time, and beside another verdict.
+func TestPausedTypes(t *testing.T) {
+	t.Parallel()
+	late := 5 * time.Minute
+	rep := replica("a1", true, "orders", "invoices")
+	rep.Paused = []relay.PausedType{{Type: "orders", Reason: "5 failures in a row: PUT http://orders/1: 503 Service Unavailable",
+		Since: now.Add(-late), Until: now.Add(40 * time.Second)}}
+	in := diagnose.Input{Now: diagnose.Look{Overview: overview(waiting("orders", 4, 100, late)), Replicas: []relay.Replica{rep}, PresenceKnown: true}}
+	d := diagnose.Diagnose(in)
+	require.Equal(t, diagnose.OK, d.Verdict, d.Summary)
+	require.Equal(t, diagnose.CauseTypePaused, d.Cause)
+	require.Zero(t, d.Lag, "a paused type's rows are not behind")
+	require.EqualValues(t, 4, d.Waiting)
+	require.Contains(t, d.Lead, `"orders" (4 row(s); paused by replica a1 since 2026-11-30T09:55:00Z, after “5 failures in a row: PUT http://orders/1: 503 Service Unavailable”; probed again at 2026-11-30T10:00:40Z (in 40s))`)
+
+	// Without the pause the same look is a stall: the pause is what tells.
+	in.Now.Replicas[0].Paused = nil
+	require.Equal(t, diagnose.Stalled, diagnose.Diagnose(in).Verdict)
+
+	// Probing; beside rows of another type that move, it is a note.
+	rep.Paused[0].Probing = true
+	now2 := diagnose.Look{Overview: overview(waiting("orders", 4, 100, late), waiting("invoices", 3, 20, time.Second)),
+		Replicas: []relay.Replica{rep}, PresenceKnown: true}
+	d = diagnose.Diagnose(diagnose.Input{Now: now2})
+	require.Equal(t, diagnose.OK, d.Verdict, d.Summary)
+	require.Equal(t, diagnose.CauseDelivering, d.Cause)
+	require.Equal(t, time.Second, d.Lag)
+	require.Contains(t, d.Summary, "Paused by the relays because their destination keeps failing (not counted as behind): \"orders\"")
+	require.Contains(t, d.Summary, "a message being sent as a probe now")
+}
+
 // TestVerdictTable is docs/operations.md's table "A status to page on", row
 // by row: each verdict's condition, its state (relayctl status's exit code),
 // and its precedence when several hold.
@@ -409,6 +442,9 @@ func TestVerdictTable(t *testing.T) {
 	dead := relay.TypeOverview{Type: "invoices", Dead: 1, FirstDead: &relay.RowHead{ID: 7, Status: "ERROR", Attempts: 10,
 		LastError: "permanent after 1 attempt(s): PUT http://x/invoices/1: 400 Bad Request", Permanent: true, AttemptsMade: 1}}
 	live := []relay.Replica{replica("a1", false, "orders", "invoices")}
+	pausing := []relay.Replica{replica("a1", false, "orders", "invoices")}
+	pausing[0].Paused = []relay.PausedType{{Type: "orders", Reason: "5 failures in a row: context deadline exceeded",
+		Since: now.Add(-late), Until: now.Add(30 * time.Second)}}
 	look := func(reps []relay.Replica, hs []relay.LockHolder, types ...relay.TypeOverview) diagnose.Look {
 		return diagnose.Look{Overview: overview(types...), Holders: hs, Replicas: reps, PresenceKnown: true}
 	}
@@ -459,6 +495,10 @@ func TestVerdictTable(t *testing.T) {
 			diagnose.OK, diagnose.StateOK, diagnose.CauseDelivering},
 		{"4 OK: rows wait out a retry's backoff", diagnose.Input{Now: look(live, nil, retrying("orders", 1, 100, 2, now.Add(time.Minute)))},
 			diagnose.OK, diagnose.StateOK, diagnose.CauseRetrying},
+		{"4 OK: rows wait only in a type a relay paused", diagnose.Input{Now: look(pausing, nil, waiting("orders", 4, 100, late))},
+			diagnose.OK, diagnose.StateOK, diagnose.CauseTypePaused},
+		{"2 STALLED: beside a paused type, another does not move", diagnose.Input{Now: look(pausing, nil, waiting("orders", 4, 100, late), waiting("invoices", 1, 7, late))},
+			diagnose.Stalled, diagnose.StateCritical, diagnose.CauseNoneElected},
 		{"4 OK: no Go relay, rows move (a JVM relay)", moved(look(nil, nil, waiting("orders", 5, 95, time.Second))),
 			diagnose.OK, diagnose.StateOK, diagnose.CauseNoGoRelay},
 		{"4 OK: a JVM relay holds the election, fresh rows", diagnose.Input{Now: look(nil, jvm, waiting("orders", 5, 95, time.Second))},
