@@ -316,9 +316,10 @@ func lagOf(f fetched) time.Duration {
 // each key's first id, except that the keys of a [BatchSender]'s type go
 // together in one task. A key in flight is left out (skipped reports it: the
 // rows are selected again, from the start, once the key is idle), and so is
-// a key whose row here is held back because its last outcome could not be
-// recorded. Either way the key is blocked: its later rows, in this batch or
-// the next ones selected past it, wait behind the row left out.
+// a key with a failed row behind the cursor (the same), and a key whose row
+// here is held back because its last outcome could not be recorded. Either
+// way the key is blocked: its later rows, in this batch or the next ones
+// selected past it, wait behind the row left out.
 func (r *Relay) plan(rows []row, busy map[string]bool, blocked map[string]bool, now time.Time) (tasks []task, skipped bool) {
 	index := make(map[string]int, len(rows))
 	var groups []group
@@ -334,6 +335,9 @@ func (r *Relay) plan(rows []row, busy map[string]bool, blocked map[string]bool, 
 			continue
 		case r.held.waiting(m.ID, now):
 			blocked[m.Key] = false // waits out its backoff; its later rows wait behind it
+			continue
+		case m.behind:
+			blocked[m.Key], skipped = true, true // its key's failed row lies behind the cursor: a select from the start finds both
 			continue
 		}
 		g, ok := index[m.Key]

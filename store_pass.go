@@ -41,6 +41,7 @@ type row struct {
 	bad      string      // the column that makes the row undeliverable, and how; "" if none
 	size     int         // payload bytes; for a row fetched without its payload, what it will take
 	large    bool        // its payload is loaded apart, after the batch, within BatchBytes
+	behind   bool        // an earlier failed row of its key lies behind the select's start
 }
 
 // Row statuses.
@@ -180,7 +181,7 @@ func (r *repository) fetch(ctx context.Context, db querier, a fetchArgs) (fetche
 			payload []byte
 			headers []byte
 		)
-		dest := []any{&m.ID, &typ, &key, &m.status, &m.attempts, &created, &stored, &payload, &headers}
+		dest := []any{&m.ID, &typ, &key, &m.status, &m.attempts, &created, &m.behind, &stored, &payload, &headers}
 		if !a.headers {
 			dest = dest[:len(dest)-1]
 		}

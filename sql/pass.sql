@@ -35,6 +35,7 @@ SELECT CASE WHEN current_setting('server_version_num')::int >= 120000
 -- be delivered is marked dead by the pass, not skipped. The headers column
 -- is optional (a JVM-made table has none): .Headers when the probe found it.
 SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
+  {{template "behind" .}},
   pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= {{.InlinePayloadMax}} THEN m.payload::text END{{if .Headers}}, m.headers::text{{end}}
 FROM {{.Table}} m
 WHERE m.id = ANY(ARRAY(SELECT c.id FROM ({{template "candidates" .}}
@@ -99,6 +100,17 @@ ORDER BY m.id
       AND NOT EXISTS (SELECT 1 FROM {{.Table}} e
         WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.direction = 'OUT' AND e.status = 'ERROR'
           AND e.type = ANY(@types::text[]) AND (e.attempts < @max OR e.attempts IS NULL) AND {{template "waiting" (.As "e")}}){{end}}
+
+-- name: behind
+-- Whether an earlier failed row of the row's key lies behind the select's
+-- start (@after), where a drain's select does not look: a row left there
+-- waiting out its backoff, whose backoff may end while the drain goes on,
+-- its key's later rows held back with it. The pass sends nothing more of the
+-- key (the engine's plan) until a select from the start finds them all, in
+-- id order. A select from the start has nothing behind it.
+CASE WHEN @after::bigint = (-9223372036854775807 - 1) THEN false ELSE EXISTS (SELECT 1 FROM {{.Table}} e
+    WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.id <= @after AND e.direction = 'OUT' AND e.status = 'ERROR'
+      AND e.type = ANY(@types::text[]) AND (e.attempts < @max OR e.attempts IS NULL)) END
 
 -- name: poll
 -- The idle poll, one statement: is the server writable, does this session
