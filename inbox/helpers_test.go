@@ -29,7 +29,7 @@ type bundle struct {
 	logs    *syncBuffer
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t testing.TB) *bundle {
 	t.Helper()
 	name := pgserver.Name(t)
 	b := &bundle{
