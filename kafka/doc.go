@@ -61,4 +61,20 @@
 // one produce round for a whole batch instead of one round trip per message,
 // and one error per message, so that a refused record fails only its own row.
 // The relay calls it when its engine hands a batch to a [relay.BatchSender].
+//
+// # Receiving
+//
+// A consumer whose state lives in PostgreSQL hands each record to [Receive],
+// which records it in the receiver's inbox (github.com/xadm/relay/inbox) and
+// applies it in the same transaction, once, whatever the re-deliveries.
+// Commit the record's offset after Receive returned, never before, with
+// kgo.DisableAutoCommit or kgo.AutoCommitMarks:
+//
+//	for _, rec := range client.PollFetches(ctx).Records() {
+//		_, err := kafka.Receive(ctx, ib, rec, apply)
+//		if err != nil && !relay.IsPermanent(err) {
+//			break // nothing applied: consume it again later
+//		}
+//		client.MarkCommitRecords(rec) // applied, a duplicate, or never applicable
+//	}
 package kafka

@@ -68,4 +68,23 @@
 // [Sender.SendBatch] publishes a batch without waiting and then collects every
 // acknowledgement: a batch of a thousand messages costs about one round trip
 // instead of a thousand. Each message keeps its own outcome.
+//
+// # Receiving
+//
+// A consumer whose state lives in PostgreSQL hands each message to [Receive],
+// which records it in the receiver's inbox (github.com/xadm/relay/inbox) and
+// applies it in the same transaction, once, whatever the re-deliveries.
+// Acknowledge the message after Receive returned, never before:
+//
+//	cons.Consume(func(msg jetstream.Msg) {
+//		_, err := natsjs.Receive(ctx, ib, msg, apply)
+//		switch {
+//		case err == nil:
+//			msg.Ack() // applied, or a duplicate: a lost Ack only brings a duplicate
+//		case relay.IsPermanent(err):
+//			msg.TermWithReason(err.Error())
+//		default:
+//			msg.NakWithDelay(time.Second) // nothing applied
+//		}
+//	})
 package natsjs

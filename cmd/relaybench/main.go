@@ -177,7 +177,7 @@ func run(ctx context.Context) error {
 	for s := range strings.SplitSeq(*scenarioFlag, ",") {
 		s = strings.TrimSpace(s)
 		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" || s == "enqueue" || s == "partitions" ||
-			s == "isolation" ||
+			s == "isolation" || s == "inbox" ||
 			slices.ContainsFunc(drainScenarios, func(d scenario) bool { return d.name == s })
 		if !known {
 			return fmt.Errorf("unknown scenario %q", s)
@@ -242,6 +242,11 @@ func run(ctx context.Context) error {
 	if want("enqueue") {
 		if err := runEnqueue(ctx, srv.URL, admin); err != nil {
 			return fmt.Errorf("scenario enqueue: %w", err)
+		}
+	}
+	if want("inbox") {
+		if err := runInbox(ctx, srv.URL, admin); err != nil {
+			return fmt.Errorf("scenario inbox: %w", err)
 		}
 	}
 	if want("partitions") {

@@ -14,10 +14,12 @@ import (
 )
 
 // TestOrderAcrossRejections has the broker refuse the produces of two of the
-// topic's three partitions for a while: their rows go ERROR and are retried,
-// the later messages of their keys wait unsent behind them, the keys of the
-// third partition are delivered meanwhile; once the broker accepts again,
-// delivery resumes by itself, and the consumer sees every key in id order.
+// topic's three partitions for a while: their rows go ERROR, the later
+// messages of their keys wait unsent behind them, the keys of the third
+// partition are delivered meanwhile; once only refused sends are left, the
+// type is paused (Config.PauseAfter failures in a row) and probed with one
+// message; once the broker accepts again, a probe resumes it, delivery
+// resumes by itself, and the consumer sees every key in id order.
 func TestOrderAcrossRejections(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(3, "orders"))
@@ -41,26 +43,31 @@ func TestOrderAcrossRejections(t *testing.T) {
 			b.enqueue(t, "order", fmt.Sprintf("key-%d", k), map[string]int{"key": k, "seq": i})
 		}
 	}
-	start(t, b.relay(t, s))
+	r := b.relay(t, s)
+	start(t, r)
 
 	// While the broker refuses: each key of a refused partition has its first
-	// message in ERROR, retried again and again, and the others untouched.
-	rs := b.waitRows(t, "the refused keys retried and the others delivered", func(rs []row) bool {
+	// message in ERROR, one of them retried as the paused type's probe, and
+	// the later ones untouched; the keys of the third partition are all SENT.
+	rs := b.waitRows(t, "the refused keys failed, a probe retried and the others delivered", func(rs []row) bool {
 		requireHeldBack(t, rs)
-		retried, sent := 0, 0
-		for _, r := range rs {
-			if r.Status == "ERROR" && r.Attempts >= 3 {
+		failed, retried, sent := 0, 0, 0
+		for _, row := range rs {
+			if row.Status == "ERROR" {
+				failed++
+			}
+			if row.Status == "ERROR" && row.Attempts >= 2 {
 				retried++
 			}
-			if r.Status == "SENT" {
+			if row.Status == "SENT" {
 				sent++
 			}
 		}
-		return retried > 0 && retried+sent/perKey == keys
+		return retried > 0 && failed+sent/perKey == keys && len(r.Stats().Paused) == 1
 	})
-	for _, r := range rs {
-		if r.Status == "ERROR" {
-			require.Contains(t, r.LastError, "no acknowledgement from the brokers within 1s", "row %d", r.ID)
+	for _, row := range rs {
+		if row.Status == "ERROR" {
+			require.Contains(t, row.LastError, "no acknowledgement from the brokers within 1s", "row %d", row.ID)
 		}
 	}
 
