@@ -180,7 +180,9 @@ func TestStatusPausedType(t *testing.T) {
 	cfg := w.cfg
 	cfg.Interval, cfg.PauseAfter, cfg.RetryBackoff = 50*time.Millisecond, 2, time.Hour
 	r, err := relay.New(w.pool, cfg,
-		relay.SenderFunc("order", func(context.Context, relay.Message) error { return errors.New("PUT http://orders/1: 503 Service Unavailable") }),
+		relay.SenderFunc("order", func(context.Context, relay.Message) error {
+			return errors.New("PUT http://orders/1: 503 Service Unavailable")
+		}),
 		relay.SenderFunc("invoice", func(context.Context, relay.Message) error { return nil }))
 	require.NoError(t, err)
 	w.rows(t, "order", 4, "PENDING", 0, 5*time.Minute)
