@@ -1,4 +1,4 @@
-package relay
+package schedule
 
 import (
 	"testing"
@@ -43,7 +43,7 @@ func TestScheduleOccurrences(t *testing.T) {
 			t.Parallel()
 			schedule, err := parseSpec(tc.spec)
 			require.NoError(t, err)
-			s := &Scheduler{location: tc.location, tolerance: scheduleToleranceDefault}
+			s := &Scheduler{location: tc.location, tolerance: toleranceDefault}
 			j := &scheduledJob{schedule: schedule}
 			next := s.next(j, utc(tc.from))
 			require.True(t, next.Equal(utc(tc.want)), "next %s, want %s", next, tc.want)

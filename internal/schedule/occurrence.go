@@ -1,4 +1,4 @@
-package relay
+package schedule
 
 import (
 	"context"
@@ -9,12 +9,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/lease"
 	"github.com/xadm/relay/internal/store"
 )
 
 // This file is one occurrence of a scheduled job: elected under the guard,
 // watched for a runner that vanishes mid-run, run under a recover, and its
-// lock held until the occurrence's window has passed (schedule.go has the
+// lock held until the occurrence's window has passed (scheduler.go has the
 // Scheduler, its loop and its bounded Stop).
 
 // occurrence runs the occurrence at of j under the guard, and logs how it
@@ -37,7 +39,7 @@ func (s *Scheduler) occurrence(ctx context.Context, r *schedulerRun, j *schedule
 	fn := func(ctx context.Context) error {
 		var err error
 		ran, late, err = s.elected(ctx, j, at, watching)
-		if errors.Is(err, ErrJobAbandoned) {
+		if errors.Is(err, election.ErrJobAbandoned) {
 			abandoned = true
 			r.abandon(j.key)
 		}
@@ -59,7 +61,7 @@ func (s *Scheduler) occurrence(ctx context.Context, r *schedulerRun, j *schedule
 		errors.As(err, &p)
 		s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: job panicked",
 			append(attrs, slog.Any("panic", p.value), slog.String("stack", p.stack))...)
-	case err != nil && !ran && errors.Is(err, ErrTransactionPooling):
+	case err != nil && !ran && errors.Is(err, store.ErrTransactionPooling):
 		// the guard logged it at Error once, when it checked the pool
 		s.logger.LogAttrs(ctx, slog.LevelDebug, "relay: scheduler: occurrence not run", append(attrs, slog.Any("error", err))...)
 	case err != nil && !ran:
@@ -116,7 +118,7 @@ func (s *Scheduler) watch(ctx context.Context, halt <-chan struct{}, j *schedule
 // within the window, the runner vanished.
 func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time, watching bool) (ran, late bool, err error) {
 	deadline := at.Add(s.window(j, at))
-	now, err := store.DatabaseNow(ctx, s.pool)
+	now, err := store.DatabaseNow(ctx, s.db)
 	if err != nil {
 		return false, false, fmt.Errorf("relay: scheduler: read the database's clock: %w", err)
 	}
@@ -138,7 +140,7 @@ func (s *Scheduler) elected(ctx context.Context, j *scheduledJob, at time.Time, 
 			slog.String("hint", "another replica may have run it; raise SchedulerConfig.Tolerance if every replica is this late"))
 		return false, true, nil
 	}
-	if err = s.runJob(ctx, j, at); errors.Is(err, ErrJobAbandoned) {
+	if err = s.runJob(ctx, j, at); errors.Is(err, election.ErrJobAbandoned) {
 		return true, false, err
 	}
 	s.hold(ctx, j, at, s.holdUntil(ctx, j, at, deadline))
@@ -192,7 +194,7 @@ func (s *Scheduler) runJob(ctx context.Context, j *scheduledJob, at time.Time) e
 	s.logger.LogAttrs(ctx, slog.LevelError, "relay: scheduler: the job did not return after its context ended; abandoned",
 		slog.String("key", j.key), slog.Time("scheduled_at", at), slog.Duration("running_for", time.Since(start)),
 		slog.String("cause", context.Cause(ctx).Error()), slog.String("hint", hint))
-	return fmt.Errorf("%w: key %q, scheduled at %s", ErrJobAbandoned, j.key, at.Format(time.RFC3339))
+	return fmt.Errorf("%w: key %q, scheduled at %s", election.ErrJobAbandoned, j.key, at.Format(time.RFC3339))
 }
 
 // holdUntil is how long the lock is held after a run of occurrence at:
@@ -200,7 +202,7 @@ func (s *Scheduler) runJob(ctx context.Context, j *scheduledJob, at time.Time) e
 // last one's window, so that a replica whose timer fired late for one of them
 // and finds the lock free finds that occurrence over too.
 func (s *Scheduler) holdUntil(ctx context.Context, j *scheduledJob, at, deadline time.Time) time.Time {
-	now, err := store.DatabaseNow(ctx, s.pool)
+	now, err := store.DatabaseNow(ctx, s.db)
 	if err != nil {
 		now = time.Now()
 	}
@@ -239,7 +241,7 @@ func (s *Scheduler) call(ctx context.Context, j *scheduledJob, at time.Time) (er
 // election). If the clock cannot be read, it waits on the local clock.
 func (s *Scheduler) hold(ctx context.Context, j *scheduledJob, at, deadline time.Time) {
 	for {
-		now, err := store.DatabaseNow(ctx, s.pool)
+		now, err := store.DatabaseNow(ctx, s.db)
 		if err != nil {
 			now = time.Now()
 		}
@@ -252,7 +254,7 @@ func (s *Scheduler) hold(ctx context.Context, j *scheduledJob, at, deadline time
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			if cause := context.Cause(ctx); errors.Is(cause, ErrElectionLost) {
+			if cause := context.Cause(ctx); errors.Is(cause, lease.ErrLost) {
 				s.logger.LogAttrs(ctx, slog.LevelWarn, "relay: scheduler: the election was lost within the occurrence's window; "+
 					"another replica runs it again if it notices within the window", slog.String("key", j.key), slog.Time("scheduled_at", at))
 			}
@@ -272,6 +274,22 @@ type jobPanic struct {
 
 func (p *jobPanic) Error() string { return fmt.Sprintf("relay: scheduler: job panicked: %v", p.value) }
 
-type scheduledAtKey struct{}
+// The keys of what a job's ctx carries.
+type (
+	scheduledAtKey     struct{}
+	schedulerLoggerKey struct{}
+)
 
-type schedulerLoggerKey struct{}
+// ScheduledAt returns the scheduled time of the occurrence whose job runs
+// with ctx (relay.ScheduledAt); false outside a job.
+func ScheduledAt(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(scheduledAtKey{}).(time.Time)
+	return t, ok
+}
+
+// JobLogger returns the scheduler's logger, with the job's key, in a job's
+// ctx (relay.RetentionJob logs with it); false outside a job.
+func JobLogger(ctx context.Context) (*slog.Logger, bool) {
+	l, ok := ctx.Value(schedulerLoggerKey{}).(*slog.Logger)
+	return l, ok
+}
