@@ -198,7 +198,12 @@ func (s *Scheduler) Start(ctx context.Context) error { return s.s.Start(ctx) }
 // seconds later, Stop returns anyway, and both its log and its error say which
 // job's lock may still be held. Stop without Start, and a second Stop, are
 // harmless.
-func (s *Scheduler) Stop(ctx context.Context) error { return s.s.Stop(ctx) }
+func (s *Scheduler) Stop(ctx context.Context) error {
+	if s.s == nil {
+		return nil // a zero Scheduler never started
+	}
+	return s.s.Stop(ctx)
+}
 
 // ScheduledAt returns the scheduled time of the occurrence whose job runs with
 // ctx, in the scheduler's [SchedulerConfig.Location]; false outside a job of a

@@ -1,4 +1,4 @@
--- The operator's statements (store_admin.go: Admin, Overview). A dead row is
+-- The operator's statements (admin.go; the root's store_admin.go runs them: Admin, Overview). A dead row is
 -- an outbound ERROR row whose attempts reached the ceiling, @ceiling.
 
 -- name: dead

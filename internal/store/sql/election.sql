@@ -1,4 +1,4 @@
--- The elections' statements (store_election.go): the guard's lock of one key
+-- The elections' statements (election.go): the guard's lock of one key
 -- (guard.go), its lease's heartbeat (lease.go), and the partitioned
 -- election's membership and partitions (partitions.go).
 --

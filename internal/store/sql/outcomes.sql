@@ -1,4 +1,4 @@
--- The outcomes of a pass (store_outcomes.go).
+-- The outcomes of a pass (outcomes.go).
 --
 -- Every outcome is fenced on the state the pass read (status, attempts, NULLs
 -- included): a late writer never overwrites a newer outcome. The new values

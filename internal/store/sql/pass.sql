@@ -1,4 +1,4 @@
--- The pass's reads (store_pass.go): the select of a batch, the idle poll,
+-- The pass's reads (pass.go): the select of a batch, the idle poll,
 -- a large payload, and what the relay learns of its table.
 --
 -- The select's parameters are named: @max the ceiling, @types, @limit, @after

@@ -1,4 +1,4 @@
--- Presence (store_presence.go, presence.go): the shared advisory locks a
+-- Presence (presence.go here, internal/election/presence.go): the shared advisory locks a
 -- started relay holds on its listener's session for as long as it lives, and
 -- Admin's reading of them (admin_presence.go). Every statement a relay runs
 -- on that session is sent after the relay's own descriptor comment

@@ -1,4 +1,4 @@
--- Enqueue's insert (store_producer.go).
+-- Enqueue's insert (producer.go; the root's store_producer.go runs it).
 
 -- name: enqueue @type @key @payload @table
 -- One outbound PENDING row; its id comes back. The payload goes as text cast

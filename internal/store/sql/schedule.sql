@@ -1,4 +1,4 @@
--- The Scheduler's clock (store_schedule.go).
+-- The Scheduler's clock (schedule.go).
 
 -- name: databaseNow
 -- The database's clock: the one clock every replica's Scheduler agrees on,

@@ -1,4 +1,4 @@
--- The outbox table's DDL (store_schema.go: SchemaSQL, CreateTable).
+-- The outbox table's DDL (schema.go: SchemaSQL, CreateTable).
 
 -- name: schema
 -- The table and its indexes, idempotent. {{.Table}} is the quoted table, the

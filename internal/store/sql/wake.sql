@@ -1,4 +1,4 @@
--- The wake-up on commit (store_wake.go, wake.go): the relay's listener, and
+-- The wake-up on commit (wake.go here, internal/wake): the relay's listener, and
 -- the trigger for producers that do not call Enqueue. Enqueue's own NOTIFY is
 -- wakeToken (sql/producer.sql).
 
