@@ -35,13 +35,8 @@ type ender struct {
 	dropping bool          // spans are being dropped: said once per episode
 }
 
-// end ends span on the ender's goroutine; a span that does not record (the
-// sampler left it out) has nothing to export, and ends here.
+// end ends a recorded span on the ender's goroutine.
 func (e *ender) end(span trace.Span) {
-	if !span.IsRecording() {
-		span.End()
-		return
-	}
 	e.mu.Lock()
 	e.handed++
 	if len(e.queue) >= endQueueMax {
