@@ -338,13 +338,15 @@ func TestSendReplacesProducerContextWhateverItsCase(t *testing.T) {
 type hangingExporter struct {
 	release chan struct{}
 	mu      sync.Mutex
-	got     int
+	ends    []time.Time // of the spans exported
 }
 
 func (e *hangingExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
 	<-e.release
 	e.mu.Lock()
-	e.got += len(spans)
+	for _, s := range spans {
+		e.ends = append(e.ends, s.EndTime())
+	}
 	e.mu.Unlock()
 	return nil
 }
@@ -354,7 +356,8 @@ func (e *hangingExporter) Shutdown(context.Context) error { return nil }
 // TestHangingExporterCostsSpansNotDeliveries: a tracer whose exporter hangs
 // in span.End, synchronously, leaves every send as it would be without the
 // wrapper: each message sent once, recorded SENT at its first attempt. The
-// spans end, and are exported, once the exporter answers again.
+// spans end, and are exported, once the exporter answers again, each with
+// the end its Send gave it.
 func TestHangingExporterCostsSpansNotDeliveries(t *testing.T) {
 	w := setup(t)
 	exp := &hangingExporter{release: make(chan struct{})}
@@ -394,11 +397,15 @@ func TestHangingExporterCostsSpansNotDeliveries(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, got)
 
+	sent := time.Now()
 	released()
 	require.NoError(t, otelrelay.Flush(context.Background()))
 	exp.mu.Lock()
 	defer exp.mu.Unlock()
-	require.Equal(t, 3, exp.got, "the send spans, exported once the exporter answered")
+	require.Len(t, exp.ends, 3, "the send spans, exported once the exporter answered")
+	for _, end := range exp.ends {
+		require.True(t, end.Before(sent), "a span ends when its Send did (%v), not when the exporter answered (after %v)", end, sent)
+	}
 }
 
 // TestUnsampledSendCarriesItsContext: a send the sampler leaves out records
