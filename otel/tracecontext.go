@@ -23,6 +23,7 @@ import (
 const (
 	traceparentHeader = "traceparent"
 	tracestateHeader  = "tracestate"
+	traceparentLen    = 55 // 00-<trace id>-<span id>-<flags>
 )
 
 // isTraceContext reports whether p is propagation.TraceContext itself.
@@ -38,7 +39,12 @@ func isTraceContext(p propagation.TextMapPropagator) bool {
 func parseTraceContext(p, state string) trace.SpanContext {
 	var version, flags [1]byte
 	var scc trace.SpanContextConfig
-	if !hexPart(version[:], &p) || version[0] == 0xff ||
+	if len(p) == traceparentLen && p[:3] == "00-" && p[35] == '-' && p[52] == '-' { // version 00, as written: no search for the fields
+		if !unhexInto(scc.TraceID[:], p[3:35]) || !unhexInto(scc.SpanID[:], p[36:52]) || !unhexInto(flags[:], p[53:]) {
+			return trace.SpanContext{}
+		}
+		p = ""
+	} else if !hexPart(version[:], &p) || version[0] == 0xff ||
 		!hexPart(scc.TraceID[:], &p) || !hexPart(scc.SpanID[:], &p) || !hexPart(flags[:], &p) {
 		return trace.SpanContext{}
 	}
@@ -137,6 +143,11 @@ func withTraceContext(h map[string]string, t *traceHeaders, sc trace.SpanContext
 func hexPart(dst []byte, p *string) bool {
 	part, rest, _ := strings.Cut(*p, "-")
 	*p = rest
+	return unhexInto(dst, part)
+}
+
+// unhexInto decodes part into dst, which it must fill exactly, in lower-case hex.
+func unhexInto(dst []byte, part string) bool {
 	if len(part) != 2*len(dst) {
 		return false
 	}
@@ -170,7 +181,7 @@ var unhexTable = func() (t [256]byte) {
 // formatTraceparent is sc's traceparent, as propagation.TraceContext writes it.
 func formatTraceparent(sc trace.SpanContext) string {
 	const digits = "0123456789abcdef"
-	var b [55]byte // 00-<trace id>-<span id>-<flags>
+	var b [traceparentLen]byte
 	tid, sid := sc.TraceID(), sc.SpanID()
 	flags := byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))
 	n := copy(b[:], "00")
