@@ -28,16 +28,20 @@ const operationName = "send"
 // WrapSender returns s with each send in a span (see the package's doc): the
 // span is linked to the producer's span whose trace context [Enqueue] stored
 // in the message's headers (or its child, with [AsChild]), and its own trace
-// context goes into a copy of the headers that s gets. When s is a
-// [relay.BatchSender], so is the result, with one span per message of a
-// batch. Options: [WithTracerProvider], [WithPropagator], [WithSystem],
-// [AsChild].
+// context goes into a copy of the headers that s gets, a span the sampler
+// left out too (sampled flag 0, so that the receiver keeps the decision).
+// When s is a [relay.BatchSender], so is the result, with one span per
+// message of a batch. Options: [WithTracerProvider], [WithPropagator],
+// [WithSystem], [AsChild]. The sampler is given the span's name, kind,
+// link (or parent) and the destination's attributes; the message's id and
+// attempt are set on a recorded span only.
 //
 // The wrapper changes nothing else: s gets the same context, the same
 // message (its headers aside), and its error or panic reaches the relay as
 // it was. A panic of the tracer or the propagator costs the span only: s
 // then gets the message as it came. A recorded span ends off the Send's
-// path, on a goroutine of the module's, so that a span processor that
+// path, on a goroutine of the module's (in batches, a few milliseconds
+// later, with its Send's end as its end), so that a span processor that
 // blocks (a synchronous exporter that hangs) never holds a Send past its
 // deadline; while one End does not return, up to 4096 spans wait and later
 // ones are dropped. [Flush] waits for the spans of the sends that returned.
