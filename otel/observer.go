@@ -102,15 +102,18 @@ type observer struct {
 	lag          metric.Float64Gauge
 	waiting      metric.Int64Gauge
 
-	sets sync.Map // messageSet → *messageCount, built once per type, outcome and error.type
+	sets sync.Map                     // messageSet → *messageCount, built once per type, outcome and error.type
+	last atomic.Pointer[messageCount] // the last one counted: most messages are of the last one's set
 }
 
 type messageSet struct{ typ, outcome, errType string }
 
 // messageCount is one messageSet's attributes and count.
 type messageCount struct {
-	opt metric.MeasurementOption
-	n   atomic.Int64
+	set  messageSet
+	opt  metric.MeasurementOption
+	opts []metric.RecordOption // opt, for Record without a slice of its own
+	n    atomic.Int64
 }
 
 // observeSent reports each messageSet's count, for the meter's collection.
@@ -125,15 +128,21 @@ func (o *observer) observeSent(_ context.Context, obs metric.Observer) error {
 
 // countOf returns k's messageCount, built the first time.
 func (o *observer) countOf(k messageSet) *messageCount {
+	if c := o.last.Load(); c != nil && c.set == k {
+		return c
+	}
 	if v, ok := o.sets.Load(k); ok {
-		return v.(*messageCount)
+		c := v.(*messageCount)
+		o.last.Store(c)
+		return c
 	}
 	attrs := []attribute.KeyValue{o.system, semconv.MessagingDestinationName(k.typ),
 		semconv.MessagingOperationName(operationName), semconv.MessagingOperationTypeSend, OutcomeKey.String(k.outcome)}
 	if k.errType != "" {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(k.errType))
 	}
-	v, _ := o.sets.LoadOrStore(k, &messageCount{opt: metric.WithAttributeSet(attribute.NewSet(attrs...))})
+	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
+	v, _ := o.sets.LoadOrStore(k, &messageCount{set: k, opt: opt, opts: []metric.RecordOption{opt}})
 	return v.(*messageCount)
 }
 
@@ -167,7 +176,7 @@ func (o *observer) MessageDone(m relay.MessageReport) {
 	}
 	c := o.countOf(k)
 	c.n.Add(1)
-	o.sendDuration.Record(context.Background(), m.Duration.Seconds(), c.opt)
+	o.sendDuration.Record(context.Background(), m.Duration.Seconds(), c.opts...)
 }
 
 // outcomeOf is a MessageReport.Outcome as OutcomeKey says it.

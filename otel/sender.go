@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -26,16 +28,20 @@ const operationName = "send"
 // WrapSender returns s with each send in a span (see the package's doc): the
 // span is linked to the producer's span whose trace context [Enqueue] stored
 // in the message's headers (or its child, with [AsChild]), and its own trace
-// context goes into a copy of the headers that s gets. When s is a
-// [relay.BatchSender], so is the result, with one span per message of a
-// batch. Options: [WithTracerProvider], [WithPropagator], [WithSystem],
-// [AsChild].
+// context goes into a copy of the headers that s gets, a span the sampler
+// left out too (sampled flag 0, so that the receiver keeps the decision).
+// When s is a [relay.BatchSender], so is the result, with one span per
+// message of a batch. Options: [WithTracerProvider], [WithPropagator],
+// [WithSystem], [AsChild]. The sampler is given the span's name, kind,
+// link (or parent) and the destination's attributes; the message's id and
+// attempt are set on a recorded span only.
 //
 // The wrapper changes nothing else: s gets the same context, the same
 // message (its headers aside), and its error or panic reaches the relay as
 // it was. A panic of the tracer or the propagator costs the span only: s
 // then gets the message as it came. A recorded span ends off the Send's
-// path, on a goroutine of the module's, so that a span processor that
+// path, on a goroutine of the module's (in batches, a few milliseconds
+// later, with its Send's end as its end), so that a span processor that
 // blocks (a synchronous exporter that hangs) never holds a Send past its
 // deadline; while one End does not return, up to 4096 spans wait and later
 // ones are dropped. [Flush] waits for the spans of the sends that returned.
@@ -76,6 +82,12 @@ func (w *sender) Send(ctx context.Context, m relay.Message) (err error) {
 	return err
 }
 
+// sendSpan is a send's span, and whether it records (the sampler kept it).
+type sendSpan struct {
+	trace.Span
+	recording bool
+}
+
 type batchSender struct {
 	*sender
 	batch relay.BatchSender
@@ -84,7 +96,7 @@ type batchSender struct {
 // SendBatch sends ms through the wrapped sender's SendBatch, each message in
 // a span of its own.
 func (w *batchSender) SendBatch(ctx context.Context, ms []relay.Message) (errs []error) {
-	spans := make([]trace.Span, len(ms))
+	spans := make([]sendSpan, len(ms))
 	outs := make([]relay.Message, len(ms))
 	for i, m := range ms {
 		_, spans[i], outs[i] = w.start(ctx, m)
@@ -116,11 +128,11 @@ func (w *batchSender) SendBatch(ctx context.Context, ms []relay.Message) (errs [
 // headers it would make are not valid, it returns ctx and m as they came,
 // and a span (perhaps nil) that end ends.
 //
-// It runs once per message, so what does not change from one message to the
-// next is built once (kindOf); what only a recorded span keeps (the message's
-// id and attempt) is built only when the sampler kept the span; and the W3C
-// propagator's headers are read and written directly (tracecontext.go).
-func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Context, span trace.Span, out relay.Message) {
+// It runs once per message: what does not change from one message to the
+// next is built once (kindOf), Start's options are reused (startArgs), the
+// message's id and attempt are built only for a span the sampler kept, and
+// the W3C headers are read and written directly (tracecontext.go).
+func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Context, span sendSpan, out relay.Message) {
 	defer func() {
 		if recover() != nil {
 			sctx, out = ctx, m
@@ -129,13 +141,17 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	prop := w.c.propagatorOf()
 	w3c := isTraceContext(prop)
 	k := w.kindOf(m.Type)
-	parent, opts := ctx, k.opts
+	a := startArgsPool.Get().(*startArgs)
+	parent, opts := ctx, a.opts[:2]
+	opts[1] = k.attrs
+	var t traceHeaders
 	if len(m.Headers) > 0 {
 		// The producer's span, read into an empty context: a span the relay's
 		// own ctx carries is no producer.
 		var producer trace.SpanContext
 		if w3c {
-			producer = extractTraceContext(m.Headers)
+			t = readTraceHeaders(m.Headers)
+			producer = parseTraceContext(t.parent, t.state)
 		} else {
 			producer = trace.SpanContextFromContext(prop.Extract(context.Background(), headerCarrier(m.Headers)))
 		}
@@ -143,14 +159,18 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 			if w.c.child {
 				parent = trace.ContextWithRemoteSpanContext(ctx, producer)
 			} else {
-				opts = append(opts[:len(opts):len(opts)], trace.WithLinks(trace.Link{SpanContext: producer}))
+				a.link[0].SpanContext = producer
+				opts = append(opts, a.withLink) // in a.opts: no allocation
 			}
 		}
 	}
-	sctx, span = w.tracer.Start(parent, k.name, opts...)
-	if span.IsRecording() {
-		span.SetAttributes(semconv.MessagingMessageID(m.IdempotencyKey()), AttemptKey.Int(m.Attempts+1))
+	sctx, span.Span = w.tracer.Start(parent, k.name, opts...)
+	if span.recording = span.IsRecording(); span.recording {
+		a.attrs[0] = semconv.MessagingMessageID(m.IdempotencyKey())
+		a.attrs[1] = AttemptKey.Int(m.Attempts + 1)
+		span.SetAttributes(a.attrs[:]...)
 	}
+	a.release()
 
 	// The send span's context replaces the producer's in a copy of the
 	// headers, whatever the case of the names the producer wrote, and the
@@ -158,25 +178,17 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	// producer's trace, not to the send span's (which may have none). The
 	// producer's other headers (its baggage too) travel. Headers the senders
 	// would refuse are never handed over.
-	var injected pairs // on the stack, unless an interface's Inject gets it
-	if w3c {
-		injectTraceContext(span.SpanContext(), &injected)
-	} else {
-		carrier := &pairs{}
-		prop.Inject(sctx, carrier)
-		injected = *carrier
+	var headers map[string]string
+	var err error
+	switch sc := span.SpanContext(); {
+	case w3c && !sc.IsValid(): // no trace context to carry (a no-op tracer)
+		return sctx, span, m
+	case w3c:
+		headers, err = withTraceContext(m.Headers, &t, sc)
+	default:
+		headers, err = injected(prop, sctx, m.Headers)
 	}
-	staleState := injected.Get(traceparentHeader) != "" && injected.Get(tracestateHeader) == ""
-	headers := make(map[string]string, len(m.Headers)+injected.n)
-	for name, value := range m.Headers {
-		if !injected.named(name) && !(staleState && strings.EqualFold(name, tracestateHeader)) {
-			headers[name] = value
-		}
-	}
-	for _, kv := range injected.all() {
-		headers[kv[0]] = kv[1]
-	}
-	if err := validate(headers, w3c); err != nil { // too many, or too large, with the propagator's
+	if err != nil { // too many, or too large, with the propagator's
 		span.SetAttributes(attribute.String("relay.propagation.error", err.Error()))
 		return sctx, span, m
 	}
@@ -185,31 +197,55 @@ func (w *sender) start(ctx context.Context, m relay.Message) (sctx context.Conte
 	return sctx, span, out
 }
 
-// validate checks the headers start hands to the sender. What the W3C
-// propagator wrote is valid by its making (lower-case hex, and a tracestate
-// whose members trace.TraceState checked), and the relay checked the rest of
-// every message it read (a message with headers that break the rules is
-// never sent), so for it only the count and the size can be new; the
-// headers of any other propagator are checked in full.
-func validate(headers map[string]string, w3c bool) error {
-	if w3c {
-		size := 0
-		for name, value := range headers {
-			size += len(name) + len(value)
-		}
-		if len(headers) <= relay.HeadersMax && size <= relay.HeadersBytesMax {
-			return nil
+// injected is a copy of h with what prop injects for sctx in place of the
+// producer's headers of the same names, whatever their case.
+func injected(prop propagation.TextMapPropagator, sctx context.Context, h map[string]string) (map[string]string, error) {
+	set := &pairs{}
+	prop.Inject(sctx, set)
+	staleState := set.Get(traceparentHeader) != "" && set.Get(tracestateHeader) == ""
+	headers := make(map[string]string, len(h)+set.n)
+	for name, value := range h {
+		if !set.named(name) && !(staleState && strings.EqualFold(name, tracestateHeader)) {
+			headers[name] = value
 		}
 	}
-	return relay.ValidateHeaders(headers)
+	for _, kv := range set.all() {
+		headers[kv[0]] = kv[1]
+	}
+	return headers, relay.ValidateHeaders(headers)
 }
 
-// spanKind is what the send spans of one message type share: their name,
-// their kind and the attributes that name the destination, built once.
+// startArgs are a send span's options and message attributes, reused from
+// send to send: the SDK copies what it keeps before Start and SetAttributes
+// return, so the link and the attributes cost no allocation of ours.
+type startArgs struct {
+	opts     [3]trace.SpanStartOption // the kind, the type's attributes, withLink
+	link     [1]trace.Link
+	withLink trace.SpanStartOption // over link
+	attrs    [2]attribute.KeyValue // the message's id and attempt
+}
+
+var startArgsPool = sync.Pool{New: func() any {
+	a := &startArgs{}
+	a.opts[0] = trace.WithSpanKind(trace.SpanKindProducer)
+	a.withLink = trace.WithLinks(a.link[:]...)
+	return a
+}}
+
+// release puts a back in startArgsPool, keeping nothing of the message's.
+func (a *startArgs) release() {
+	a.opts[1], a.opts[2] = nil, nil
+	a.link[0] = trace.Link{}
+	a.attrs = [2]attribute.KeyValue{}
+	startArgsPool.Put(a)
+}
+
+// spanKind is what the send spans of one message type share: their name and
+// the attributes that name the destination, built once.
 type spanKind struct {
-	typ  string
-	name string
-	opts []trace.SpanStartOption // never appended to in place: shared by every send
+	typ   string
+	name  string
+	attrs trace.SpanStartOption
 }
 
 // kindOf returns typ's spanKind: the last one built, which for a sender of
@@ -218,15 +254,12 @@ func (w *sender) kindOf(typ string) *spanKind {
 	if k := w.kind.Load(); k != nil && k.typ == typ {
 		return k
 	}
-	k := &spanKind{typ: typ, name: operationName + " " + typ, opts: []trace.SpanStartOption{
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			semconv.MessagingSystemKey.String(w.c.system),
-			semconv.MessagingDestinationName(typ),
-			semconv.MessagingOperationName(operationName),
-			semconv.MessagingOperationTypeSend,
-		),
-	}}
+	k := &spanKind{typ: typ, name: operationName + " " + typ, attrs: trace.WithAttributes(
+		semconv.MessagingSystemKey.String(w.c.system),
+		semconv.MessagingDestinationName(typ),
+		semconv.MessagingOperationName(operationName),
+		semconv.MessagingOperationTypeSend,
+	)}
 	w.kind.Store(k)
 	return k
 }
@@ -294,19 +327,24 @@ func (p *pairs) Keys() []string {
 	return keys
 }
 
-// end records err's outcome on span, and hands it to be ended off the
-// Send's path (ender.go). A panic inside costs the span only.
-func (w *sender) end(span trace.Span, err error) {
-	if span == nil {
+// end records err's outcome on a recorded span, and hands it to be ended off
+// the Send's path (ender.go); a span that does not record has nothing to
+// export, and ends here. A panic inside costs the span only.
+func (w *sender) end(span sendSpan, err error) {
+	if span.Span == nil {
 		return
 	}
 	defer func() { _ = recover() }()
+	if !span.recording {
+		span.End()
+		return
+	}
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 		span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 	}
-	spanEnds.end(span)
+	spanEnds.end(span.Span)
 }
 
 // errorType is a failure's error.type: few values, as the conventions ask.

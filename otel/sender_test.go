@@ -2,7 +2,9 @@ package otelrelay_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,7 +13,9 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/xadm/relay"
 	otelrelay "github.com/xadm/relay/otel"
@@ -334,13 +338,15 @@ func TestSendReplacesProducerContextWhateverItsCase(t *testing.T) {
 type hangingExporter struct {
 	release chan struct{}
 	mu      sync.Mutex
-	got     int
+	ends    []time.Time // of the spans exported
 }
 
 func (e *hangingExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
 	<-e.release
 	e.mu.Lock()
-	e.got += len(spans)
+	for _, s := range spans {
+		e.ends = append(e.ends, s.EndTime())
+	}
 	e.mu.Unlock()
 	return nil
 }
@@ -350,7 +356,8 @@ func (e *hangingExporter) Shutdown(context.Context) error { return nil }
 // TestHangingExporterCostsSpansNotDeliveries: a tracer whose exporter hangs
 // in span.End, synchronously, leaves every send as it would be without the
 // wrapper: each message sent once, recorded SENT at its first attempt. The
-// spans end, and are exported, once the exporter answers again.
+// spans end, and are exported, once the exporter answers again, each with
+// the end its Send gave it.
 func TestHangingExporterCostsSpansNotDeliveries(t *testing.T) {
 	w := setup(t)
 	exp := &hangingExporter{release: make(chan struct{})}
@@ -390,9 +397,107 @@ func TestHangingExporterCostsSpansNotDeliveries(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, got)
 
+	sent := time.Now()
 	released()
 	require.NoError(t, otelrelay.Flush(context.Background()))
 	exp.mu.Lock()
 	defer exp.mu.Unlock()
-	require.Equal(t, 3, exp.got, "the send spans, exported once the exporter answered")
+	require.Len(t, exp.ends, 3, "the send spans, exported once the exporter answered")
+	for _, end := range exp.ends {
+		require.True(t, end.Before(sent), "a span ends when its Send did (%v), not when the exporter answered (after %v)", end, sent)
+	}
+}
+
+// TestUnsampledSendCarriesItsContext: a send the sampler leaves out records
+// nothing, and still carries its span's context, so that the receiver keeps
+// the decision (sampled flag 0): a trace of its own when linked, the
+// producer's trace and tracestate as a child. With a tracer that makes no
+// span context at all (a no-op one), the headers travel as they came.
+func TestUnsampledSendCarriesItsContext(t *testing.T) {
+	t.Parallel()
+	producer := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	in := map[string]string{"traceparent": producer, "tracestate": "congo=t61rcWkgMzE", "X-Tenant": "acme"}
+	for _, c := range []struct {
+		name  string
+		tp    trace.TracerProvider
+		child bool
+	}{
+		{"Linked", nil, false},
+		{"Child", nil, true},
+		{"NoopTracer", noop.NewTracerProvider(), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			spans := tracetest.NewSpanRecorder()
+			tp := c.tp
+			if tp == nil {
+				sdk := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()), sdktrace.WithSpanProcessor(spans))
+				t.Cleanup(func() { _ = sdk.Shutdown(context.Background()) })
+				tp = sdk
+			}
+			opts := []otelrelay.Option{otelrelay.WithTracerProvider(tp), otelrelay.WithPropagator(propagation.TraceContext{})}
+			if c.child {
+				opts = append(opts, otelrelay.AsChild())
+			}
+			var got relay.Message
+			s := otelrelay.WrapSender(relay.SenderFunc("order", func(_ context.Context, m relay.Message) error {
+				got = m
+				return nil
+			}), opts...)
+			require.NoError(t, s.Send(context.Background(), relay.Message{ID: 7, Type: "order", Key: "k", Payload: []byte(`{}`), Headers: in}))
+			require.NoError(t, otelrelay.Flush(context.Background()))
+			require.Empty(t, spans.Started())
+			require.Empty(t, spans.Ended())
+			if c.tp != nil {
+				require.Equal(t, in, got.Headers)
+				return
+			}
+			sc := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(got.Headers))
+			send := trace.SpanContextFromContext(sc)
+			require.True(t, send.IsValid())
+			require.False(t, send.IsSampled(), "the receiver keeps the decision")
+			require.NotEqual(t, "00f067aa0ba902b7", send.SpanID().String())
+			require.Equal(t, "acme", got.Headers["X-Tenant"])
+			if c.child {
+				require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", send.TraceID().String())
+				require.Equal(t, "congo=t61rcWkgMzE", got.Headers["tracestate"])
+				require.Len(t, got.Headers, 3)
+			} else {
+				require.NotEqual(t, "4bf92f3577b34da6a3ce929d0e0e4736", send.TraceID().String())
+				require.NotContains(t, got.Headers, "tracestate")
+				require.Len(t, got.Headers, 2)
+			}
+			require.Equal(t, producer, in["traceparent"], "the relay's copy is left alone")
+		})
+	}
+}
+
+// TestTooManyHeadersWithTheContext: a message whose headers, with the send
+// span's context, would break the relay's rules (more than HeadersMax, or
+// more than HeadersBytesMax) goes as it came, and its span says why.
+func TestTooManyHeadersWithTheContext(t *testing.T) {
+	t.Parallel()
+	many := map[string]string{}
+	for i := range relay.HeadersMax {
+		many[fmt.Sprintf("X-H%d", i)] = "v"
+	}
+	large := map[string]string{"X-Large": strings.Repeat("v", relay.HeadersBytesMax-len("X-Large")-10)}
+	for name, headers := range map[string]map[string]string{"Many": many, "Large": large} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			spans := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+			t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			var got relay.Message
+			s := otelrelay.WrapSender(relay.SenderFunc("order", func(_ context.Context, m relay.Message) error {
+				got = m
+				return nil
+			}), otelrelay.WithTracerProvider(tp), otelrelay.WithPropagator(propagation.TraceContext{}))
+			require.NoError(t, s.Send(context.Background(), relay.Message{ID: 7, Type: "order", Key: "k", Payload: []byte(`{}`), Headers: headers}))
+			require.Equal(t, headers, got.Headers)
+			require.NoError(t, otelrelay.Flush(context.Background()))
+			require.Len(t, spans.Ended(), 1)
+			require.Contains(t, attrs(spans.Ended()[0])["relay.propagation.error"].AsString(), "more than Headers")
+		})
+	}
 }

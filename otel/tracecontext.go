@@ -1,10 +1,13 @@
 package otelrelay
 
 import (
+	"maps"
 	"strings"
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/xadm/relay"
 )
 
 // The W3C trace context read from a message's headers and written into them
@@ -20,6 +23,7 @@ import (
 const (
 	traceparentHeader = "traceparent"
 	tracestateHeader  = "tracestate"
+	traceparentLen    = 55 // 00-<trace id>-<span id>-<flags>
 )
 
 // isTraceContext reports whether p is propagation.TraceContext itself.
@@ -28,16 +32,19 @@ func isTraceContext(p propagation.TextMapPropagator) bool {
 	return ok
 }
 
-// extractTraceContext is the span context that propagation.TraceContext's
-// Extract reads from h (as a headerCarrier reads them, whatever the names'
-// case); an invalid one when traceparent is missing or malformed. A
-// malformed tracestate is dropped, and the traceparent kept, as the
-// specification asks.
-func extractTraceContext(h map[string]string) trace.SpanContext {
-	p, state := traceHeaders(h)
+// parseTraceContext is the span context that propagation.TraceContext's
+// Extract reads from a traceparent and a tracestate; an invalid one when
+// traceparent is missing or malformed. A malformed tracestate is dropped, and
+// the traceparent kept, as the specification asks.
+func parseTraceContext(p, state string) trace.SpanContext {
 	var version, flags [1]byte
 	var scc trace.SpanContextConfig
-	if !hexPart(version[:], &p) || version[0] == 0xff ||
+	if len(p) == traceparentLen && p[:3] == "00-" && p[35] == '-' && p[52] == '-' { // version 00, as written: no search for the fields
+		if !unhexInto(scc.TraceID[:], p[3:35]) || !unhexInto(scc.SpanID[:], p[36:52]) || !unhexInto(flags[:], p[53:]) {
+			return trace.SpanContext{}
+		}
+		p = ""
+	} else if !hexPart(version[:], &p) || version[0] == 0xff ||
 		!hexPart(scc.TraceID[:], &p) || !hexPart(scc.SpanID[:], &p) || !hexPart(flags[:], &p) {
 		return trace.SpanContext{}
 	}
@@ -45,7 +52,9 @@ func extractTraceContext(h map[string]string) trace.SpanContext {
 		return trace.SpanContext{}
 	}
 	scc.TraceFlags = trace.TraceFlags(flags[0]) & (trace.FlagsSampled | trace.FlagsRandom)
-	scc.TraceState, _ = trace.ParseTraceState(state)
+	if state != "" {
+		scc.TraceState, _ = trace.ParseTraceState(state)
+	}
 	scc.Remote = true
 	sc := trace.NewSpanContext(scc)
 	if !sc.IsValid() {
@@ -54,24 +63,79 @@ func extractTraceContext(h map[string]string) trace.SpanContext {
 	return sc
 }
 
-// traceHeaders is h's traceparent and tracestate, as a headerCarrier reads
-// them (a name in its exact case first, else in any case), in one walk of h.
-func traceHeaders(h map[string]string) (parent, state string) {
-	var exactParent, exactState bool
+// traceHeaders is what one walk of a message's headers finds for the W3C
+// trace context: its traceparent and tracestate, as a headerCarrier reads
+// them (a name in its exact case first, else in any case), and the sizes
+// the headers handed on are checked with.
+type traceHeaders struct {
+	parent, state           string
+	exactParent, exactState bool
+	others                  int // names of either in another case
+	size                    int // of every name and value
+	traceSize               int // of the names and values of either, in any case
+}
+
+func readTraceHeaders(h map[string]string) (t traceHeaders) {
 	for name, v := range h {
+		t.size += len(name) + len(v)
 		switch {
 		case len(name) != len(traceparentHeader) && len(name) != len(tracestateHeader):
+			continue
 		case name == traceparentHeader:
-			parent, exactParent = v, true
+			t.parent, t.exactParent = v, true
 		case name == tracestateHeader:
-			state, exactState = v, true
-		case !exactParent && strings.EqualFold(name, traceparentHeader):
-			parent = v
-		case !exactState && strings.EqualFold(name, tracestateHeader):
-			state = v
+			t.state, t.exactState = v, true
+		case strings.EqualFold(name, traceparentHeader):
+			if !t.exactParent {
+				t.parent = v
+			}
+			t.others++
+		case strings.EqualFold(name, tracestateHeader):
+			if !t.exactState {
+				t.state = v
+			}
+			t.others++
+		default:
+			continue
+		}
+		t.traceSize += len(name) + len(v)
+	}
+	return t
+}
+
+// withTraceContext is a copy of h with sc's trace context in place of the
+// producer's (t, read from h), whatever the case of its names: sc's
+// traceparent, and sc's tracestate or none (the producer's belongs to its
+// trace). The other headers are h's: the relay checked them when it read the
+// row, so only the count and the size can break the rules here.
+func withTraceContext(h map[string]string, t *traceHeaders, sc trace.SpanContext) (map[string]string, error) {
+	var out map[string]string
+	if len(h) == 0 {
+		out = make(map[string]string, 1)
+	} else {
+		out = maps.Clone(h)
+	}
+	if t.others > 0 {
+		for name := range out {
+			if name != traceparentHeader && name != tracestateHeader &&
+				(strings.EqualFold(name, traceparentHeader) || strings.EqualFold(name, tracestateHeader)) {
+				delete(out, name)
+			}
 		}
 	}
-	return parent, state
+	parent := formatTraceparent(sc)
+	out[traceparentHeader] = parent
+	size := t.size - t.traceSize + len(traceparentHeader) + len(parent)
+	if state := sc.TraceState().String(); state != "" {
+		out[tracestateHeader] = state
+		size += len(tracestateHeader) + len(state)
+	} else if t.exactState {
+		delete(out, tracestateHeader)
+	}
+	if len(out) > relay.HeadersMax || size > relay.HeadersBytesMax {
+		return nil, relay.ValidateHeaders(out)
+	}
+	return out, nil
 }
 
 // hexPart decodes the next '-'-separated field of *p into dst, which it must
@@ -79,6 +143,11 @@ func traceHeaders(h map[string]string) (parent, state string) {
 func hexPart(dst []byte, p *string) bool {
 	part, rest, _ := strings.Cut(*p, "-")
 	*p = rest
+	return unhexInto(dst, part)
+}
+
+// unhexInto decodes part into dst, which it must fill exactly, in lower-case hex.
+func unhexInto(dst []byte, part string) bool {
 	if len(part) != 2*len(dst) {
 		return false
 	}
@@ -109,18 +178,10 @@ var unhexTable = func() (t [256]byte) {
 	return t
 }()
 
-// injectTraceContext sets in set what propagation.TraceContext's Inject
-// writes for sc: tracestate when sc has one, then traceparent; nothing when
-// sc is not valid.
-func injectTraceContext(sc trace.SpanContext, set *pairs) {
-	if !sc.IsValid() {
-		return
-	}
-	if ts := sc.TraceState().String(); ts != "" {
-		set.Set(tracestateHeader, ts)
-	}
+// formatTraceparent is sc's traceparent, as propagation.TraceContext writes it.
+func formatTraceparent(sc trace.SpanContext) string {
 	const digits = "0123456789abcdef"
-	var b [55]byte // 00-<trace id>-<span id>-<flags>
+	var b [traceparentLen]byte
 	tid, sid := sc.TraceID(), sc.SpanID()
 	flags := byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))
 	n := copy(b[:], "00")
@@ -132,7 +193,7 @@ func injectTraceContext(sc trace.SpanContext, set *pairs) {
 			n += 2
 		}
 	}
-	set.Set(traceparentHeader, string(b[:n]))
+	return string(b[:n])
 }
 
 // headerCarrier is a message's headers as a propagator reads them: by name,

@@ -35,12 +35,13 @@ var traceContextSeeds = [][2]string{
 	{"00--", ""},
 }
 
-// checkTraceContextAsThePropagator fails t unless extractTraceContext reads
-// from traceparent and tracestate (named in their case, and in others) what
-// propagation.TraceContext's Extract reads through a headerCarrier, and injectTraceContext writes for it what its Inject writes.
+// checkTraceContextAsThePropagator fails t unless readTraceHeaders and
+// parseTraceContext read from traceparent and tracestate (named in their
+// case, and in others) what propagation.TraceContext's Extract reads through
+// a headerCarrier, and withTraceContext hands on the headers that its Inject
+// makes of them (injected, the path of any other propagator).
 func checkTraceContextAsThePropagator(t *testing.T, traceparent, tracestate string) {
 	t.Helper()
-	var got trace.SpanContext
 	for _, names := range [][2]string{{traceparentHeader, tracestateHeader}, {"TraceParent", "TRACESTATE"}} {
 		h := map[string]string{"X-Tenant": "acme"}
 		if traceparent != "" {
@@ -50,18 +51,20 @@ func checkTraceContextAsThePropagator(t *testing.T, traceparent, tracestate stri
 			h[names[1]] = tracestate
 		}
 		want := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), headerCarrier(h)))
-		got = extractTraceContext(h)
-		require.True(t, want.Equal(got), "%v: the propagator reads %v, extractTraceContext %v", h, want, got)
-	}
+		th := readTraceHeaders(h)
+		got := parseTraceContext(th.parent, th.state)
+		require.True(t, want.Equal(got), "%v: the propagator reads %v, parseTraceContext %v", h, want, got)
 
-	for _, sc := range []trace.SpanContext{got, got.WithRemote(false), got.WithTraceFlags(0xff), got.WithTraceState(trace.TraceState{})} {
-		wantH := propagation.MapCarrier{}
-		propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), wantH)
-		gotH := &pairs{}
-		injectTraceContext(sc, gotH)
-		require.Equal(t, len(wantH), gotH.n, "%v: %v, %v", sc, wantH, gotH.all())
-		for name, value := range wantH {
-			require.Equal(t, value, gotH.Get(name), "%v: %s", sc, name)
+		for _, sc := range []trace.SpanContext{got, got.WithRemote(false), got.WithTraceFlags(0xff), got.WithTraceState(trace.TraceState{})} {
+			if !sc.IsValid() {
+				continue // start hands the headers on as they came
+			}
+			wantH, wantErr := injected(propagation.TraceContext{}, trace.ContextWithSpanContext(context.Background(), sc), h)
+			gotH, gotErr := withTraceContext(h, &th, sc)
+			require.Equal(t, wantErr == nil, gotErr == nil, "%v, %v: %v, %v", h, sc, wantErr, gotErr)
+			if wantErr == nil {
+				require.Equal(t, wantH, gotH, "%v, %v", h, sc)
+			}
 		}
 	}
 }
