@@ -11,10 +11,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
@@ -280,4 +282,103 @@ func TestIdlePartitionedFleetOneRoundTripPerReplica(t *testing.T) {
 	// on its way at either end.
 	require.LessOrEqual(t, trips, idle+replicas, "one round trip per idle pass of each replica")
 	require.True(t, settled(fleet, partitions), "the members kept their shares")
+}
+
+// rebalanceCounter is a pgx tracer that counts a pool's rebalances: the
+// batches that take the partitioned election's configuration lock.
+type rebalanceCounter struct{ n atomic.Int64 }
+
+func (c *rebalanceCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (c *rebalanceCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *rebalanceCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (c *rebalanceCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if strings.Contains(d.SQL, "pg_advisory_xact_lock(hashtext(") {
+		c.n.Add(1)
+	}
+}
+func (c *rebalanceCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// TestPartitionsUnderWakeUps: every commit wakes every member, and a woken
+// member looks at its own partitions only, without the configuration lock
+// that serialises the rebalances, unless its last rebalance is an Interval
+// old. So under a steady stream of wake-ups the members rebalance about once
+// an Interval each, not at every pass; and the rebalances still come: a
+// newcomer gets its share, and a pause waiting for the app's key is granted.
+// Every row is delivered once, each key in id order.
+func TestPartitionsUnderWakeUps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	require.NoError(t, relay.CreateWakeTrigger(ctx, b.pool, b.table))
+	cfg := partitionedConfig(b, 16)
+	cfg.Interval = 300 * time.Millisecond
+	recv := newOrderReceiver()
+	var counters []*rebalanceCounter
+	var passes []*passCounter
+	start := func(name string) *replica {
+		c, p := &rebalanceCounter{}, &passCounter{}
+		counters, passes = append(counters, c), append(passes, p)
+		rc := cfg
+		rc.Observer = p
+		pool := pgserver.Pool(t, server().URL, b.table+"_"+name, int32(cfg.Concurrency+4),
+			func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = c })
+		r, err := relay.New(pool, rc, recv.sender("t"))
+		require.NoError(t, err)
+		startRelay(t, r)
+		return &replica{r: r, pool: pool}
+	}
+	sum := func() (rebalances, n int64) {
+		for i := range counters {
+			rebalances += counters[i].n.Load()
+			n += passes[i].n.Load()
+		}
+		return rebalances, n
+	}
+	fleet := []*replica{start("a"), start("b"), start("c")}
+	require.Eventually(t, func() bool { return settled(fleet, 16) }, 30*time.Second, 10*time.Millisecond)
+
+	prod := startProducer(b, 64, 2*time.Millisecond) // each insert's trigger notifies
+	r0, p0 := sum()
+	began := time.Now()
+	require.Eventually(t, func() bool { _, n := sum(); return n >= p0+90 }, 60*time.Second, time.Millisecond,
+		"the wake-ups start passes")
+	r1, p1 := sum()
+	elapsed := time.Since(began)
+	t.Logf("%d passes of 3 members in %s, %d rebalances", p1-p0, elapsed.Round(time.Millisecond), r1-r0)
+	// At most one per Interval each (the first pass past it), and the timer's.
+	require.LessOrEqual(t, r1-r0, 3*(int64(elapsed/cfg.Interval)+2), "a woken pass rebalances once an Interval")
+
+	fleet = append(fleet, start("d"))
+	joined := time.Now()
+	require.Eventually(t, func() bool { return settled(fleet, 16) }, 30*time.Second, 10*time.Millisecond,
+		"a newcomer gets its share while the wake-ups go on")
+	t.Logf("the newcomer's share settled in %s", time.Since(joined).Round(time.Millisecond))
+
+	// A pause waits for the app's key: the members leave at their next
+	// rebalance, within an Interval, wake-ups or not.
+	conn, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	asked := time.Now()
+	_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", b.cfg.AppName+relay.LockKeySuffix)
+	require.NoError(t, err)
+	t.Logf("the pause was granted %s after it asked", time.Since(asked).Round(time.Millisecond))
+	for _, rp := range fleet {
+		require.Nil(t, rp.r.Stats().Partitions, "every member left the election to the pause")
+	}
+	sent := b.countStatus(t, "SENT")
+	_, n := sum()
+	require.Eventually(t, func() bool { _, m := sum(); return m >= n+12 }, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, sent, b.countStatus(t, "SENT"), "nothing is delivered while the pause holds the key")
+	_, err = conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1))", b.cfg.AppName+relay.LockKeySuffix)
+	require.NoError(t, err)
+
+	written := prod.stop(t)
+	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
+		"the members come back and deliver every row")
+	require.Empty(t, recv.check(t, written), "nothing failed: every row came once")
 }
