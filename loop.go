@@ -228,7 +228,7 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 		}
 		return res.Err == nil && !res.Backlog && (woken || res.Woken || res.Processed() > 0)
 	}
-	res := r.pass(ctx, kind, election.Opts{Halt: l.halt, Drain: true, Own: l.own, Keep: keep, Wake: l.wake, AfterLoss: l.afterLoss})
+	res := r.pass(ctx, kind, election.Opts{Halt: l.halt, Drain: true, Own: l.own, Keep: keep, Wake: l.wake, Woken: woken, AfterLoss: l.afterLoss})
 	l.afterLoss = false
 	switch n := r.failing(); {
 	case res.Backlog && res.Err == nil:

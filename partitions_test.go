@@ -3,8 +3,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"slices"
@@ -363,60 +361,12 @@ func TestPartitionsKilled(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	recv := newOrderReceiver()
-	var (
-		mu       sync.Mutex
-		sentBy   = map[string]map[int64]bool{} // replica: the ids it sent
-		lastFrom = map[string]time.Time{}      // replica: its last request
-		killedAt = map[string]time.Time{}
-	)
-	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		name, key, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
-		id, err := strconv.ParseInt(r.Header.Get("Relay-Message-Id"), 10, 64)
-		if err != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		recv.receive(key, id)
-		mu.Lock()
-		if sentBy[name] == nil {
-			sentBy[name] = map[int64]bool{}
-		}
-		sentBy[name][id] = true
-		lastFrom[name] = time.Now()
-		mu.Unlock()
-		time.Sleep(time.Millisecond) // a destination that takes a moment: sends overlap the kill
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(receiver.Close)
-
+	dest := newNamedReceiver(t, recv, time.Millisecond)
 	children := map[string]*exec.Cmd{}
-	start := func(name string) {
-		var out logBuffer
-		c := exec.Command(os.Args[0], "-test.run=^TestPartitionsKilledChild$", "-test.v")
-		c.Env = append(os.Environ(), "RELAY_PARTITION_CHILD="+name, "RELAY_TEST_DATABASE_URL="+server().URL,
-			"RELAY_PARTITION_TABLE="+b.table, "RELAY_PARTITION_RECEIVER="+receiver.URL+"/"+name)
-		c.Stdout, c.Stderr = &out, &out
-		require.NoError(t, c.Start())
-		children[name] = c
-		t.Cleanup(func() {
-			_ = c.Process.Kill()
-			_ = c.Wait()
-			if t.Failed() {
-				t.Logf("replica %s's output:\n%s", name, out.String())
-			}
-		})
-	}
-	delivered := func(name string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(sentBy[name])
-	}
+	start := func(name string) { children[name] = startChildReplica(t, b, name, dest.url(name), 16) }
 	kill := func(name string) {
-		require.Eventually(t, func() bool { return delivered(name) >= 20 }, 60*time.Second, time.Millisecond,
+		require.Eventually(t, func() bool { return dest.delivered(name) >= 20 }, 60*time.Second, time.Millisecond,
 			"replica %s delivers before it is killed", name)
-		mu.Lock()
-		killedAt[name] = time.Now()
-		mu.Unlock()
 		require.NoError(t, children[name].Process.Kill())
 		_ = children[name].Wait()
 	}
@@ -429,14 +379,12 @@ func TestPartitionsKilled(t *testing.T) {
 	kill("a")
 	start("d")
 	kill("b")
-	require.Eventually(t, func() bool { return delivered("d") >= 20 }, 60*time.Second, time.Millisecond, "the newcomer gets its share")
+	require.Eventually(t, func() bool { return dest.delivered("d") >= 20 }, 60*time.Second, time.Millisecond, "the newcomer gets its share")
 	written := prod.stop(t)
 	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
 		"every row written is delivered")
 
 	repeated := recv.check(t, written)
-	mu.Lock()
-	defer mu.Unlock()
 	recv.mu.Lock()
 	defer recv.mu.Unlock()
 	// A repeat is a message a killed replica sent whose outcome it had not
@@ -446,11 +394,11 @@ func TestPartitionsKilled(t *testing.T) {
 	for _, id := range repeated {
 		n := recv.times[id]
 		repeats += n - 1
-		require.True(t, sentBy["a"][id] || sentBy["b"][id], "row %d came %d times, but no replica that sent it was killed", id, n)
+		require.True(t, dest.sent("a", id) || dest.sent("b", id), "row %d came %d times, but no replica that sent it was killed", id, n)
 	}
 	require.LessOrEqual(t, repeats, 2*4*(1+8), "repeats are bounded by what was in flight at the kills")
 	t.Logf("%d rows, %d repeated after two kills; replica a delivered %d, b %d, c %d, d %d",
-		len(written), repeats, len(sentBy["a"]), len(sentBy["b"]), len(sentBy["c"]), len(sentBy["d"]))
+		len(written), repeats, dest.delivered("a"), dest.delivered("b"), dest.delivered("c"), dest.delivered("d"))
 }
 
 // TestPartitionsKilledChild is a replica of TestPartitionsKilled: it runs
@@ -464,6 +412,11 @@ func TestPartitionsKilledChild(t *testing.T) {
 	cfg := relay.DefaultConfig()
 	cfg.AppName, cfg.Table = table, table
 	cfg.Partitions = 16
+	if n := os.Getenv("RELAY_PARTITION_N"); n != "" {
+		var err error
+		cfg.Partitions, err = strconv.Atoi(n)
+		require.NoError(t, err)
+	}
 	cfg.Interval = 100 * time.Millisecond
 	cfg.Concurrency = 4
 	sender, err := relay.NewHTTPSender(relay.HTTPSenderConfig{Type: "t", URL: relay.URLWithKey(os.Getenv("RELAY_PARTITION_RECEIVER"))})

@@ -27,7 +27,8 @@ import (
 //	go run ./cmd/relaybench -scenarios latency
 //
 // Three replicas (-latency-replicas) of one app run with the default configuration (Interval 1s):
-// one is elected at a time, the others stand by. A producer commits one row per
+// one is elected at a time, the others stand by; with -latency-partitions above 1 they
+// all deliver, each its partitions, once their shares settled. A producer commits one row per
 // transaction at a steady -latency-rate for -latency-duration. The latency of a
 // message is the time its Send was first called minus the time its producer's
 // Commit returned. Rounds: with wake-ups (Enqueue notifies), with polling only
@@ -45,6 +46,7 @@ var (
 	latencyDuration = flag.Duration("latency-duration", 30*time.Second, "how long the latency scenario's producer writes, per round")
 	notifyDuration  = flag.Duration("notify-duration", 5*time.Second, "how long each notify-cost run lasts")
 	latencyReplicas = flag.Int("latency-replicas", 3, "replicas of the latency scenario's app (one elected, the others standbys)")
+	latencyParts    = flag.Int("latency-partitions", 1, "Config.Partitions of the latency scenario's replicas (above 1: all deliver, each its partitions)")
 	latencyDump     = flag.String("latency-dump", "", "write each message of the wake-on-commit round to this file, in commit order: "+
 		"its place, its id and its latency in ms (where the slow ones lie in time; each round overwrites it)")
 )
@@ -63,8 +65,12 @@ var latencyRounds = []latencyRound{
 }
 
 func runLatency(ctx context.Context, srv *pgserver.Server) error {
-	fmt.Printf("\nlatency: commit → Send, %d msg/s for %s per round, %d replicas (1 elected at a time), Interval 1s\n",
-		*latencyRate, *latencyDuration, *latencyReplicas)
+	how := "1 elected at a time"
+	if *latencyParts > 1 {
+		how = fmt.Sprintf("Partitions %d", *latencyParts)
+	}
+	fmt.Printf("\nlatency: commit → Send, %d msg/s for %s per round, %d replicas (%s), Interval 1s\n",
+		*latencyRate, *latencyDuration, *latencyReplicas, how)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "round\tmessages\tp50\tp90\tp99\tmax\t")
 	for _, round := range latencyRounds {
@@ -99,6 +105,7 @@ func latencyOnce(ctx context.Context, url string, round latencyRound) ([]time.Du
 	cfg := relay.DefaultConfig()
 	cfg.AppName, cfg.Table = "relaybench_latency", table
 	cfg.WakeOnCommit = round.wake
+	cfg.Partitions = *latencyParts
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	var relays []*relay.Relay
 	for i := range *latencyReplicas {
@@ -132,6 +139,12 @@ func latencyOnce(ctx context.Context, url string, round latencyRound) ([]time.Du
 		}
 	}()
 	time.Sleep(2 * time.Second) // every replica past its first passes and listening
+	for deadline := time.Now().Add(60 * time.Second); *latencyParts > 1 && !fleetSettled(relays, *latencyParts); {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the partitions did not settle in 60s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 
 	producer, err := benchkit.Pool(ctx, url, "relaybench", 2)
 	if err != nil {

@@ -50,8 +50,13 @@
 //	enqueue        commits/s of 8 producers: Enqueue beside a plain INSERT, and the pieces of
 //	               Enqueue's statement alone (target ≥ 0.95×)
 //	latency        commit → Send at -latency-rate, wake-ups vs polling only (target p50 ≤ 5 ms, p99 ≤ 50 ms)
-//	partitions     4 replicas with Partitions 16 vs 1 replica, Concurrency 4 each, a destination
-//	               answering in 20 ms, -partition-rows rows           target ≥ 3.5×
+//	partitions     -partition-replicas replicas (4) with -partitions Partitions (16) vs 1 replica,
+//	               -partition-concurrency (4) each, a destination answering in -partition-delay
+//	               (20 ms), -partition-rows rows over -partition-keys keys: every row once, each
+//	               key in order                 target ≥ 0.875× per replica (3.5× at 4, 14× at 16)
+//	               the shares settled after the replicas' start            target ≤ 5 s
+//	               idle fleets of 1 and -partition-replicas: round trips, by a proxy
+//	                                                     target ≤ 1 per replica per Interval
 //	               and an empty pass of a partitioned member vs a single-key one   target ≤ 2×
 //	isolation      types x and y: y's commit → Send while x's receiver hangs, ignores its
 //	               context, or takes 1s (isolation.go; only when named)    target y max ≤ 3s

@@ -29,7 +29,9 @@
 // while work keeps arriving; it lets go after a failed pass, a backlog cut at
 // DrainMax, a stop, or an idle Interval. A partitioned member holds the app's
 // key in shared mode and its partitions' locks on one session for as long as
-// the loop runs, and rebalances at the start of its passes.
+// the loop runs, and rebalances at the start of its passes; a pass a wake-up
+// started within Interval of its last rebalance only looks at its own
+// partitions.
 //
 // # Failure handling
 //

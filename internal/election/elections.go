@@ -67,6 +67,10 @@ type Opts struct {
 	// Wake is the loop's wake-ups: one that comes while the pass waits for
 	// its last messages has it select again at once. nil: none.
 	Wake <-chan struct{}
+	// Woken says a wake-up (or its follow-up) started the loop's pass: a
+	// partitioned member then looks at its own partitions only, unless its
+	// last rebalance is an Interval old (partitions.go).
+	Woken bool
 	// AfterLoss says the loop's last pass lost its election: a lock found
 	// taken now is most likely that election's own, whose session's backend
 	// has not exited yet (or a server going down answered), so the pass
@@ -373,7 +377,7 @@ func (e *memberElection) Run(ctx context.Context, o Opts) Result {
 	defer m.turn.Unlock()
 	var res Result
 	o.DrainFor = min(m.r.Interval, pass.DrainMax)
-	ran, err := m.pass(ctx, func(ctx context.Context, parts []int) error {
+	ran, err := m.pass(ctx, o.Woken, func(ctx context.Context, parts []int) error {
 		o.Parts = parts
 		res = m.r.Dispatch(ctx, o)
 		return res.Err

@@ -178,6 +178,34 @@ func IdleLookStatement(ctx context.Context, db querier, mark string, check *Work
 	return look, pid, db.SendBatch(ctx, b).Close()
 }
 
+// MemberLookStatement is a woken member's look at its partitions between two
+// of its rebalances, on the membership's session (membership.look): beat,
+// the heartbeat of its election, then check, in one round trip, without the
+// configuration lock. It returns the backend that answered the heartbeat. A
+// check that fails (the table gone) leaves check.Ran false and err nil once
+// the heartbeat answered: the pass's select meets the failure.
+func MemberLookStatement(ctx context.Context, db querier, beat string, check *WorkCheck) (pid uint32, err error) {
+	b := &pgx.Batch{}
+	beaten := false
+	b.Queue(beat).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&pid)
+		beaten = err == nil
+		return err
+	})
+	b.Queue(MarkReplica(check.sql, ReplicaOf(ctx)), check.args...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&check.Work)
+		check.Ran = err == nil
+		return err
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		var pgErr *pgconn.PgError
+		if !beaten || check.Ran || !errors.As(err, &pgErr) {
+			return 0, err
+		}
+	}
+	return pid, nil
+}
+
 // ReleasePartitionsStatement releases the partitions release of n, and the
 // member mark when leave, on backend pid.
 func ReleasePartitionsStatement(ctx context.Context, db querier, key string, n int, release []int, leave bool, pid uint32) (bool, error) {
