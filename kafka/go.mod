@@ -5,7 +5,7 @@ go 1.25.0
 require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/twmb/franz-go v1.21.7
-	github.com/xadm/relay v0.2.0
+	github.com/xadm/relay v0.3.0
 	go.uber.org/goleak v1.3.0
 )
 

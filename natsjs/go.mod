@@ -7,7 +7,7 @@ require (
 	github.com/nats-io/nats-server/v2 v2.14.5
 	github.com/nats-io/nats.go v1.53.1
 	github.com/stretchr/testify v1.12.1
-	github.com/xadm/relay v0.2.0
+	github.com/xadm/relay v0.3.0
 )
 
 require (

@@ -4,8 +4,8 @@ go 1.25.0
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/xadm/relay v0.2.0
-	github.com/xadm/relay/console v0.2.0
+	github.com/xadm/relay v0.3.0
+	github.com/xadm/relay/console v0.3.0
 )
 
 require (

@@ -6,7 +6,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.24.1
 	github.com/stretchr/testify v1.12.1
-	github.com/xadm/relay v0.2.0
+	github.com/xadm/relay v0.3.0
 )
 
 require (

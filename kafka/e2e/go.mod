@@ -8,8 +8,8 @@ require (
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1
-	github.com/xadm/relay v0.2.0
-	github.com/xadm/relay/kafka v0.2.0
+	github.com/xadm/relay v0.3.0
+	github.com/xadm/relay/kafka v0.3.0
 )
 
 require (

@@ -9,10 +9,10 @@ require (
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
-	github.com/xadm/relay v0.2.0
-	github.com/xadm/relay/kafka v0.2.0
-	github.com/xadm/relay/natsjs v0.2.0
-	github.com/xadm/relay/otel v0.2.0
+	github.com/xadm/relay v0.3.0
+	github.com/xadm/relay/kafka v0.3.0
+	github.com/xadm/relay/natsjs v0.3.0
+	github.com/xadm/relay/otel v0.3.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0

@@ -6,7 +6,7 @@ require (
 	github.com/moby/moby/client v0.5.0
 	github.com/testcontainers/testcontainers-go v0.44.0
 	github.com/testcontainers/testcontainers-go/modules/postgres v0.44.0
-	github.com/xadm/relay v0.2.0
+	github.com/xadm/relay v0.3.0
 )
 
 require (
