@@ -1,13 +1,13 @@
 package inbox_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"testing"
+
+	"github.com/xadm/relay/internal/testlog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,7 +26,7 @@ type bundle struct {
 	pool    *pgxpool.Pool
 	table   string // the inbox's Config.Table
 	effects string // the receiver's own table, quoted: one row per apply
-	logs    *syncBuffer
+	logs    *testlog.Buffer
 }
 
 func setup(t testing.TB) *bundle {
@@ -36,7 +36,7 @@ func setup(t testing.TB) *bundle {
 		pool:    pgserver.Pool(t, pgserver.Shared().URL, name, 8),
 		table:   name,
 		effects: pgx.Identifier{name + "_fx"}.Sanitize(),
-		logs:    &syncBuffer{},
+		logs:    &testlog.Buffer{},
 	}
 	ctx := context.Background()
 	require.NoError(t, inbox.CreateTable(ctx, b.pool, b.table))
@@ -98,22 +98,4 @@ func msg(key string, id int64) inbox.Message {
 		Attempt:        1,
 		Body:           fmt.Appendf(nil, `{"id": %d}`, id),
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes, for logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,7 +1,6 @@
 package natsjs_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/xadm/relay/internal/testlog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -162,7 +163,7 @@ type bundle struct {
 	table string
 	app   string
 	cfg   relay.Config
-	logs  *syncBuffer
+	logs  *testlog.Buffer
 }
 
 func setup(t *testing.T, configure ...func(*pgxpool.Config)) *bundle {
@@ -173,7 +174,7 @@ func setup(t *testing.T, configure ...func(*pgxpool.Config)) *bundle {
 		admin: pgserver.Pool(t, pgserver.Shared().URL, "", 4),
 		table: name,
 		app:   name,
-		logs:  &syncBuffer{},
+		logs:  &testlog.Buffer{},
 	}
 	ctx := context.Background()
 	require.NoError(t, relay.CreateTable(ctx, b.admin, b.table))
@@ -284,22 +285,4 @@ func eventually(t testing.TB, what string, cond func() bool) {
 // testLogger logs at Info and above to w.
 func testLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-// syncBuffer is a bytes.Buffer safe for the loggers of several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xadm/relay/internal/testlog"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -121,7 +123,7 @@ func TestSendBatchOnAServerThatIsDownFailsRetryably(t *testing.T) {
 	n := startNATS(t)
 	js := n.jetStream(t)
 	createStream(t, js, jetstream.StreamConfig{Name: "RELAY", Subjects: []string{"relay.>"}})
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	s, err := natsjs.Connect(n.URL(), natsjs.Config{Type: "order", Logger: testLogger(logs)}, nats.ReconnectWait(20*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
@@ -224,7 +226,7 @@ func TestConnectWhileTheServerIsDownThenClose(t *testing.T) {
 	t.Parallel()
 	n := startNATS(t)
 	n.stop()
-	s, err := natsjs.Connect(n.URL(), natsjs.Config{Type: "order", Logger: testLogger(&syncBuffer{})}, nats.ReconnectWait(20*time.Millisecond))
+	s, err := natsjs.Connect(n.URL(), natsjs.Config{Type: "order", Logger: testLogger(&testlog.Buffer{})}, nats.ReconnectWait(20*time.Millisecond))
 	require.NoError(t, err, "a service starts while NATS is down")
 	t.Cleanup(s.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

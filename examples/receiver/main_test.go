@@ -9,9 +9,10 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/xadm/relay/internal/testlog"
 
 	"github.com/stretchr/testify/require"
 
@@ -33,7 +34,7 @@ func TestReceiverAppliesOnce(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	base := "http://" + ln.Addr().String() + "/relay"
-	out, logs := &syncBuffer{}, &syncBuffer{}
+	out, logs := &testlog.Buffer{}, &testlog.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, ln, pgserver.Shared().URL, time.Hour, out, logs) }()
@@ -90,22 +91,4 @@ func TestReceiverAppliesOnce(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
 	require.Contains(t, string(body), "the body is not a JSON document")
-}
-
-// syncBuffer is a strings.Builder safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
