@@ -160,11 +160,13 @@ func (l *lane) observe(out Outcome, permanent bool, err error) {
 		l.failures, l.pauses, l.probe = 0, 0, false
 	case l.state == laneProbing:
 		l.failures++
-		paused = l.pauseLocked(now, "the probe failed: "+ErrorText(err, 200))
+		l.pauseLocked(now, "the probe failed: "+ErrorText(err, 200))
+		paused = true
 	case l.state == laneOpen:
 		l.failures++
 		if l.pauseAfter > 0 && l.failures >= l.pauseAfter {
-			paused = l.pauseLocked(now, fmt.Sprintf("%d sends in a row failed, the last: %s", l.failures, ErrorText(err, 200)))
+			l.pauseLocked(now, fmt.Sprintf("%d sends in a row failed, the last: %s", l.failures, ErrorText(err, 200)))
+			paused = true
 		}
 	}
 	l.mu.Unlock()
@@ -179,8 +181,10 @@ func (l *lane) abandon() {
 		return
 	}
 	l.mu.Lock()
-	paused := l.state != lanePaused &&
+	paused := l.state != lanePaused
+	if paused {
 		l.pauseLocked(time.Now(), fmt.Sprintf("%d sends ignored their context and still run", n))
+	}
 	l.mu.Unlock()
 	l.said(false, paused)
 }
@@ -188,8 +192,8 @@ func (l *lane) abandon() {
 // returned says that an abandoned Send returned at last.
 func (l *lane) returned() { l.abandoned.Add(-1) }
 
-// pauseLocked pauses l (l.mu held) and reports true.
-func (l *lane) pauseLocked(now time.Time, reason string) bool {
+// pauseLocked pauses l (l.mu held).
+func (l *lane) pauseLocked(now time.Time, reason string) {
 	if l.state == laneOpen {
 		l.since = now
 	}
@@ -200,7 +204,6 @@ func (l *lane) pauseLocked(now time.Time, reason string) bool {
 	}
 	l.set(lanePaused)
 	l.until, l.reason, l.probe = now.Add(d), reason, false
-	return true
 }
 
 // said logs a change of l's state and tells the lanes' watcher.
