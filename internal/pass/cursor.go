@@ -234,6 +234,25 @@ func (f *flight) starving(workers int) bool {
 	return false
 }
 
+// starvingAfter is starving as it will be once t is handed out. A select
+// that hands out something else instead leaves it said for one turn of the
+// engine's loop, at worst one worker's task handed back for nothing.
+func (f *flight) starvingAfter(t task, workers int) bool {
+	if f.idle > 1 || f.workers < workers {
+		return false
+	}
+	for i := range f.lanes {
+		queued, inFlight := len(f.lanes[i].queue), f.lanes[i].inFlight
+		if i == t.lane {
+			queued, inFlight = queued-1, inFlight+1
+		}
+		if queued > 0 && inFlight == 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // dropPaused drops the queued tasks of the lanes paused meanwhile: their keys
 // are no longer busy, and wait, blocked, past this pass.
 func (f *flight) dropPaused(e *engine) {

@@ -226,7 +226,9 @@ func (e *engine) run() {
 				}
 			}
 		}
-		e.starving.Store(fl.starving(e.r.cfg.Workers))
+		// Said before the hand-off, as it will be after it: the worker that
+		// takes next then finds it at its first key, whoever runs first.
+		e.starving.Store(fl.starving(e.r.cfg.Workers) || send != nil && fl.starvingAfter(next, e.r.cfg.Workers))
 		select {
 		case send <- next:
 			fl.handed(next)
