@@ -21,6 +21,44 @@ import (
 // sendGrace is how long a sender whose context ended may take to return.
 const sendGrace = 100 * time.Millisecond
 
+// sendContext returns the context of a Send started at start: a child of
+// parent (the pass's) whose deadline is SendTimeout past start. It has no
+// timer of its own, unlike context.WithTimeoutCause's: the worker's timer
+// (worker.watch) cancels it, with r.sendTimedOut as its cause, once the
+// deadline passes. A timer made and stopped for every message cost a drain
+// about a tenth of its rate (docs/performance.md).
+//
+// To the Sender it is what WithTimeoutCause's would be: Deadline says when
+// it ends, Err is context.DeadlineExceeded once it timed out (Canceled when
+// the pass's context ended first), and context.Cause is r.sendTimedOut. A
+// context the Sender derives from it ends with it and has the same cause,
+// but its Err is Canceled.
+func (r *Runner) sendContext(parent context.Context, start time.Time) (context.Context, context.CancelCauseFunc) {
+	c, cancel := context.WithCancelCause(parent)
+	deadline := start.Add(r.cfg.SendTimeout)
+	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	return &sendContext{Context: c, deadline: deadline, timedOut: r.sendTimedOut}, cancel
+}
+
+// sendContext is a Send's context (Runner.sendContext).
+type sendContext struct {
+	context.Context
+	deadline time.Time
+	timedOut error // the cause it is cancelled with at its deadline
+}
+
+func (c *sendContext) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *sendContext) Err() error {
+	err := c.Context.Err()
+	if err != nil && context.Cause(c.Context) == c.timedOut {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
 // sendBatch calls s.SendBatch in a goroutine of its own, under SendTimeout.
 // An abandoned call or a result of the wrong length fails every message of
 // the call.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,10 +16,13 @@ import (
 // keys one message at a time, calling each Sender on its own goroutine: no
 // hand-off to another goroutine and back on a message's path.
 //
-// A Send that is still running sendGrace after its context ended (it ignores
-// its context) is given up: the log says so, the message fails with its
-// context's cause, and another goroutine takes the worker's place from there,
-// with its tasks and its writer. The goroutine left in the Send finds, when
+// Each Send's context is a child of the pass's without a timer of its own
+// (sendContext, send.go): the worker's one timer, set again for each Send,
+// ends it SendTimeout after the Send started. A Send that is still running
+// sendGrace after its context ended (it ignores its context) is given up:
+// the log says so, the message fails with its context's cause, and another
+// goroutine takes the worker's place from there, with its tasks and its
+// writer. The goroutine left in the Send finds, when
 // the Send returns at last, that its turn was taken, and leaves without
 // touching anything. A Send that ends its goroutine (runtime.Goexit, as
 // t.FailNow does) is handed over the same way, at once.
@@ -35,8 +39,17 @@ type worker struct {
 
 	born    time.Time    // when the worker started: since counts from it, on the monotonic clock
 	since   atomic.Int64 // when the running Send started, past born
-	overdue *time.Timer  // fires sendGrace past the running Send's SendTimeout (watch)
+	overdue *time.Timer  // fires at the running Send's SendTimeout (watch)
 	unwatch func()
+
+	mu      sync.Mutex
+	running running // the running Send's turn and its context's cancel, for overdue
+}
+
+// running is the Send the worker's timer ends when it is overdue.
+type running struct {
+	turn   uint64
+	cancel context.CancelCauseFunc
 }
 
 // place is where a worker is in its task, set before each Send.
@@ -221,15 +234,19 @@ func (k *worker) deliverOne(m *store.Row) (d delivery, kept bool) {
 // once, since another holds the worker.
 func (k *worker) send(m *store.Row) (kept bool, err error) {
 	r := k.e.r
-	ctx, cancel := context.WithTimeoutCause(k.e.ctx, r.cfg.SendTimeout, r.sendTimedOut)
-	defer cancel()
+	start := time.Now()
+	ctx, cancel := r.sendContext(k.e.ctx, start)
+	defer cancel(nil)
 	s, msg, l := r.deps.Senders[m.Type], *m, k.e.lanes[m.Lane] // read before the turn: m is the taker's after it
 	turn := 2*k.sent + 1
 	k.sent++
 	k.at.m, k.at.ctx = m, ctx
-	k.since.Store(int64(time.Since(k.born)))
+	k.mu.Lock()
+	k.running = running{turn: turn, cancel: cancel}
+	k.mu.Unlock()
+	k.since.Store(int64(start.Sub(k.born)))
 	k.turn.Store(turn)
-	k.overdue.Reset(r.cfg.SendTimeout + sendGrace)
+	k.overdue.Reset(r.cfg.SendTimeout)
 	returned := false
 	defer func() {
 		if !returned && k.turn.CompareAndSwap(turn, 0) { // runtime.Goexit in the Send
@@ -240,26 +257,40 @@ func (k *worker) send(m *store.Row) (kept bool, err error) {
 	returned = true
 	if !k.turn.CompareAndSwap(turn, turn+1) {
 		// Given up: the worker, and its overdue timer, are another
-		// goroutine's now. Stopping the timer would disarm the watch of the
-		// Send running in this one's place.
+		// goroutine's now.
 		l.returned()
 		return false, err
 	}
-	k.overdue.Stop()
+	// The timer is left set: firing for a Send that returned, it does
+	// nothing, and the next Send sets it again.
 	return true, err
 }
 
-// watch arms what gives up a Send that ignores its context: the worker's
-// overdue timer, reset for each Send to fire sendGrace past its SendTimeout,
-// and, sendGrace after the pass's context ends, a look at the Send then
+// watch arms what ends a Send at its SendTimeout and gives up one that
+// ignores its context: the worker's overdue timer, set for each Send to fire
+// at its SendTimeout, which ends the Send's context and gives it sendGrace
+// more, and, sendGrace after the pass's context ends, a look at the Send then
 // running. Both are the worker's, not each Send's. It returns their stop.
 func (k *worker) watch() (stop func()) {
 	k.born = time.Now()
+	timeout := k.e.r.cfg.SendTimeout
 	k.overdue = time.AfterFunc(time.Duration(math.MaxInt64), func() {
 		v := k.turn.Load()
-		if v&1 == 1 && k.sending() >= k.e.r.cfg.SendTimeout+sendGrace {
-			k.giveUp(v)
-		} // else the Send it was set for returned: the one running now has its own
+		if v&1 == 0 || k.sending() < timeout {
+			return // the Send it was set for returned: the one running now has set it again
+		}
+		k.mu.Lock()
+		run := k.running
+		k.mu.Unlock()
+		if run.turn != v {
+			return // v returned meanwhile; its successor is younger than timeout
+		}
+		run.cancel(k.e.r.sendTimedOut)
+		time.AfterFunc(sendGrace, func() {
+			if k.turn.Load() == v {
+				k.giveUp(v)
+			}
+		})
 	})
 	stopEnded := context.AfterFunc(k.e.ctx, func() {
 		time.AfterFunc(sendGrace, func() {
