@@ -159,8 +159,11 @@ func memRelay(t *testing.T, concurrency, batch int, s Sender) *Runner {
 }
 
 // runMem runs one pass of r's engine over t.
-func runMem(r *Runner, t *memTable, o Opts) Result {
-	e := r.newEngine(context.Background(), o, t)
+func runMem(r *Runner, t *memTable, o Opts) Result { return runMemCtx(context.Background(), r, t, o) }
+
+// runMemCtx is runMem with the pass's context.
+func runMemCtx(ctx context.Context, r *Runner, t *memTable, o Opts) Result {
+	e := r.newEngine(ctx, o, t)
 	e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res, pipeline: outcomePipeline}
 	e.rec.outcomeStrategy = memOutcomes{rc: e.rec, t: t}
 	e.run()

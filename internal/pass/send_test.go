@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -51,28 +52,22 @@ func (s ctxSender) Send(ctx context.Context, _ store.Row) error {
 // DeadlineExceeded once it passed, the relay's cause, and children that end
 // with it; and when the pass's context ends first, its cause instead.
 func TestSendContext(t *testing.T) {
-	const timeout = 200 * time.Millisecond
-	runner := func(s Sender, timeout time.Duration) *Runner {
-		r := memRelay(t, 1, 1, s)
-		cfg := r.cfg
-		cfg.SendTimeout = timeout
-		return New(cfg, r.types, r.deps)
-	}
-	run := func(t *testing.T, parent context.Context) (v ctxSeen, before time.Time) {
-		t.Helper()
+	// run runs one pass over one row under parent, with SendTimeout timeout,
+	// calling onStart once the Send started.
+	run := func(parent context.Context, timeout time.Duration, onStart func()) (v ctxSeen, before time.Time) {
 		s := ctxSender{started: make(chan struct{}), seen: make(chan ctxSeen, 1)}
-		r := runner(s, timeout)
-		table := newMemTable(1, "k")
-		e := r.newEngine(parent, Opts{}, table)
-		e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res, pipeline: outcomePipeline}
-		e.rec.outcomeStrategy = memOutcomes{rc: e.rec, t: table}
+		cfg := memRelay(t, 1, 1, s).cfg
+		cfg.SendTimeout = timeout
+		r := New(cfg, []string{"t"}, Deps{Senders: map[string]Sender{"t": s}, Logger: slog.New(slog.DiscardHandler)})
+		go func() { <-s.started; onStart() }()
 		before = time.Now()
-		e.run()
+		runMemCtx(parent, r, newMemTable(1, "k"), Opts{})
 		return <-s.seen, before
 	}
 
 	t.Run("TimedOut", func(t *testing.T) {
-		v, before := run(t, context.Background())
+		const timeout = 200 * time.Millisecond
+		v, before := run(context.Background(), timeout, func() {})
 		require.True(t, v.hasDeadline)
 		require.False(t, v.deadline.Before(before.Add(timeout)), "the deadline is SendTimeout past the Send's start")
 		require.False(t, v.deadline.After(v.startedAt.Add(timeout)), "the deadline is SendTimeout past the Send's start")
@@ -87,15 +82,7 @@ func TestSendContext(t *testing.T) {
 		stopped := errors.New("the pass stopped")
 		parent, cancel := context.WithCancelCause(context.Background())
 		defer cancel(nil)
-		s := ctxSender{started: make(chan struct{}), seen: make(chan ctxSeen, 1)}
-		r := runner(s, time.Hour)
-		table := newMemTable(1, "k")
-		e := r.newEngine(parent, Opts{}, table)
-		e.rec = &recorder{r: r, ctx: context.Background(), res: &e.res, pipeline: outcomePipeline}
-		e.rec.outcomeStrategy = memOutcomes{rc: e.rec, t: table}
-		go func() { <-s.started; cancel(stopped) }()
-		e.run()
-		v := <-s.seen
+		v, _ := run(parent, time.Hour, func() { cancel(stopped) })
 		require.ErrorIs(t, v.err, context.Canceled)
 		require.ErrorIs(t, v.cause, stopped)
 		require.ErrorIs(t, v.childCause, stopped)
