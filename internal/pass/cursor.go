@@ -222,28 +222,24 @@ func (f *flight) requeue(t task) {
 
 // starving reports whether a lane waits with tasks queued and none in
 // flight, while every worker is taken.
-func (f *flight) starving(workers int) bool {
-	if f.idle > 0 || f.workers < workers {
-		return false
-	}
-	for i := range f.lanes {
-		if len(f.lanes[i].queue) > 0 && f.lanes[i].inFlight == 0 {
-			return true
-		}
-	}
-	return false
-}
+func (f *flight) starving(workers int) bool { return f.starvingWith(f.idle, -1, workers) }
 
 // starvingAfter is starving as it will be once t is handed out. A select
 // that hands out something else instead leaves it said for one turn of the
 // engine's loop, at worst one worker's task handed back for nothing.
 func (f *flight) starvingAfter(t task, workers int) bool {
-	if f.idle > 1 || f.workers < workers {
+	return f.starvingWith(f.idle-1, t.lane, workers)
+}
+
+// starvingWith is starving with idle workers free and, when handed is a
+// lane, one task of it moved from its queue to a worker.
+func (f *flight) starvingWith(idle, handed, workers int) bool {
+	if idle > 0 || f.workers < workers {
 		return false
 	}
 	for i := range f.lanes {
 		queued, inFlight := len(f.lanes[i].queue), f.lanes[i].inFlight
-		if i == t.lane {
+		if i == handed {
 			queued, inFlight = queued-1, inFlight+1
 		}
 		if queued > 0 && inFlight == 0 {

@@ -25,8 +25,8 @@ const sendGrace = 100 * time.Millisecond
 // parent (the pass's) whose deadline is SendTimeout past start. It has no
 // timer of its own, unlike context.WithTimeoutCause's: the worker's timer
 // (worker.watch) cancels it, with r.sendTimedOut as its cause, once the
-// deadline passes. A timer made and stopped for every message cost a drain
-// about a tenth of its rate (docs/performance.md).
+// deadline passes. A timer made and stopped for every message cost a
+// grouped drain 4–9% of its rate (docs/performance.md).
 //
 // To the Sender it is what WithTimeoutCause's would be: Deadline says when
 // it ends, Err is context.DeadlineExceeded once it timed out (Canceled when
