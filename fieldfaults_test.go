@@ -518,9 +518,18 @@ func TestPassCostIgnoresDeadAndForeignRows(t *testing.T) {
 			}
 			literals := make([]string, len(args))
 			for i, a := range args {
-				if types, ok := a.([]string); ok {
-					literals[i] = "ARRAY['" + strings.Join(types, "','") + "']::text[]"
-				} else {
+				switch v := a.(type) {
+				case []string:
+					if len(v) == 0 {
+						literals[i] = "'{}'::text[]"
+						break
+					}
+					literals[i] = "ARRAY['" + strings.Join(v, "','") + "']::text[]"
+				case []int64:
+					literals[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::bigint[]"
+				case []int32:
+					literals[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::int[]"
+				default:
 					literals[i] = fmt.Sprint(a)
 				}
 			}

@@ -87,3 +87,38 @@ func TestFailedRowsIndexIsNoKeyIndex(t *testing.T) {
 	}
 	require.Contains(t, names, table+"_outbox_key")
 }
+
+// TestCachedIDsSaidOutLoud: a table whose id sequence hands each session a
+// block of ids (CACHE > 1) cannot keep each key's order by id, since a
+// session's cached ids may be lower than ids already committed (decision
+// 0041): the relay says so, once, and names the fix.
+func TestCachedIDsSaidOutLoud(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	var seq string
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_get_serial_sequence($1, 'id')", b.table).Scan(&seq))
+	_, err := b.pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 20")
+	require.NoError(t, err)
+	var logs logBuffer
+	cfg := b.cfg
+	cfg.Logger = logs.Logger()
+	r := b.newRelay(t, cfg, newRecorder("t", nil))
+	for range 2 {
+		_, err = r.Run(ctx)
+		require.NoError(t, err)
+	}
+	warned := logs.Lines("level=WARN", "the sequence of the table's id caches ids")
+	require.Len(t, warned, 1, "once")
+	require.Contains(t, warned[0], "cache=20")
+	require.Contains(t, warned[0], "CACHE 1")
+
+	// With CACHE 1, the default of bigserial, nothing is said.
+	_, err = b.pool.Exec(ctx, "ALTER SEQUENCE "+seq+" CACHE 1")
+	require.NoError(t, err)
+	var quiet logBuffer
+	cfg.Logger = quiet.Logger()
+	_, err = b.newRelay(t, cfg, newRecorder("t", nil)).Run(ctx)
+	require.NoError(t, err)
+	require.Empty(t, quiet.Lines("the sequence of the table's id caches ids"))
+}

@@ -291,8 +291,9 @@ func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
 	defer cancel()
 	table := r.table()
 	args := store.FetchArgs{
-		MaxAttempts: r.cfg.MaxAttempts, Types: q.Types, Others: q.Others, Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
-		After: q.After, Preflight: q.Preflight, Source: table.Qualified, Headers: table.Headers,
+		MaxAttempts: r.cfg.MaxAttempts, Types: q.Types, After: q.After, Width: q.Width, All: q.All, Later: q.Later,
+		Epoch: q.Epoch, StartEpoch: q.StartEpoch, Keyed: q.Keyed, Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
+		Preflight: q.Preflight, Source: table.Qualified, Headers: table.Headers,
 	}
 	if q.Parts != nil {
 		args.Partitions, args.Parts = r.cfg.Partitions, q.Parts
@@ -350,6 +351,12 @@ func (r *Relay) learnTable(ctx context.Context) error {
 	if !r.indexesChecked {
 		r.indexesChecked = true
 		r.warnMissingIndexes(pctx, c)
+		if info.IDCache > 1 {
+			r.logger.LogAttrs(pctx, slog.LevelWarn, "relay: the sequence of the table's id caches ids: each session draws a block of its own, "+
+				"so two messages of one key can get ids in the other order than their commits, and be delivered so; "+
+				"set its CACHE to 1 (ALTER SEQUENCE ... CACHE 1) to keep each key's order (decision 0041)",
+				slog.String("table", r.cfg.Table), slog.Int64("cache", info.IDCache))
+		}
 	}
 	return nil
 }

@@ -79,7 +79,7 @@ func (r *Relay) dispatch(ctx context.Context, o election.Opts) election.Result {
 		return res
 	}
 	res.Result = r.runner.Run(ctx, pass.Opts{Halt: o.Halt, Drain: o.Drain, DrainFor: o.DrainFor, Parts: o.Parts, Wake: o.Wake,
-		Separable: len(r.types) > 1 && r.table().KeyIndex})
+		Keyed: r.table().KeyIndex})
 	return res
 }
 

@@ -2,36 +2,49 @@ package pass
 
 import (
 	"math"
+	"slices"
 
 	"github.com/xadm/relay/internal/store"
 )
 
 // This file holds the engine's state as two small types: the cursor, where
-// the next select of a pass starts and whether there is one, and the flight,
+// each lane's next select starts and whether there is one, and the flight,
 // what the engine has handed to its workers. engine.run moves them through
 // their named transitions only.
 
-// cursor is where a pass's next select starts. After a full batch, the next
-// is selected past its last id, at once: the outcomes of the one before need
-// not be written first, since none of its rows can come back. A row left
-// behind (its key in flight) is found by a select from the start, once the
-// drain has nothing new past the last batch; a select that goes over ids
-// selected before (rereads) waits for the outcomes waiting to be written,
-// since a grouped outcome's key is done before its group is written.
+// cursor is where each lane's next window starts, in an epoch of a pass.
+// An epoch begins with a select of every lane from the start, which reads
+// the table's highest id (store's epoch); each lane's later windows go on
+// past the last row of its own last one, at once: the outcomes of the rows
+// before need not be written first, since none of them can come back. A
+// lane's cursor moves only over rows its own selects returned, so a type
+// left out of the selects for a while (paused, failed in this pass, or with
+// work queued) goes on where it stopped. Rows left behind (a key in flight,
+// a row held behind an older one: store.HeldAgain) are found by the next
+// epoch, once the drain has nothing new; a select that starts an epoch goes
+// over ids selected before (rereads), so it waits for the outcomes waiting to
+// be written, since a grouped outcome's key is done before its group is
+// written.
 type cursor struct {
-	drain     bool  // take batches while they come back full, or rows were left behind
-	limit     int   // without drain, the rows the pass takes (BatchSize), in as many selects as BatchBytes cuts them into
-	taken     int   // without drain, the rows taken so far
-	more      bool  // there is a next select
-	first     bool  // no select yet: the next carries the preflight
-	fromStart bool  // the next select starts from the beginning
-	behind    bool  // rows were left behind since the last select from the start
-	after     int64 // the last id of the last select: a drain goes on past it
-	seen      int64 // the highest id selected so far
+	drain     bool    // take windows while some lane has more, or rows were left behind
+	limit     int     // without drain, the rows the pass takes (BatchSize), in as many selects as BatchBytes cuts them into
+	taken     int     // without drain, the rows taken so far
+	more      bool    // there is a next select
+	first     bool    // no select yet: the next carries the preflight
+	fromStart bool    // the next select starts an epoch
+	behind    bool    // rows were left behind since the epoch began
+	epoch     int64   // the highest id when the epoch began
+	after     []int64 // by lane, where its next window starts
+	lanesMore []bool  // by lane, its last window left rows out
 }
 
-func newCursor(drain bool, limit int) cursor {
-	return cursor{drain: drain, limit: limit, more: true, first: true, fromStart: true, after: math.MinInt64, seen: math.MinInt64}
+func newCursor(drain bool, limit, lanes int) cursor {
+	c := cursor{drain: drain, limit: limit, more: true, first: true, fromStart: true, epoch: math.MinInt64,
+		after: make([]int64, lanes), lanesMore: make([]bool, lanes)}
+	for i := range c.after {
+		c.after[i] = math.MinInt64
+	}
+	return c
 }
 
 // take keeps, of a select's rows, those within a direct pass's limit.
@@ -46,42 +59,65 @@ func (c *cursor) take(rows []store.Row) []store.Row {
 	return rows
 }
 
-// next starts the next select: where it starts, and whether it goes over ids
-// selected before.
-func (c *cursor) next() (from int64, rereads bool) {
-	from = c.after
-	if c.fromStart {
-		from, c.behind = math.MinInt64, false
+// next is where the next select of lanes starts, and whether it starts an
+// epoch (then every lane starts from the start, and the rows left behind
+// are selected again).
+func (c *cursor) next(lanes []int) (after []int64, epoch bool) {
+	if epoch = c.fromStart; epoch {
+		for i := range c.after {
+			c.after[i], c.lanesMore[i] = math.MinInt64, false
+		}
+		c.behind = false
 	}
-	return from, from < c.seen
+	after = make([]int64, len(lanes))
+	for i, l := range lanes {
+		after[i] = c.after[l]
+	}
+	return after, epoch
 }
 
-// selected moves the cursor past a select's rows: on past them after a full
-// batch (or, without drain, one cut by BatchBytes before the pass's limit),
-// back to the start when rows were left behind, or nowhere (the pass takes no
-// more batches).
-func (c *cursor) selected(rows []store.Row, full, cut, skipped bool) {
+// selected moves the cursors of a select's lanes past its rows, and says
+// whether another select follows: at once while some lane had more rows than
+// the select took, from the start when rows were left behind, or not at all.
+// Without drain, a select cut by BatchBytes before the pass's limit is
+// followed by the next.
+func (c *cursor) selected(lanes []int, f store.Batch, rows []store.Row, epoch, skipped bool, laneOf func(typ string) int) {
 	c.first = false
-	if n := len(rows); n > 0 {
-		c.after = rows[n-1].ID // onwards from here, whether this select was from the start or not
-		c.seen = max(c.seen, c.after)
+	if epoch {
+		c.fromStart, c.epoch = false, f.Epoch
+	}
+	for _, l := range lanes {
+		c.lanesMore[l] = f.Cut
+	}
+	for _, typ := range f.More {
+		c.lanesMore[laneOf(typ)] = true
+	}
+	for i := range rows {
+		c.after[rows[i].Lane] = rows[i].ID // rows are in id order
 	}
 	c.behind = c.behind || skipped
-	switch {
-	case !c.drain: // cut by BatchBytes, not by BatchSize: on past it
-		c.more, c.fromStart = cut && c.taken < c.limit, false
-	case full: // onwards, past this batch
-		c.more, c.fromStart = true, false
-	case c.behind: // nothing new past it: back for what was left behind
-		c.more, c.fromStart = true, true
-	default:
-		c.more = false
+	if !c.drain {
+		c.more = f.Cut && c.taken < c.limit
+		return
+	}
+	c.more = slices.Contains(c.lanesMore, true) || c.behind
+	c.fromStart = !slices.Contains(c.lanesMore, true) && c.behind
+}
+
+// drop forgets that lane has more rows: it cannot be selected in this pass
+// (paused, or failed in it), and its rows wait for the next.
+func (c *cursor) drop(lane int) {
+	if c.lanesMore[lane] {
+		c.lanesMore[lane] = false
+		c.more = slices.Contains(c.lanesMore, true) || c.behind
+		c.fromStart = c.more && !slices.Contains(c.lanesMore, true)
 	}
 }
 
-// woken starts selecting again, after a pass's last batch, for rows a
-// wake-up says were committed since: on past the last batch, or from the
-// start when rows were left behind. Without drain (one batch) it does nothing.
+// woken starts selecting again, after a pass's last window, for rows a
+// wake-up says were committed since: past each lane's cursor, or from the
+// start when rows were left behind. Without drain (one batch) it does
+// nothing.
 func (c *cursor) woken() {
 	if c.drain {
 		c.more, c.fromStart = true, c.behind
@@ -91,19 +127,6 @@ func (c *cursor) woken() {
 // stop ends the pass's selects: a failure, a halt, or the drain's time bound.
 func (c *cursor) stop() { c.more = false }
 
-// reread takes, into the cursor, a select from the start for some lanes
-// (engine.selectHungry): the ids it went over, and whether it left rows
-// behind. Where the next select starts does not change.
-func (c *cursor) reread(rows []store.Row, skipped bool) {
-	if n := len(rows); n > 0 {
-		c.seen = max(c.seen, rows[n-1].ID)
-	}
-	c.behind = c.behind || skipped
-	if c.drain && skipped && !c.more {
-		c.more, c.fromStart = true, true
-	}
-}
-
 // flight is what the engine has queued and handed out: the tasks queued for
 // the workers by lane, the keys queued or in flight, and whether the next
 // select waits for a task to finish first.
@@ -112,10 +135,13 @@ type flight struct {
 	handOuts int             // tasks handed out so far: a lane's turn
 	busy     map[string]bool // keys queued or handed out, and not yet done
 	tasks    int             // tasks handed out and not yet done
+	transit  int             // rests of tasks said handed back (taskDone.handedBack) and not yet requeued; -1: one requeued first
 	workers  int             // workers started
 	idle     int             // workers free for a task
 	starting bool            // a worker was started and has not said it is free yet
 	waitDone bool            // select again only once a task is done
+	// moved says a task was queued or done since the epoch began.
+	moved bool
 }
 
 // laneFlight is one lane's part of the flight.
@@ -137,6 +163,7 @@ func (f *flight) queue(t task) {
 	}
 	q := &f.lanes[t.lane]
 	q.queue = append(q.queue, t)
+	f.moved = true
 }
 
 // queued is how many tasks wait for a worker.
@@ -199,8 +226,17 @@ func (f *flight) finished(d taskDone) {
 		delete(f.busy, k)
 	}
 	f.tasks--
-	f.waitDone = false
+	f.waitDone, f.moved = false, true
+	if d.handedBack {
+		f.transit++
+	}
 }
+
+// inFlight is how many tasks are at a worker, or on their way back from one.
+// Once every task's done came (tasks 0), transit counts the rests still on
+// their way; before, a rest requeued ahead of its task's done leaves it at -1
+// for that task, which tasks still counts.
+func (f *flight) inFlight() int { return f.tasks + max(f.transit, 0) }
 
 // freed records that a worker is free, having finished a task of lane (-1:
 // a worker just started).
@@ -216,6 +252,7 @@ func (f *flight) freed(lane int) {
 // requeue puts the rest of a task a worker handed back first in its lane's
 // queue; its keys stay busy.
 func (f *flight) requeue(t task) {
+	f.transit--
 	q := &f.lanes[t.lane]
 	q.queue = append([]task{t}, q.queue...)
 }
@@ -260,7 +297,7 @@ func (f *flight) dropPaused(e *engine) {
 		for _, t := range q.queue {
 			for _, g := range t.groups {
 				delete(f.busy, g[0].Key)
-				e.blocked[g[0].Key] = blockedRow{lane: i}
+				e.block(g[0], false, false)
 			}
 		}
 		q.queue = nil
@@ -275,8 +312,10 @@ func (f *flight) dropAll() {
 }
 
 // planned notes a batch's tasks queued. With nothing of it to send and keys
-// still in flight, a select from the start waits for one of them first: it
-// would find the same rows again.
-func (f *flight) planned(c *cursor) {
-	f.waitDone = f.queued() == 0 && len(f.busy) > 0 && c.fromStart
+// still in flight, the next epoch's select waits for one of them first: it
+// would find the same rows again; unless the select, not itself an epoch's,
+// held rows behind older ones it lacked (held), which the next epoch's
+// select may take with them.
+func (f *flight) planned(c *cursor, held, epoch bool) {
+	f.waitDone = f.queued() == 0 && len(f.busy) > 0 && c.fromStart && (epoch || !held)
 }

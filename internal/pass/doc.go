@@ -1,15 +1,22 @@
 // Package pass is the relay's one dispatch engine: a pass selects batches of
-// deliverable rows outside any transaction, splits them by natural key and by
-// type, hands the keys to at most Concurrency workers, calls each type's
-// Sender and records each outcome. Run, RunIfElected and the loop's periodic
+// deliverable rows outside any transaction, each type its share, in epochs
+// (cursor.go), splits them by natural key and by type, hands the keys to at
+// most Concurrency workers, calls each type's Sender and records each
+// outcome. Run, RunIfElected and the loop's periodic
 // pass all run it, under whatever election the relay holds; it takes its
 // dependencies as one value (Deps) and knows nothing of the election.
 //
 // # Guarantees
 //
-//   - Per-key order: a key's messages go one at a time, in id order, and a
-//     key stops at its first failure; two messages of one key are never in
-//     flight together, across types too.
+//   - Per-key order (decision 0041): the relay never sends a message while
+//     an older live message of its key, of a type it serves, is unsent, and
+//     never two messages of a key at once, across types too. One rule for
+//     every way a row can be missing from a batch (its type paused or left
+//     out, its backoff, a lane's cursor past it, another type's share of the
+//     batch, a late commit, a re-queue): the select holds back each row whose
+//     key has an older live row the batch lacks (sql/pass.sql, held), and the
+//     engine blocks that key for the rest of the epoch (cursor.go). A key
+//     stops at its first message not sent.
 //   - A send starts only when its outcome can be recorded: a worker holds the
 //     connection its outcomes are written on before its first send.
 //   - Every outcome is fenced on the state the pass read; a row that moved on

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,13 +33,20 @@ type task struct {
 }
 
 // taskDone is what a worker says of a task once the outcomes of its keys are
-// recorded: the keys it is done with, and the lanes of the messages that
-// failed in it.
+// recorded: the keys it is done with, the lanes of the messages that failed
+// in it, and, of each key it stopped at a message that was not sent (a
+// failure, a death), that message: the key's rows from it on wait for a
+// later pass, which selects them again.
 type taskDone struct {
-	lane   int
-	keys   []string
-	failed []int
+	lane       int
+	keys       []string
+	failed     []int
+	stopped    []*store.Row
+	handedBack bool // the rest of the task went back to the engine (engine.back)
 }
+
+// closed is a channel that is always ready.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // tasksPerWorker is how many tasks a batch's keys are cut into per worker:
 // enough for a slow key not to leave the other workers idle, few enough that
@@ -81,11 +87,12 @@ type engine struct {
 
 	lanes []*lane // the relay's, by index
 
-	// blocked are the keys whose earliest row this pass left behind: their
-	// later rows wait behind it. again: the key was in flight, and a select
-	// from the start of that row's lane will find the row; otherwise the row
-	// is held back past this pass (its outcome could not be recorded, or its
-	// lane cannot send now).
+	// blocked are the keys whose earliest row this epoch left behind: their
+	// later rows wait behind it. again: the next epoch finds the row (its key
+	// was in flight, or the select held it behind an older row it lacked);
+	// otherwise the row is held back past this pass (its outcome could not be
+	// recorded, its lane cannot send now, or it waits behind a row that waits
+	// out its backoff).
 	blocked map[string]blockedRow
 	claimed []*lane // lanes whose probe this pass claimed
 
@@ -100,10 +107,23 @@ type engine struct {
 	workers  sync.WaitGroup
 }
 
-// blockedRow is a key left behind (engine.blocked).
+// blockedRow is a key left behind (engine.blocked): its rows from id from
+// on wait; an older row of it, selected later (of another lane, whose window
+// had not reached it), may still go.
 type blockedRow struct {
+	from  int64
 	again bool
-	lane  int
+	held  bool // the select held its row behind an older one it lacked: the next epoch's select takes both
+}
+
+// block leaves m's key behind from m on (engine.blocked).
+func (e *engine) block(m *store.Row, again, held bool) {
+	b, ok := e.blocked[m.Key]
+	if !ok || m.ID < b.from {
+		b.from = m.ID
+	}
+	b.again, b.held = b.again || again, b.held || held
+	e.blocked[m.Key] = b
 }
 
 // newEngine is a pass's engine on src, without its recorder.
@@ -153,17 +173,20 @@ func (e *engine) halted() bool {
 
 func (e *engine) run() {
 	start := time.Now()
-	c := newCursor(e.o.Drain, e.r.cfg.BatchSize)
+	c := newCursor(e.o.Drain, e.r.cfg.BatchSize, len(e.lanes))
 	fl := newFlight(len(e.lanes))
 	defer func() {
 		for _, l := range e.claimed {
 			l.releaseProbe() // a probe not sent: the next pass probes
 		}
+		for _, l := range e.lanes {
+			l.passEnded()
+		}
 	}()
 	// While some lanes have work queued, the others are selected for at a
 	// wake-up, and every Interval for rows written without one.
 	var tick <-chan time.Time
-	if e.o.Separable && e.o.Drain {
+	if e.separable() && e.o.Drain {
 		t := time.NewTicker(e.r.cfg.Interval)
 		defer t.Stop()
 		tick = t.C
@@ -175,23 +198,26 @@ func (e *engine) run() {
 			fl.dropAll()
 		}
 		fl.dropPaused(e)
+		if fl.waitDone && fl.inFlight() == 0 {
+			fl.waitDone = false // no done to wait for: the keys it waited on were dropped
+		}
 		queued := fl.queued()
-		if queued == 0 && c.more && !fl.waitDone && fl.tasks > 0 && e.src.Starved() {
+		if queued == 0 && c.more && !fl.waitDone && fl.inFlight() > 0 && e.src.Starved() {
 			// Every connection is taken, by the election and the workers
 			// holding theirs for their outcomes: select once one is back.
 			fl.waitDone = true
 		}
-		if queued == 0 && c.more && !fl.waitDone && !e.selectBatch(&c, fl, start) {
+		if queued == 0 && c.more && !fl.waitDone && !e.selectBatch(&c, fl, start, false) {
 			break
 		}
 		if hungry && queued > 0 && !e.halted() {
 			hungry = false
-			if !e.selectHungry(&c, fl) {
+			if !e.selectBatch(&c, fl, start, true) {
 				break
 			}
 		}
 		queued = fl.queued()
-		if queued == 0 && fl.tasks == 0 {
+		if queued == 0 && fl.inFlight() == 0 {
 			if c.more {
 				// Nothing to send from this batch (its keys were left behind
 				// or wait out a backoff) and nothing in flight to wait for:
@@ -203,8 +229,14 @@ func (e *engine) run() {
 		}
 		var send chan task
 		var next task
-		var woken <-chan struct{}
-		if fl.tasks > 0 && !e.halted() && (!c.more || queued > 0 && e.o.Separable) {
+		var woken, due <-chan struct{}
+		if queued == 0 && c.more && !fl.waitDone {
+			// Nothing to send from the last select (its keys in flight, held
+			// or waiting out a backoff), and the next is due at once: after
+			// whatever the workers have said meanwhile.
+			due = closed
+		}
+		if fl.inFlight() > 0 && !e.halted() && (!c.more || queued > 0 && e.separable()) {
 			woken = e.o.Wake // a commit notified meanwhile: select again beside the writes
 		}
 		if queued > 0 {
@@ -236,13 +268,17 @@ func (e *engine) run() {
 			fl.freed(l)
 		case d := <-e.done:
 			fl.finished(d)
+			for _, m := range d.stopped {
+				e.block(m, false, false)
+			}
 			for _, l := range d.failed {
 				// The lane's destination may be struggling: its failed rows
 				// wait for the next pass, not the next batch.
-				if !e.o.Separable {
+				if !e.separable() {
 					c.stop()
 				}
 				fl.lanes[l].stopped = true
+				c.drop(l)
 			}
 		case t := <-e.back:
 			fl.requeue(t)
@@ -254,7 +290,8 @@ func (e *engine) run() {
 				hungry = true
 			}
 		case <-tick:
-			hungry = e.o.Separable
+			hungry = e.separable()
+		case <-due:
 		}
 	}
 	e.starving.Store(false)
@@ -275,48 +312,82 @@ func (e *engine) run() {
 	}
 }
 
-// selection is what a select asks for: the types of the lanes that can
-// send now and have not failed in this pass (with hungry, only those with
-// nothing queued), and the others, left out. Without separable lanes every
-// type is selected while one can send (a paused lane's rows are then cut in
-// plan). ok is false when no type can be selected.
-func (e *engine) selection(fl *flight, hungry bool) (types, others []string, ok bool) {
+// separable reports whether the pass's selects may leave lanes out: the
+// table has the key index, which keeps each key's order across the types a
+// select leaves out (sql/pass.sql, held), and the relay has several types.
+func (e *engine) separable() bool { return e.o.Keyed && len(e.lanes) > 1 }
+
+// selection is which lanes a select takes rows of: those that can send now
+// and have not failed in this pass (with hungry, only those with nothing
+// queued), a probing lane one row only; and later, the types that cannot
+// send in this pass. Lanes it leaves out that could not send lose their
+// place in the drain (cursor.drop). Without separable lanes every lane is
+// selected while one can send (a paused lane's rows are then cut in plan).
+// ok is false when no lane can be selected.
+func (e *engine) selection(c *cursor, fl *flight, hungry bool) (lanes []int, types []string, width []int32, later []string, ok bool) {
 	now := time.Now()
+	full := int32(e.r.cfg.BatchSize)
+	any := false
 	for i, l := range e.lanes {
-		can, _ := l.dispatchable(now)
-		if can && !fl.lanes[i].stopped && (!hungry || len(fl.lanes[i].queue) == 0) {
-			types = append(types, l.typ)
-		} else {
-			others = append(others, l.typ)
+		can, probe := l.dispatchable(now)
+		can = can && !fl.lanes[i].stopped
+		any = any || can
+		if !can {
+			later = append(later, l.typ)
+			c.drop(i)
+		}
+		switch {
+		case !e.separable():
+			lanes, types, width = append(lanes, i), append(types, l.typ), append(width, full)
+		case can && (!hungry || len(fl.lanes[i].queue) == 0):
+			w := full
+			if probe {
+				w = 1 // the probe's candidate: the lane's next rows wait for its answer
+			}
+			lanes, types, width = append(lanes, i), append(types, l.typ), append(width, w)
 		}
 	}
-	switch {
-	case len(types) == 0:
-		return nil, nil, false
-	case !e.o.Separable:
-		return e.r.types, nil, !hungry
+	if !any || len(lanes) == 0 || hungry && !e.separable() {
+		return nil, nil, nil, nil, false
 	}
-	return types, others, true
+	return lanes, types, width, later, true
 }
 
-// selectBatch selects the cursor's next batch and queues its tasks. It
-// returns false when the pass must end: the select failed, or the server is
-// read-only (the failure is kept).
-func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
-	types, others, ok := e.selection(fl, false)
+// selectBatch selects the next windows of the lanes that can send (with
+// hungry, of those with nothing queued, while others have work queued: rows
+// written since their last select would otherwise wait for the others'
+// queues to drain) and queues their tasks. It returns false when the pass
+// must end: the select failed, or the server is read-only (the failure is
+// kept).
+func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time, hungry bool) bool {
+	lanes, types, width, later, ok := e.selection(c, fl, hungry)
 	if !ok {
-		c.stop() // every lane is paused or failed in this pass
+		if !hungry {
+			c.stop() // every lane is paused or failed in this pass
+		}
 		return true
 	}
-	from, rereads := c.next()
-	if rereads && e.rec.flush() != nil {
-		// Rows up to the last select were selected before: each is in flight
+	if c.fromStart && !c.first && !fl.moved && fl.inFlight() == 0 {
+		// Nothing was sent or done since the last epoch began, and nothing
+		// is in flight: the next would find the same rows (held behind rows
+		// a type's window did not reach, a probe's key passed over), until
+		// time or new rows change them. The next pass sees to it.
+		c.stop()
+		return true
+	}
+	after, epoch := c.next(lanes)
+	if epoch {
+		fl.moved = false
+	}
+	if epoch && !c.first && e.rec.flush() != nil {
+		// An epoch's select goes over ids selected before: each is in flight
 		// (its key is busy), or its outcome is recorded, once the group
 		// waiting to be written is.
 		return false
 	}
 	first := c.first
-	f, err := e.src.Fetch(e.ctx, Query{Preflight: first, After: from, Parts: e.o.Parts, Types: types, Others: others})
+	f, err := e.src.Fetch(e.ctx, Query{Preflight: first, StartEpoch: epoch, Epoch: c.epoch, Parts: e.o.Parts,
+		Types: types, After: after, Width: width, All: e.r.types, Later: later, Keyed: e.o.Keyed})
 	if err != nil {
 		e.rec.keep(err)
 		return false
@@ -328,49 +399,22 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time) bool {
 	if first {
 		e.res.Lag = lagOf(f)
 	}
-	if from == math.MinInt64 {
-		// A select from the start finds every row left behind, of the lanes
-		// it selects; the others' rows hold their keys' later rows back.
+	if epoch {
+		// An epoch's selects find every row left behind in the last.
 		clear(e.blocked)
 	}
 	rows := c.take(f.Rows)
-	skipped := e.plan(rows, fl, time.Now())
-	c.selected(rows, f.Full, f.Cut, skipped)
+	for i := range rows {
+		rows[i].Lane = e.r.lanes.byType[rows[i].Type].index
+	}
+	skipped, held := e.plan(rows, fl, time.Now())
+
+	c.selected(lanes, f, rows, epoch, skipped, func(typ string) int { return e.r.lanes.byType[typ].index })
 	if c.more && time.Since(start) > cmp.Or(e.o.DrainFor, DrainMax) {
 		c.stop()
 		e.res.Backlog = true
 	}
-	fl.planned(c)
-	return true
-}
-
-// selectHungry selects, from the start, for the lanes that have nothing
-// queued while others have: rows written since their last batch would
-// otherwise wait for the others' queues to drain. It leaves the cursor where
-// it was. It returns false when the pass must end (the failure is kept).
-func (e *engine) selectHungry(c *cursor, fl *flight) bool {
-	types, others, ok := e.selection(fl, true)
-	if !ok {
-		return true
-	}
-	if e.rec.flush() != nil {
-		return false
-	}
-	f, err := e.src.Fetch(e.ctx, Query{After: math.MinInt64, Parts: e.o.Parts, Types: types, Others: others})
-	if err != nil {
-		e.rec.keep(err)
-		return false
-	}
-	selected := make([]bool, len(e.lanes))
-	for _, typ := range types {
-		selected[e.r.lanes.byType[typ].index] = true
-	}
-	for k, b := range e.blocked {
-		if b.again && selected[b.lane] {
-			delete(e.blocked, k) // this select finds the row again
-		}
-	}
-	c.reread(f.Rows, e.plan(f.Rows, fl, time.Now()))
+	fl.planned(c, held, epoch)
 	return true
 }
 
@@ -388,37 +432,41 @@ func lagOf(f store.Batch) time.Duration {
 // plan splits a batch, in id order, into tasks, queued by lane: runs of keys,
 // in the order of each key's first id, except that the keys of a
 // [BatchSender]'s type go together in one task. A key queued or in flight is
-// left out (skipped reports it: the rows are selected again, from the start,
-// once the key is idle), and so is a key with a failed row behind the cursor
-// (the same), and a key whose row here is held back because its last outcome
-// could not be recorded. Either way the key is blocked: its
-// later rows, in this batch or the next ones selected past it, wait behind
-// the row left out. A key's rows stop at its first row of a lane that cannot
-// send now (paused, or probing with its probe taken), which blocks the key
-// past this pass; a probing lane's probe is the first key that starts with
-// one of its rows, alone.
-func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped bool) {
+// left out (skipped reports it: the rows are selected again by the next
+// epoch, once the key is idle), and so is a key whose row the select held
+// (held reports it)
+// behind an older live row of its key that the batch lacks (store.Held: the
+// next epoch, or past this pass), and a key whose row here is held back
+// because its last outcome could not be recorded. Either way the key is
+// blocked for the rest of the epoch: its later rows, in this batch or the
+// next ones selected past it, wait behind the row left out. A key's rows
+// stop at its first row of a lane that cannot send now (paused, or probing
+// with its probe taken), which blocks the key past this pass; a probing
+// lane's probe is the first key that starts with one of its rows, alone,
+// unless its last probe failed on that key and another may answer.
+func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped, held bool) {
 	index := make(map[string]int, len(rows))
 	var groups []group
 	for i := range rows {
 		m := &rows[i]
-		if b, ok := e.blocked[m.Key]; ok {
-			skipped = skipped || b.again
+		if b, ok := e.blocked[m.Key]; ok && m.ID >= b.from {
+			skipped, held = skipped || b.again, held || b.held
 			continue
 		}
-		m.Lane = e.r.lanes.byType[m.Type].index
 		switch {
 		case fl.busy[m.Key]:
 			// Selected again once idle; its later rows wait behind this one.
-			e.blocked[m.Key], skipped = blockedRow{again: true, lane: m.Lane}, true
+			e.block(m, true, false)
+			skipped = true
 			continue
 		case e.r.held.waiting(m.ID, now):
-			e.blocked[m.Key] = blockedRow{lane: m.Lane} // waits out its backoff; its later rows wait behind it
+			e.block(m, false, false) // waits out its backoff; its later rows wait behind it
 			continue
-		case m.Behind:
-			// Its key's failed row lies behind the cursor: a select from the
-			// start finds both, in id order.
-			e.blocked[m.Key], skipped = blockedRow{again: true, lane: m.Lane}, true
+		case m.Held != store.NotHeld:
+			// An older live row of its key is missing from the batch.
+			again := m.Held == store.HeldAgain
+			e.block(m, again, again)
+			skipped, held = skipped || again, held || again
 			continue
 		}
 		g, ok := index[m.Key]
@@ -459,7 +507,7 @@ func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped bool
 	for _, t := range tasks {
 		fl.queue(t)
 	}
-	return skipped
+	return skipped, held
 }
 
 // sendable is the part of a key's rows that can be sent now: up to its first
@@ -472,11 +520,14 @@ func (e *engine) sendable(g group, now time.Time) group {
 		switch {
 		case ok && !probe:
 			continue
-		case ok && j == 0 && l.claimProbe():
+		case ok && j == 0 && l.claimProbe(m.Key):
 			e.claimed = append(e.claimed, l)
+			if len(g) > 1 {
+				e.block(g[1], false, false) // the key's next rows wait for the probe's answer, past this pass
+			}
 			return g[:1]
 		}
-		e.blocked[g[0].Key] = blockedRow{lane: m.Lane}
+		e.block(m, false, false)
 		return g[:j]
 	}
 	return g
@@ -487,12 +538,12 @@ func (e *engine) sendable(g group, now time.Time) group {
 // a key whose message failed goes no further in this pass. A round starts
 // once the last one's outcomes are written. rest is what it hands back
 // undelivered when another lane waits for a worker, or its own lane paused.
-func (e *engine) deliverRounds(t task, w *writer) (failed bool, rest []group) {
+func (e *engine) deliverRounds(t task, w *writer) (failed bool, stopped []*store.Row, rest []group) {
 	s := e.r.deps.Senders[t.groups[0][0].Type].(BatchSender)
 	next := make([]int, len(t.groups)) // per key, the index of its next message
 	for round := 0; ; round++ {
 		if e.halted() {
-			return failed, nil
+			return failed, stopped, nil
 		}
 		if e.lanes[t.lane].paused() || round > 0 && e.preempt() {
 			for k, g := range t.groups {
@@ -500,7 +551,7 @@ func (e *engine) deliverRounds(t task, w *writer) (failed bool, rest []group) {
 					rest = append(rest, g[next[k]:])
 				}
 			}
-			return failed, rest
+			return failed, stopped, rest
 		}
 		var ms []*store.Row
 		var keys []int
@@ -511,7 +562,7 @@ func (e *engine) deliverRounds(t task, w *writer) (failed bool, rest []group) {
 			}
 		}
 		if len(ms) == 0 {
-			return failed, nil
+			return failed, stopped, nil
 		}
 		ds := e.r.deliverMany(e.ctx, s, ms)
 		recorded := ds[:0:0]
@@ -528,11 +579,11 @@ func (e *engine) deliverRounds(t task, w *writer) (failed bool, rest []group) {
 				more = more || next[k] < len(t.groups[k])
 			} else {
 				next[k] = len(t.groups[k]) // the rest of this key waits for a later pass
-				failed = true
+				failed, stopped = true, append(stopped, d.m)
 			}
 		}
 		if len(recorded) > 0 && w.record(recorded, more) != nil {
-			return failed, nil
+			return failed, stopped, nil
 		}
 	}
 }
@@ -582,7 +633,7 @@ func (r *Runner) outcomeOf(ctx context.Context, m *store.Row, err error, took ti
 		d.out = OutcomeFailed
 	}
 	l := r.lanes.all[m.Lane]
-	l.observe(d.out, permanent, err) // the type's health (lanes.go)
+	l.observe(d.out, permanent, err, m.Key) // the type's health (lanes.go)
 	l.took(took)
 	return d
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -23,8 +24,8 @@ import (
 // records. The integration tests (drain_test.go, outcomes_test.go, …) run the
 // same engine against the server.
 
-// memTable is an outbox in memory: rows by id, selected as the relay's select
-// selects them (deliverable, past after, in id order, at most limit).
+// memTable is an outbox in memory: rows by id, selected by the model of the
+// relay's select (select_model_test.go), at most limit a batch.
 type memTable struct {
 	mu      sync.Mutex
 	rows    map[int64]*store.Row
@@ -46,29 +47,12 @@ func (t *memTable) Fetch(_ context.Context, q Query) (store.Batch, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.selects++
-	live := func(r *store.Row) bool { return r.Status.String != store.StatusSent && r.Attempts < t.ceiling }
-	var ids []int64
-	for id, r := range t.rows {
-		if id <= q.After || !live(r) || q.Types != nil && !slices.Contains(q.Types, r.Type) {
-			continue
-		}
-		held := false // heldByOthers: an earlier live row of its key, of a type left out
-		for oid, o := range t.rows {
-			held = held || oid < id && o.Key == r.Key && live(o) && slices.Contains(q.Others, o.Type)
-		}
-		if !held {
-			ids = append(ids, id)
-		}
+	m := modelTable{maxAttempts: t.ceiling, batch: t.limit, partition: partition}
+	for _, id := range slices.Sorted(maps.Keys(t.rows)) {
+		r := t.rows[id]
+		m.rows = append(m.rows, &modelRow{id: id, typ: r.Type, key: r.Key, status: r.Status.String, attempts: r.Attempts, visible: true})
 	}
-	slices.Sort(ids)
-	var f store.Batch
-	if len(ids) >= t.limit {
-		ids, f.Full = ids[:t.limit], true
-	}
-	for _, id := range ids {
-		f.Rows = append(f.Rows, *t.rows[id])
-	}
-	return f, nil
+	return m.fetch(q), nil
 }
 
 func (t *memTable) Starved() bool { return false }
@@ -275,46 +259,64 @@ func TestEngineHaltStartsNothingNew(t *testing.T) {
 }
 
 func TestCursor(t *testing.T) {
-	rows := func(ids ...int64) []store.Row {
+	rows := func(lane int, ids ...int64) []store.Row {
 		var rs []store.Row
 		for _, id := range ids {
-			rs = append(rs, store.Row{ID: id})
+			rs = append(rs, store.Row{ID: id, Lane: lane})
 		}
 		return rs
 	}
-	c := newCursor(true, 0)
-	from, rereads := c.next()
-	require.Equal(t, int64(math.MinInt64), from)
-	require.False(t, rereads)
+	laneOf := func(typ string) int { return map[string]int{"x": 0, "y": 1}[typ] }
+	both := []int{0, 1}
+	c := newCursor(true, 0, 2)
+	after, epoch := c.next(both)
+	require.Equal(t, []int64{math.MinInt64, math.MinInt64}, after)
+	require.True(t, epoch, "a pass begins with an epoch")
 	require.True(t, c.first)
 
-	c.selected(rows(1, 2, 3), true, false, false) // a full batch: onwards past it
+	// x had more rows than the batch took, y had none: x goes on past its
+	// last row, y where it was.
+	c.selected(both, store.Batch{More: []string{"x"}, Epoch: 40}, rows(0, 1, 2, 3), epoch, false, laneOf)
 	require.True(t, c.more)
 	require.False(t, c.first)
-	from, rereads = c.next()
-	require.Equal(t, int64(3), from)
-	require.False(t, rereads)
+	require.Equal(t, int64(40), c.epoch, "the epoch's highest id, for the selects that follow")
+	after, epoch = c.next(both)
+	require.Equal(t, []int64{3, math.MinInt64}, after)
+	require.False(t, epoch)
 
-	c.selected(rows(4, 5), false, false, true) // short, but rows were left behind: back to the start
+	// Short, but rows were left behind: a new epoch, every lane from the start.
+	c.selected(both, store.Batch{}, append(rows(0, 4), rows(1, 5)...), false, true, laneOf)
 	require.True(t, c.more)
-	from, rereads = c.next()
-	require.Equal(t, int64(math.MinInt64), from)
-	require.True(t, rereads, "a select from the start goes over ids selected before")
+	require.True(t, c.fromStart)
+	after, epoch = c.next([]int{1})
+	require.Equal(t, []int64{math.MinInt64}, after)
+	require.True(t, epoch)
+	require.Equal(t, []int64{math.MinInt64, math.MinInt64}, c.after, "an epoch starts every lane from the start")
 
-	c.selected(rows(4), false, false, false) // nothing left behind since: the pass ends
+	c.selected([]int{1}, store.Batch{Epoch: 50}, rows(1, 5), true, false, laneOf) // nothing left behind since: the pass ends
 	require.False(t, c.more)
 
-	one := newCursor(false, 2)
-	one.selected(one.take(rows(1, 2, 3)), true, false, false)
+	// A lane that cannot be selected any more gives up its place in the drain.
+	d := newCursor(true, 0, 2)
+	d.next(both)
+	d.selected(both, store.Batch{More: []string{"x"}}, rows(0, 1), true, false, laneOf)
+	require.True(t, d.more)
+	d.drop(0)
+	require.False(t, d.more)
+
+	one := newCursor(false, 2, 1)
+	one.next([]int{0})
+	one.selected([]int{0}, store.Batch{More: []string{"x"}}, one.take(rows(0, 1, 2, 3)), true, false, laneOf)
 	require.False(t, one.more, "without drain, one batch")
 	require.Equal(t, 2, one.taken, "a direct pass keeps its limit")
 
-	cut := newCursor(false, 5)
-	cut.selected(cut.take(rows(1, 2)), false, true, false)
+	cut := newCursor(false, 5, 1)
+	cut.next([]int{0})
+	cut.selected([]int{0}, store.Batch{Cut: true}, cut.take(rows(0, 1, 2)), true, false, laneOf)
 	require.True(t, cut.more, "a direct pass cut by BatchBytes goes on past it")
-	from, _ = cut.next()
-	require.Equal(t, int64(2), from)
-	cut.selected(cut.take(rows(3, 4, 5, 6)), true, false, false)
+	after, _ = cut.next([]int{0})
+	require.Equal(t, []int64{2}, after)
+	cut.selected([]int{0}, store.Batch{More: []string{"x"}}, cut.take(rows(0, 3, 4, 5, 6)), false, false, laneOf)
 	require.False(t, cut.more, "until its limit")
 	require.Equal(t, 5, cut.taken)
 }

@@ -64,9 +64,14 @@ type lane struct {
 	failures int  // failed Sends in a row
 	pauses   int  // pauses in a row: the next lasts longer
 	probe    bool // a probe is planned or in flight
-	since    time.Time
-	until    time.Time
-	reason   string
+	// avoid is the key whose probe failed last: the next probe is another
+	// key's, when another may answer (avoided: one was passed over), so that
+	// one bad key does not keep its type paused.
+	avoid   string
+	avoided bool
+	since   time.Time
+	until   time.Time
+	reason  string
 }
 
 // Lanes are a relay's lanes, one per type, in the order of its types.
@@ -118,16 +123,32 @@ func (l *lane) set(s laneState) {
 // paused reports whether l is paused: a worker looks before each key.
 func (l *lane) paused() bool { return laneState(l.st.Load()) == lanePaused }
 
-// claimProbe claims l's one probe; false when it is not probing, or another
-// message already is the probe.
-func (l *lane) claimProbe() bool {
+// claimProbe claims l's one probe for a message of key; false when it is not
+// probing, another message already is the probe, or the last probe failed
+// on key (a pass that finds no other key probes it: passEnded).
+func (l *lane) claimProbe(key string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.state != laneProbing || l.probe {
 		return false
 	}
+	if key == l.avoid {
+		l.avoided = true
+		return false
+	}
 	l.probe = true
 	return true
+}
+
+// passEnded is told at the end of each pass: a probing lane whose pass
+// passed its last probe's key over and found no other probes that key next.
+func (l *lane) passEnded() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state == laneProbing && !l.probe && l.avoided {
+		l.avoid = ""
+	}
+	l.avoided = false
 }
 
 // releaseProbe gives the claim back when the probe was not sent (its pass
@@ -138,10 +159,11 @@ func (l *lane) releaseProbe() {
 	l.probe = false
 }
 
-// observe takes a Send's outcome into l's health: a success (or a
-// Permanent refusal: the receiver answered) opens the lane, a failure
-// counts, and pauses it after pauseAfter in a row, or at once for a probe.
-func (l *lane) observe(out Outcome, permanent bool, err error) {
+// observe takes the outcome of a Send of a message of key into l's health:
+// a success (or a Permanent refusal: the receiver answered) opens the lane,
+// a failure counts, and pauses it after pauseAfter in a row, or at once for a
+// probe.
+func (l *lane) observe(out Outcome, permanent bool, err error, key string) {
 	if l == nil {
 		return
 	}
@@ -157,11 +179,11 @@ func (l *lane) observe(out Outcome, permanent bool, err error) {
 	case healthy:
 		opened = l.state != laneOpen
 		l.set(laneOpen)
-		l.failures, l.pauses, l.probe = 0, 0, false
+		l.failures, l.pauses, l.probe, l.avoid = 0, 0, false, ""
 	case l.state == laneProbing:
 		l.failures++
 		l.pauseLocked(now, "the probe failed: "+ErrorText(err, 200))
-		paused = true
+		l.avoid, paused = key, true
 	case l.state == laneOpen:
 		l.failures++
 		if l.pauseAfter > 0 && l.failures >= l.pauseAfter {

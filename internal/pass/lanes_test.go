@@ -74,7 +74,7 @@ func (s senderFunc) Send(ctx context.Context, m store.Row) error { return s.send
 
 // runLanes runs one pass of r's engine over t, its lanes separable or not.
 func runLanes(r *Runner, t *memTable, o Opts, separable bool) Result {
-	o.Separable = separable
+	o.Keyed = separable
 	return runMem(r, t, o)
 }
 

@@ -76,14 +76,25 @@ type Outbox interface {
 	Relearn()
 }
 
-// Query is what one select asks for.
+// Query is what one select asks for (sql/pass.sql, fetch).
 type Query struct {
-	Preflight bool  // the pass's first: ask whether the server is writable
-	After     int64 // only rows past this id
-	Parts     []int // only rows of these partitions; nil: all
-	// Types are the types to select; Others, when set, those left out whose
-	// earlier live rows of a key hold back its later rows.
-	Types, Others []string
+	Preflight bool // the pass's first: ask whether the server is writable
+	// StartEpoch starts an epoch: every lane from the start, and the table's
+	// highest id read first (store.Batch.Epoch). Epoch is the current one's.
+	StartEpoch bool
+	Epoch      int64
+	Parts      []int // only rows of these partitions; nil: all
+	// Types are the lanes to select, each past its After, at most its Width
+	// rows (a probing lane's is one).
+	Types []string
+	After []int64
+	Width []int32
+	// All are the relay's types, whose older live rows of a key hold back
+	// its later ones; Later those that cannot send in this pass.
+	All, Later []string
+	// Keyed says the table has the key index (each lane its share of the
+	// batch, rows probed by key).
+	Keyed bool
 }
 
 // Report is one recorded outcome, for the relay's counters and Observer.
@@ -116,9 +127,10 @@ type Opts struct {
 	// its last messages has it select again at once, beside their outcomes'
 	// writes, instead of after the pass. nil: none.
 	Wake <-chan struct{}
-	// Separable says selects may leave lanes out: the relay has several
-	// types, and the table its key index.
-	Separable bool
+	// Keyed says the table has the key index: each lane has its share of a
+	// batch, and selects may leave lanes out (sql/pass.sql). Without it, a
+	// batch is the lowest ids of all lanes.
+	Keyed bool
 }
 
 // DrainMax bounds how long one pass keeps draining a backlog before it lets

@@ -54,11 +54,12 @@ type running struct {
 
 // place is where a worker is in its task, set before each Send.
 type place struct {
-	t      task
-	g      int   // the group of t being delivered
-	failed []int // the lanes of the messages of t's groups before g that failed
-	m      *store.Row
-	ctx    context.Context // the Send's
+	t       task
+	g       int          // the group of t being delivered
+	failed  []int        // the lanes of the messages of t's groups before g that failed
+	stopped []*store.Row // the messages t's keys before g stopped at
+	m       *store.Row
+	ctx     context.Context // the Send's
 }
 
 // errSenderExited is the outcome of a Send that ended its goroutine.
@@ -89,11 +90,11 @@ func (k *worker) run(given *delivery) {
 	last := -1        // the lane of the task it finished last
 	if given != nil { // the key goes no further in this pass
 		at := k.at
-		failed := at.failed
+		failed, stopped := at.failed, append(at.stopped, at.m)
 		if f, _ := k.settle(*given, false); f {
 			failed = append(failed, at.m.Lane)
 		}
-		if !k.finish(at.t, at.g+1, failed) {
+		if !k.finish(at.t, at.g+1, failed, stopped) {
 			return
 		}
 		last = at.t.lane
@@ -112,7 +113,7 @@ func (k *worker) run(given *delivery) {
 				k.w = nil
 			}
 		}
-		if !k.finish(t, 0, nil) {
+		if !k.finish(t, 0, nil, nil) {
 			return
 		}
 		last = t.lane
@@ -121,20 +122,23 @@ func (k *worker) run(given *delivery) {
 }
 
 // finish delivers t's groups from g on and hands the task's keys back, with
-// the lanes that saw a failure, once their outcomes are recorded. It hands
-// the rest of the task back to the engine before a key when t's lane paused,
-// or, after its first key, when another lane waits for a worker. It returns false when
-// the goroutine was given up in a Send.
-func (k *worker) finish(t task, g int, failed []int) bool {
+// the lanes that saw a failure and the messages its keys stopped at, once
+// their outcomes are recorded. It hands the rest of the task back to the
+// engine before a key when t's lane paused, or, after its first key, when
+// another lane waits for a worker. It returns false when the goroutine was
+// given up in a Send.
+func (k *worker) finish(t task, g int, failed []int, stopped []*store.Row) bool {
 	e := k.e
 	var rest []group
 	switch {
 	case k.w == nil: // no connection for the outcomes: send nothing
 	case t.rounds:
 		var f bool
-		if f, rest = e.deliverRounds(t, k.w); f {
+		var s []*store.Row
+		if f, s, rest = e.deliverRounds(t, k.w); f {
 			failed = append(failed, t.lane)
 		}
+		stopped = append(stopped, s...)
 	default:
 		k.at.t = t
 		for first := g; g < len(t.groups) && !e.halted(); g++ {
@@ -142,17 +146,21 @@ func (k *worker) finish(t task, g int, failed []int) bool {
 				rest = t.groups[g:]
 				break
 			}
-			k.at.g, k.at.failed = g, failed
-			l, kept := k.deliverKey(t.groups[g])
+			k.at.g, k.at.failed, k.at.stopped = g, failed, stopped
+			l, at, kept := k.deliverKey(t.groups[g])
 			if !kept {
 				return false
 			}
 			if l >= 0 {
 				failed = append(failed, l)
 			}
+			if at != nil {
+				stopped = append(stopped, at)
+			}
 		}
 	}
-	done := taskDone{lane: t.lane, failed: failed, keys: make([]string, 0, len(t.groups)-len(rest))}
+	done := taskDone{lane: t.lane, failed: failed, stopped: stopped, keys: make([]string, 0, len(t.groups)-len(rest)),
+		handedBack: len(rest) > 0}
 	if len(rest) > 0 {
 		e.back <- task{groups: rest, rounds: t.rounds, lane: t.lane, first: rest[0][0].ID}
 	}
@@ -176,27 +184,31 @@ func (k *worker) finish(t task, g int, failed []int) bool {
 // deliverKey delivers the messages of one natural key, in id order, one at a
 // time, and records each outcome. It stops at the first message that is not
 // sent: the rest of that key wait for a later pass instead of overtaking it.
-// failed is the lane of a message that failed, -1 if none; kept is false
+// failed is the lane of a message that failed, -1 if none; stopped is the
+// message it stopped at, if it stopped before the key's last; kept is false
 // when the goroutine was given up in a Send.
-func (k *worker) deliverKey(g group) (failed int, kept bool) {
+func (k *worker) deliverKey(g group) (failed int, stopped *store.Row, kept bool) {
 	e := k.e
 	for i, m := range g {
 		if e.halted() {
-			return -1, true
+			return -1, nil, true
 		}
 		d, kept := k.deliverOne(m)
 		if !kept {
-			return -1, false
+			return -1, nil, false
 		}
 		more := i < len(g)-1 && (d.out == OutcomeSent || m.Bad != "")
 		if f, stop := k.settle(d, more); stop {
-			if f {
-				return m.Lane, true
+			if d.out != OutcomeSent && d.out != OutcomeInterrupted {
+				stopped = m
 			}
-			return -1, true
+			if f {
+				return m.Lane, stopped, true
+			}
+			return -1, stopped, true
 		}
 	}
-	return -1, true
+	return -1, nil, true
 }
 
 // settle records d, the outcome of one message of a key (more: the key's

@@ -34,8 +34,9 @@ type Table struct {
 	table string // quoted
 	name  string // as configured, for to_regclass
 	// fetchSQL is the select, by whether it is of this replica's partitions
-	// only, reads the optional headers column, and leaves types out.
+	// only, reads the optional headers column, and has the key index.
 	fetchSQL     [2][2][2]NamedSQL
+	epochSQL     string
 	pollSQL      NamedSQL
 	partWorkSQL  NamedSQL // the partitioned member's check for work, in its rebalance's round trip
 	payloadSQL   string
@@ -70,16 +71,17 @@ func NewTable(table string, backoff, backoffMax time.Duration, asyncCommit bool)
 	d := Data{Table: t, Backoff: r.backoff != 0, Async: asyncCommit, InlinePayloadMax: inlinePayloadMax}
 	for _, parts := range []bool{false, true} {
 		for _, hdrs := range []bool{false, true} {
-			for _, others := range []bool{false, true} {
+			for _, keyed := range []bool{false, true} {
 				v := d
-				v.Partitioned, v.Headers, v.Others = parts, hdrs, others
-				r.fetchSQL[b2i(parts)][b2i(hdrs)][b2i(others)] = Statements.Named("fetch", v)
+				v.Partitioned, v.Headers, v.Keyed = parts, hdrs, keyed
+				r.fetchSQL[b2i(parts)][b2i(hdrs)][b2i(keyed)] = Statements.Named("fetch", v)
 			}
 		}
 	}
 	part := d
 	part.Partitioned = true
 	r.headersAddedSQL = Statements.Positional("headersAdded", d)
+	r.epochSQL = Statements.Positional("epoch", d)
 	r.pollSQL = Statements.Named("poll", d)
 	r.partWorkSQL = Statements.Named("partitionWork", part)
 	r.payloadSQL = Statements.Positional("payload", d)
@@ -95,16 +97,31 @@ func NewTable(table string, backoff, backoffMax time.Duration, asyncCommit bool)
 // FetchArgs are what one select asks for.
 type FetchArgs struct {
 	MaxAttempts int
-	Types       []string
-	Others      []string // the types left out whose earlier rows of a key hold back its later ones; nil: none
-	Limit       int
-	MaxBytes    int
-	After       int64  // only rows past this id: a drain's next batch, while the last one's outcomes are written
-	Partitions  int    // Config.Partitions, when parts is set
-	Parts       []int  // only rows of these partitions; nil: every row
-	Preflight   bool   // the pass's first select: ask whether the server is writable
-	Headers     bool   // the table has the headers column: read it
-	Source      string // the schema-qualified table, for Message.IdempotencyKey
+	// Types are the lanes the select takes rows of, each past its After, at
+	// most its Width (nil: Limit each).
+	Types []string
+	After []int64
+	Width []int32
+	// All are the relay's types: an older live row of a key of any of them
+	// holds its later rows back (Row.Held); Later are those of them that cannot
+	// send in this pass (paused, or failed in it).
+	All, Later []string
+	// Epoch is the highest id when the epoch began: a row above it is probed
+	// for an older row of its key that committed late. StartEpoch has the
+	// select start one (every lane from the start) and read it (Batch.Epoch).
+	Epoch      int64
+	StartEpoch bool
+	// Keyed says the table has the key index: each lane has its share of the
+	// batch, and rows are probed by key (Row.Held); without it, the batch is
+	// the lowest ids of all lanes.
+	Keyed      bool
+	Limit      int
+	MaxBytes   int
+	Partitions int    // Config.Partitions, when parts is set
+	Parts      []int  // only rows of these partitions; nil: every row
+	Preflight  bool   // the pass's first select: ask whether the server is writable
+	Headers    bool   // the table has the headers column: read it
+	Source     string // the schema-qualified table, for Message.IdempotencyKey
 }
 
 // fetch selects one batch, outside any transaction, and loads its large
@@ -113,9 +130,28 @@ type FetchArgs struct {
 // exceeds it comes back marked bad.
 func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, error) {
 	var f Batch
-	sql := r.fetchSQL[b2i(a.Parts != nil)][b2i(a.Headers)][b2i(a.Others != nil)]
-	args := sql.Args(map[string]any{"max": a.MaxAttempts, "types": a.Types, "limit": a.Limit, "after": a.After,
-		"backoff": r.backoff, "cap": r.backoffMax, "n": a.Partitions, "parts": a.Parts, "others": a.Others})
+	sql := r.fetchSQL[b2i(a.Parts != nil)][b2i(a.Headers)][b2i(a.Keyed)]
+	limit := a.Limit
+	if a.Keyed {
+		limit = max(limit, len(a.Types)) // a turn for every lane
+	}
+	epoch := a.Epoch
+	if a.StartEpoch {
+		epoch = math.MaxInt64 // a select from the start has no row behind a cursor
+	}
+	later := a.Later
+	if later == nil {
+		later = []string{}
+	}
+	width := a.Width
+	if width == nil {
+		width = make([]int32, len(a.Types))
+		for i := range width {
+			width[i] = int32(limit)
+		}
+	}
+	args := sql.Args(map[string]any{"max": a.MaxAttempts, "types": a.Types, "after": a.After, "all": a.All, "later": later,
+		"epoch": epoch, "limit": limit, "width": width, "backoff": r.backoff, "cap": r.backoffMax, "n": a.Partitions, "parts": a.Parts})
 	b := &pgx.Batch{}
 	b.Queue(genericPlansSQL)
 	if a.Preflight {
@@ -124,8 +160,11 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 			b.Queue(r.headersAddedSQL, r.name).QueryRow(func(row pgx.Row) error { return row.Scan(&f.HeadersAdded) })
 		}
 	}
+	if a.StartEpoch {
+		b.Queue(r.epochSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&f.Epoch) })
+	}
 	b.Queue(sql.sql, args...).Query(func(rows pgx.Rows) error {
-		f.Rows = make([]Row, 0, min(a.Limit, 1024))
+		f.Rows = make([]Row, 0, min(limit, 1024))
 		budget := a.MaxBytes
 		// The scan's targets, once per batch: handed to Scan as pointers, they
 		// live on the heap, and a row's own copy goes into f.rows (pgx gives
@@ -138,8 +177,10 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 			stored  pgtype.Int4
 			payload []byte
 			hdrs    []byte
+			held    int32
+			more    bool
 		)
-		dest := []any{&m.ID, &typ, &key, &m.Status, &m.ReadAttempts, &created, &m.Behind, &stored, &payload, &hdrs}
+		dest := []any{&m.ID, &typ, &key, &m.Status, &m.ReadAttempts, &created, &held, &more, &stored, &payload, &hdrs}
 		if !a.Headers {
 			dest = dest[:len(dest)-1]
 		}
@@ -148,7 +189,10 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
-			m.Type, m.Source, m.Key = typ, a.Source, key.String
+			m.Type, m.Source, m.Key, m.Held = typ, a.Source, key.String, Held(held)
+			if more {
+				f.More = append(f.More, typ) // once per row of its lane: a lane's rows are few
+			}
 			m.Attempts = int(m.ReadAttempts.Int64) // 0 when NULL
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
 				m.CreatedAt = created.Time
@@ -179,7 +223,14 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 			}
 			f.Rows = append(f.Rows, m)
 		}
-		f.Full = f.Full || len(f.Rows) >= a.Limit
+		if !a.Keyed && len(f.Rows) >= limit {
+			// The lowest ids of all lanes filled the batch: a lane that got
+			// none of it may have rows past them.
+			f.More = append(f.More, a.Types...)
+		}
+		slices.Sort(f.More)
+		f.More = slices.Compact(f.More)
+		f.Full = f.Full || len(f.More) > 0
 		return rows.Err()
 	})
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
@@ -314,6 +365,7 @@ type TableInfo struct {
 	ErrWidth  int    // characters last_error holds; 0: as many as lastErrorMax
 	Headers   bool   // it has the optional headers column (a JVM-made table has not)
 	KeyIndex  bool   // an index leads with (natural_key, id) over the live rows: selects may leave types out
+	IDCache   int64  // the CACHE of the id's sequence (1 when it has none)
 }
 
 // requiredColumns are the columns the pass reads and writes.
@@ -327,7 +379,8 @@ func (r *Table) Probe(ctx context.Context, db querier) (TableInfo, error) {
 	var columns []string
 	var width int32
 	var keyIndex bool
-	err := db.QueryRow(ctx, r.probeSQL, r.table).Scan(&schema, &name, &columns, &width, &keyIndex)
+	var idCache int64
+	err := db.QueryRow(ctx, r.probeSQL, r.table).Scan(&schema, &name, &columns, &width, &keyIndex, &idCache)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return TableInfo{}, fmt.Errorf("table %s does not exist (as the search_path resolves it): create it with relay.CreateTable or relay.SchemaSQL", r.table)
 	}
@@ -345,7 +398,7 @@ func (r *Table) Probe(ctx context.Context, db querier) (TableInfo, error) {
 			schema, name, strings.Join(missing, ", "))
 	}
 	return TableInfo{Qualified: schema + "." + name, ErrWidth: int(width), Headers: slices.Contains(columns, headers.Column),
-		KeyIndex: keyIndex}, nil
+		KeyIndex: keyIndex, IDCache: idCache}, nil
 }
 
 // b2i is 1 for true, 0 for false: an index into the statements' variants.
@@ -357,9 +410,14 @@ func b2i(b bool) int {
 }
 
 // FetchSQL is the select of a batch of at most limit rows of types from the
-// start, with its arguments, as a pass sends it (for EXPLAIN).
+// start, on a table with the key index, with its arguments, as a pass sends
+// it (for EXPLAIN).
 func (r *Table) FetchSQL(maxAttempts int, types []string, limit int) (string, []any) {
-	q := r.fetchSQL[0][0][0]
-	return q.sql, q.Args(map[string]any{"max": maxAttempts, "types": types, "limit": limit,
-		"after": int64(math.MinInt64), "backoff": r.backoff, "cap": r.backoffMax})
+	q := r.fetchSQL[0][0][1]
+	after, width := make([]int64, len(types)), make([]int32, len(types))
+	for i := range after {
+		after[i], width[i] = math.MinInt64, int32(limit)
+	}
+	return q.sql, q.Args(map[string]any{"max": maxAttempts, "types": types, "after": after, "width": width, "all": types,
+		"later": []string{}, "epoch": int64(math.MaxInt64), "limit": limit, "backoff": r.backoff, "cap": r.backoffMax})
 }

@@ -29,18 +29,33 @@ type Row struct {
 	Status       pgtype.Text // as read; not Valid: NULL (read as PENDING)
 	ReadAttempts pgtype.Int8 // as read; not Valid: NULL (read as 0)
 
-	Bad    string // the column that makes the row undeliverable, and how; "" if none
-	Size   int    // payload bytes; for a row fetched without its payload, what it will take
-	Large  bool   // its payload is loaded apart, after the batch, within the batch's bytes
-	Behind bool   // an earlier failed row of its key lies behind the select's start
-	Lane   int    // the pass's lane of its type, set when the pass plans it
+	Bad   string // the column that makes the row undeliverable, and how; "" if none
+	Size  int    // payload bytes; for a row fetched without its payload, what it will take
+	Large bool   // its payload is loaded apart, after the batch, within the batch's bytes
+	Held  Held   // an older live row of its key is missing from the batch: it is not sent
+	Lane  int    // the pass's lane of its type, set when the pass plans it
 }
+
+// Held says why a row of a batch is not sent: an older live row of its key,
+// of the relay's types, is missing from the batch (sql/pass.sql, held).
+type Held int8
+
+const (
+	NotHeld Held = iota
+	// HeldAgain: a select from the start finds the older row with it.
+	HeldAgain
+	// HeldLater: the older row waits out its backoff, or is of a type that
+	// cannot send in this pass: the key waits past the pass.
+	HeldLater
+)
 
 // Batch is one select's answer.
 type Batch struct {
 	Rows     []Row
-	Full     bool      // the select filled its limit, or was cut short by the byte bound: more may wait
+	Full     bool      // some lane had more rows than the select took, or it was cut short by the byte bound: more may wait
 	Cut      bool      // the select was cut short by the byte bound, before its limit
+	More     []string  // the types whose lanes had more rows than the select took (sorted)
+	Epoch    int64     // the highest id when the epoch began (a select that starts one only)
 	ReadOnly bool      // the server cannot record an outcome: send nothing (preflight only)
 	Now      time.Time // the database's clock at the select (preflight only)
 

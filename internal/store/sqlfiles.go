@@ -145,7 +145,7 @@ type Data struct {
 	Partitioned bool   // only this replica's partitions
 	Wake        bool   // Enqueue's insert also notifies
 	Headers     bool   // the table has the optional headers column: read or write it
-	Others      bool   // the select leaves some types out, whose rows hold back later ones of their keys
+	Keyed       bool   // the table has the key index: lanes share the batch by turns, rows are probed by key
 	Requeued    bool   // the table has the optional requeued_at column: read or write it
 
 	// Per use of a fragment.

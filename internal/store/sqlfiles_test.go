@@ -74,7 +74,7 @@ func TestSQLFiles(t *testing.T) {
 func sqlVariants() []Data {
 	var ds []Data
 	for i := range 32 {
-		ds = append(ds, Data{Table: `"s"."t"`, Backoff: i&1 != 0, Async: i&2 != 0, Partitioned: i&4 != 0, Wake: i&8 != 0, Headers: i&8 != 0, Others: i&16 != 0,
+		ds = append(ds, Data{Table: `"s"."t"`, Backoff: i&1 != 0, Async: i&2 != 0, Partitioned: i&4 != 0, Wake: i&8 != 0, Headers: i&8 != 0, Keyed: i&16 != 0,
 			Alias: "m", Attempts: "true", Lock: "f", Unlock: "f", Function: `"f"`, Channel: `'c'`, Since: "s", InlinePayloadMax: 1})
 	}
 	return ds
@@ -124,8 +124,10 @@ func exerciseStatements(t *testing.T, q sqltest.Recorder) (built []string) {
 				texts(r)
 				for _, parts := range [][]int{nil, {1}} {
 					for _, headers := range []bool{false, true} {
-						for _, others := range [][]string{nil, {"u"}} {
-							_, _ = r.Fetch(ctx, q, FetchArgs{MaxAttempts: 3, Types: []string{"t"}, Others: others, Limit: 10, MaxBytes: 100, Partitions: 2, Parts: parts, Preflight: true, Headers: headers})
+						for _, keyed := range []bool{false, true} {
+							_, _ = r.Fetch(ctx, q, FetchArgs{MaxAttempts: 3, Types: []string{"t"}, After: []int64{0}, All: []string{"t", "u"},
+								Later: []string{"u"}, Keyed: keyed, StartEpoch: keyed, Limit: 10, MaxBytes: 100, Partitions: 2, Parts: parts,
+								Preflight: true, Headers: headers})
 						}
 					}
 				}

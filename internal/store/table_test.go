@@ -100,14 +100,14 @@ func TestSelectRunsOnItsGenericPlan(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Release()
 	for i := range 8 {
-		f, err := repo.Fetch(ctx, c, FetchArgs{MaxAttempts: 10, Types: []string{"t"}, Limit: 5, MaxBytes: 1 << 20,
-			After: math.MinInt64, Preflight: i == 0, Headers: true, Source: table})
+		f, err := repo.Fetch(ctx, c, FetchArgs{MaxAttempts: 10, Types: []string{"t"}, All: []string{"t"}, Limit: 5, MaxBytes: 1 << 20,
+			After: []int64{math.MinInt64}, Keyed: true, StartEpoch: i == 0, Preflight: i == 0, Headers: true, Source: table})
 		require.NoError(t, err)
 		require.Len(t, f.Rows, 5)
 	}
 	var generic, custom int64
 	require.NoError(t, c.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)
-		FROM pg_prepared_statements WHERE statement LIKE '%m.id = ANY(ARRAY(SELECT c.id%'`).Scan(&generic, &custom))
+		FROM pg_prepared_statements WHERE statement LIKE '%WITH w AS MATERIALIZED%'`).Scan(&generic, &custom))
 	require.GreaterOrEqual(t, generic, int64(8), "every select on its generic plan")
 	require.Zero(t, custom, "no plan made for one execution")
 	var mode string

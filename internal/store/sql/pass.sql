@@ -23,24 +23,140 @@ SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, cl
 SELECT CASE WHEN current_setting('server_version_num')::int >= 120000
   THEN set_config('plan_cache_mode', 'force_generic_plan', true) END
 
+-- name: epoch
+-- Sent before the select that starts an epoch (a select of every lane from
+-- the start), in the same round trip, so its snapshot is taken first: the
+-- highest id of the table. A row whose id is above it was drawn after this
+-- statement, so a later select probes it (held) for an older row of its key
+-- committed late, below a lane's cursor; a row at or below it was drawn
+-- before, and every older row of its key (written under the key's order
+-- lock, committed before the row's id was drawn) is visible to the epoch's
+-- selects. The primary key's last page answers it.
+SELECT coalesce(max(id), (-9223372036854775807 - 1)) FROM {{.Table}}
+
 -- name: fetch
--- One batch: the deliverable rows (candidates), in id order. A payload up to
--- InlinePayloadMax stored bytes (pg_column_size, perhaps compressed) comes
--- with its row; a larger one is loaded on its own (payload), after its size
--- was checked, so a batch never holds more than BatchBytes.
+-- One batch: each lane's window of deliverable rows (windows), chosen by
+-- turns so that every lane with rows has its share (with the key index), or
+-- the lowest ids of all (without it), then the chosen rows in id order. A
+-- payload up to InlinePayloadMax stored bytes (pg_column_size, perhaps
+-- compressed) comes with its row; a larger one is loaded on its own
+-- (payload), after its size was checked, so a batch never holds more than
+-- BatchBytes.
+--
+-- held says whether an older live row of the row's key is missing from the
+-- batch: then the row is not sent (1: a select from the start finds both; 2:
+-- its key waits past this pass, behind a row that waits out its backoff or is
+-- of a type that cannot send now). It is the rule of decision 0041, the one
+-- that keeps each key's order: never a message while an older live one of its
+-- key is unsent. It is asked (a probe of the key index per row) only where
+-- such a row can exist (mayHold); elsewhere it is false without a probe.
+-- more says that the row's lane had more rows than the batch took.
 --
 -- The columns are cast and read as nullable, and a NULL status or attempts is
 -- read as PENDING or 0: a table made by another migration (nullable columns,
 -- varchar instead of text) never makes the select fail, and a row that cannot
 -- be delivered is marked dead by the pass, not skipped. The headers column
 -- is optional (a JVM-made table has none): .Headers when the probe found it.
+WITH w AS MATERIALIZED ({{template "windows" .}}
+), k AS MATERIALIZED (SELECT w.id, w.lane FROM w WHERE w.rn <= w.width ORDER BY {{if .Keyed}}w.rn, {{end}}w.id LIMIT @limit
+), l AS MATERIALIZED (SELECT k.lane, max(k.id) AS last, EXISTS (SELECT 1 FROM w WHERE w.lane = k.lane AND w.id > max(k.id)) AS more
+  FROM k GROUP BY k.lane
+), g AS (SELECT {{if .Keyed}}(SELECT coalesce(min(l.last) FILTER (WHERE l.more), 9223372036854775807) FROM l){{else}}9223372036854775807{{end}} AS cut,
+  {{if .Keyed}}cardinality(@types::text[]) < cardinality(@all::text[]) OR {{end}}{{template "failedBehind" .}} AS probe,
+  ARRAY(SELECT (@types::text[])[l.lane] FROM l WHERE l.more) AS more
+)
 SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
-  {{template "behind" .}},
+  {{template "held" .}}, m.type::text = ANY(g.more),
   pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= {{.InlinePayloadMax}} THEN m.payload::text END{{if .Headers}}, m.headers::text{{end}}
-FROM {{.Table}} m
-WHERE m.id = ANY(ARRAY(SELECT c.id FROM ({{template "candidates" .}}
-  ) c ORDER BY c.id LIMIT @limit))
+FROM {{.Table}} m CROSS JOIN g
+WHERE m.id = ANY(ARRAY(SELECT k.id FROM k))
 ORDER BY m.id
+
+-- name: windows
+-- The ids of each lane's deliverable rows past its cursor (@types, with
+-- @after, one id per type), at most @width of each (a probing lane's is one)
+-- and one more, which says that the lane has more, with the lane's number
+-- and each row's turn in its lane (rn); partitioned, only of this replica's
+-- partitions (partitions.go). A lane's window merges its waiting rows and its
+-- failed rows that wait out no backoff, in id order.
+--
+-- Each part walks an index of its lane's type only (schema.sql): the waiting
+-- rows by (type, id) and the failed rows by (type, attempts, id), whose range
+-- attempts < ceiling stops before the dead rows. Another app's backlog and
+-- the dead rows, however many, are never read. The waiting rows' type is
+-- matched by a range, not "=", so that "ORDER BY type, id" is not reduced to
+-- "ORDER BY id", which the primary key would offer at the price of walking
+-- every row; OFFSET 0 keeps the planner from trading the failed rows' range
+-- for a walk in id order, whose attempts are a range with a lower bound that
+-- excludes nothing, so a generic plan (genericPlans), which does not know
+-- @max, estimates it as a narrow range and keeps to the index.
+{{/* starts on a line of its own */}}
+  SELECT ty.lane, ty.width, p.id, p.rn
+  FROM unnest(@types::text[], @after::bigint[], @width::int[]) WITH ORDINALITY AS ty(type, after, width, lane) CROSS JOIN LATERAL unnest(ARRAY(
+    SELECT u.id FROM ((SELECT m.id FROM {{.Table}} m
+      WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
+        AND coalesce(m.attempts, 0) < @max AND m.id > ty.after{{template "inPartitions" .}}
+      ORDER BY m.type, m.id LIMIT ty.width + 1){{template "failedOf" (.Failing "m.attempts >= (-9223372036854775807 - 1) AND m.attempts < @max")}}{{template "failedOf" (.Failing "m.attempts IS NULL")}}) u
+    ORDER BY u.id LIMIT ty.width + 1)) WITH ORDINALITY AS p(id, rn)
+
+-- name: failedOf
+-- The failed rows of a lane's window whose attempts match .Attempts, that
+-- wait out no backoff.
+{{/* starts on a line of its own */}}
+      UNION ALL
+      (SELECT e.id FROM (SELECT m.id FROM {{.Table}} m
+        WHERE m.type = ty.type AND m.direction = 'OUT' AND m.status = 'ERROR' AND {{.Attempts}} AND m.id > ty.after{{template "inPartitions" .}}
+          AND NOT {{template "waiting" (.As "m")}}
+        OFFSET 0) e ORDER BY e.id LIMIT ty.width + 1)
+
+-- name: failedBehind
+-- Whether a live failed row of a selected lane lies behind its cursor (failed
+-- in this epoch, or re-queued: relayctl re-queues a dead row as failed with 0
+-- attempts) or waits out its backoff: those are rows no select of this epoch
+-- returns, and they hold their keys' later rows. Asked once per select (an
+-- InitPlan), of every failed row below the ceiling of each selected type, as
+-- failedOf reads them: the failed rows' index, never the dead rows, however
+-- many. An aggregate, not EXISTS: a planner that expects an early match
+-- would rather read the table than the index.
+(SELECT coalesce(bool_or(e.id <= e.after OR {{template "waiting" (.As "e")}}), false)
+  FROM unnest(@types::text[], @after::bigint[]) AS ty(type, after) CROSS JOIN LATERAL (
+    {{template "failedBehindOf" (.Failing "m.attempts >= (-9223372036854775807 - 1) AND m.attempts < @max")}}
+    UNION ALL
+    {{template "failedBehindOf" (.Failing "m.attempts IS NULL")}}) e)
+
+-- name: failedBehindOf
+-- The failedBehind rows whose attempts match .Attempts.
+(SELECT m.id, ty.after, m.attempts, m.updated_at FROM {{.Table}} m
+      WHERE m.type = ty.type AND m.direction = 'OUT' AND m.status = 'ERROR' AND {{.Attempts}} OFFSET 0)
+
+-- name: held
+-- The held column (fetch). With the key index, a row is probed when the
+-- select leaves some of the relay's types out, a failed row lies behind a
+-- cursor or waits (failedBehind), another lane's window was cut below it, or
+-- it was drawn after the epoch began (@epoch): then any older live row of
+-- its key, of the relay's types (@all), that the batch lacks holds it; one of
+-- a type that cannot send in this pass (@later) or that waits out its backoff
+-- holds it past the pass. Without the key index the engine leaves no type
+-- out and takes the lowest ids of all lanes: a row drawn after the epoch
+-- began is held (the next epoch takes it), and only an older failed row of
+-- its key (the failed rows' index) is probed for.
+{{if .Keyed}}CASE WHEN g.probe OR m.id > g.cut OR m.id > @epoch THEN
+    CASE WHEN NOT EXISTS ({{template "older" .}}) THEN 0
+      WHEN EXISTS ({{template "older" .}} AND (o.type = ANY(@later::text[]) OR o.status = 'ERROR' AND {{template "waiting" (.As "o")}})) THEN 2
+      ELSE 1 END
+  ELSE 0 END{{else}}CASE WHEN m.id > @epoch THEN 1
+  WHEN NOT g.probe OR NOT EXISTS ({{template "older" .}} AND o.status = 'ERROR') THEN 0
+  WHEN EXISTS ({{template "older" .}} AND o.status = 'ERROR' AND {{template "waiting" (.As "o")}}) THEN 2
+  ELSE 1 END{{end}}
+
+-- name: older
+-- The older live rows of row m's key, of the relay's types, that the batch
+-- lacks (held). Each is one probe of the key index, (natural_key, id) of the
+-- live rows, or, without it, of the failed rows' (schema.sql).
+SELECT 1 FROM {{.Table}} o
+    WHERE o.natural_key = m.natural_key AND o.id < m.id AND o.direction = 'OUT'
+      AND (o.status IN ('PENDING', 'ERROR') OR o.status IS NULL) AND coalesce(o.attempts, 0) < @max
+      AND o.type = ANY(@all::text[]) AND o.id <> ALL(ARRAY(SELECT k.id FROM k))
 
 -- name: candidates
 -- The ids of deliverable rows, at most @limit of each part; partitioned,
@@ -64,7 +180,7 @@ ORDER BY m.id
   SELECT p.id FROM unnest(@types::text[]) AS ty(type) CROSS JOIN LATERAL (
     SELECT m.id FROM {{.Table}} m
     WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
-      AND coalesce(m.attempts, 0) < @max AND m.id > @after{{template "inPartitions" .}}{{template "heldBack" .}}{{template "heldByOthers" .}}
+      AND coalesce(m.attempts, 0) < @max AND m.id > @after{{template "inPartitions" .}}{{template "heldBack" .}}
     ORDER BY m.type, m.id LIMIT @limit) p{{template "failed" (.Failing "m.attempts >= (-9223372036854775807 - 1) AND m.attempts < @max")}}{{template "failed" (.Failing "m.attempts IS NULL")}}
 
 -- name: failed
@@ -74,7 +190,7 @@ ORDER BY m.id
   UNION ALL
   (SELECT e.id FROM (SELECT m.id FROM {{.Table}} m
     WHERE m.type = ANY(@types::text[]) AND m.direction = 'OUT' AND m.status = 'ERROR' AND {{.Attempts}} AND m.id > @after{{template "inPartitions" .}}
-      AND NOT {{template "waiting" (.As "m")}}{{template "heldBack" .}}{{template "heldByOthers" .}}
+      AND NOT {{template "waiting" (.As "m")}}{{template "heldBack" .}}
     OFFSET 0) e ORDER BY e.id LIMIT @limit)
 
 -- name: inPartitions
@@ -90,8 +206,10 @@ ORDER BY m.id
 -- name: waiting
 -- Whether row .Alias, a failed one, still waits out its backoff. The
 -- exponent is clamped (2^40 s is far past the cap), so no number of attempts
--- overflows; a NULL updated_at does not wait. Without a backoff nothing waits.
-{{if .Backoff}}coalesce({{.Alias}}.updated_at > now() - make_interval(secs => least(@backoff::float8 * power(2::float8, least(greatest(coalesce({{.Alias}}.attempts, 0), 1) - 1, 40)), @cap::float8)), false){{else}}false{{end}}
+-- overflows; a NULL updated_at does not wait, nor does a failed row with 0
+-- attempts, which only a re-queue makes (it is due at once). Without a backoff
+-- nothing waits.
+{{if .Backoff}}coalesce(coalesce({{.Alias}}.attempts, 1) <> 0 AND {{.Alias}}.updated_at > now() - make_interval(secs => least(@backoff::float8 * power(2::float8, least(greatest(coalesce({{.Alias}}.attempts, 0), 1) - 1, 40)), @cap::float8)), false){{else}}false{{end}}
 
 -- name: heldBack
 -- A row waits while an earlier failed row of its key waits out its backoff:
@@ -100,39 +218,6 @@ ORDER BY m.id
       AND NOT EXISTS (SELECT 1 FROM {{.Table}} e
         WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.direction = 'OUT' AND e.status = 'ERROR'
           AND e.type = ANY(@types::text[]) AND (e.attempts < @max OR e.attempts IS NULL) AND {{template "waiting" (.As "e")}}){{end}}
-
--- name: behind
--- Whether an earlier failed row of the row's key lies behind the select's
--- start (@after), where a drain's select does not look: a row left there
--- waiting out its backoff, whose backoff may end while the drain goes on,
--- its key's later rows held back with it. The pass sends nothing more of the
--- key (the engine's plan) until a select from the start finds them all, in
--- id order. A select from the start has nothing behind it, nor one with no
--- live failed row behind its start at all: that question is asked once per
--- select (an uncorrelated subquery, the plan's InitPlan), one probe of the
--- failed rows' index per type, and only then each row's key is probed, so a
--- drain with no failures pays nothing per row (docs/performance.md).
-CASE WHEN @after::bigint = (-9223372036854775807 - 1) THEN false
-  WHEN NOT EXISTS (SELECT 1 FROM unnest(@types::text[]) AS ty(type) CROSS JOIN LATERAL (
-    SELECT 1 FROM {{.Table}} e
-    WHERE e.type >= ty.type AND e.type <= ty.type AND e.direction = 'OUT' AND e.status = 'ERROR'
-      AND (e.attempts < @max OR e.attempts IS NULL) AND e.id <= @after LIMIT 1) f) THEN false
-  ELSE EXISTS (SELECT 1 FROM {{.Table}} e
-    WHERE e.natural_key = m.natural_key AND e.id < m.id AND e.id <= @after AND e.direction = 'OUT' AND e.status = 'ERROR'
-      AND e.type = ANY(@types::text[]) AND (e.attempts < @max OR e.attempts IS NULL)) END
-
--- name: heldByOthers
--- A select that leaves some of the relay's types out, @others (paused, or
--- with rows already queued: lanes.go), holds a row back while its key has an
--- earlier live row of one of them: a key's messages keep their order across
--- types. Each candidate is one probe of the key index, (natural_key, id) of
--- the live rows (schema.sql); the engine leaves no type out on a table
--- without it.
-{{if .Others}}
-      AND NOT EXISTS (SELECT 1 FROM {{.Table}} o
-        WHERE o.natural_key = m.natural_key AND o.id < m.id AND o.direction = 'OUT'
-          AND (o.status IN ('PENDING', 'ERROR') OR o.status IS NULL) AND coalesce(o.attempts, 0) < @max
-          AND o.type = ANY(@others::text[])){{end}}
 
 -- name: poll
 -- The idle poll, one statement: is the server writable, does this session
@@ -176,9 +261,11 @@ SELECT EXISTS (SELECT 1 FROM pg_attribute
 -- name: probe @table
 -- What the relay learns of the table before its first pass: its
 -- schema-qualified name, the columns it has, the width of last_error when it
--- is declared narrower than text (varchar(255)), and whether a valid index
+-- is declared narrower than text (varchar(255)), whether a valid index
 -- leads with (natural_key, id) over the waiting rows too (the key index of
--- schema.sql, or one like it): heldByOthers probes it once per candidate.
+-- schema.sql, or one like it: held probes it), and how many ids the id's
+-- sequence hands each session at once (its CACHE: above 1, ids are not drawn
+-- in commit order across sessions, which per-key order relies on).
 SELECT n.nspname::text, c.relname::text,
   coalesce((SELECT array_agg(a.attname::text) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
   coalesce((SELECT CASE WHEN a.atttypid IN ('varchar'::regtype, 'bpchar'::regtype) AND a.atttypmod > 4 THEN a.atttypmod - 4 END
@@ -187,6 +274,9 @@ SELECT n.nspname::text, c.relname::text,
     WHERE ix.indrelid = c.oid AND ix.indisvalid AND ix.indnatts >= 2
       AND ix.indkey[0] = (SELECT attnum FROM pg_attribute WHERE attrelid = c.oid AND attname = 'natural_key' AND NOT attisdropped)
       AND ix.indkey[1] = (SELECT attnum FROM pg_attribute WHERE attrelid = c.oid AND attname = 'id' AND NOT attisdropped)
-      AND (ix.indpred IS NULL OR pg_get_expr(ix.indpred, ix.indrelid) LIKE '%PENDING%'))
+      AND (ix.indpred IS NULL OR pg_get_expr(ix.indpred, ix.indrelid) LIKE '%PENDING%')),
+  coalesce((SELECT max(s.seqcache) FROM pg_depend d JOIN pg_sequence s ON s.seqrelid = d.objid
+    WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass AND d.refobjid = c.oid AND d.deptype IN ('a', 'i')
+      AND d.refobjsubid = (SELECT attnum FROM pg_attribute WHERE attrelid = c.oid AND attname = 'id' AND NOT attisdropped)), 1)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass(@table)
