@@ -34,8 +34,9 @@ type Table struct {
 	table string // quoted
 	name  string // as configured, for to_regclass
 	// fetchSQL is the select, by whether it is of this replica's partitions
-	// only, reads the optional headers column, and has the key index.
-	fetchSQL     [2][2][2]NamedSQL
+	// only, reads the optional headers column, has the key index, and takes
+	// one lane's rows only.
+	fetchSQL     [2][2][2][2]NamedSQL
 	epochSQL     string
 	pollSQL      NamedSQL
 	partWorkSQL  NamedSQL // the partitioned member's check for work, in its rebalance's round trip
@@ -72,9 +73,11 @@ func NewTable(table string, backoff, backoffMax time.Duration, asyncCommit bool)
 	for _, parts := range []bool{false, true} {
 		for _, hdrs := range []bool{false, true} {
 			for _, keyed := range []bool{false, true} {
-				v := d
-				v.Partitioned, v.Headers, v.Keyed = parts, hdrs, keyed
-				r.fetchSQL[b2i(parts)][b2i(hdrs)][b2i(keyed)] = Statements.Named("fetch", v)
+				for _, one := range []bool{false, true} {
+					v := d
+					v.Partitioned, v.Headers, v.Keyed, v.OneLane = parts, hdrs, keyed, one
+					r.fetchSQL[b2i(parts)][b2i(hdrs)][b2i(keyed)][b2i(one)] = Statements.Named("fetch", v)
+				}
 			}
 		}
 	}
@@ -130,7 +133,7 @@ type FetchArgs struct {
 // exceeds it comes back marked bad.
 func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, error) {
 	var f Batch
-	sql := r.fetchSQL[b2i(a.Parts != nil)][b2i(a.Headers)][b2i(a.Keyed)]
+	sql := r.fetchSQL[b2i(a.Parts != nil)][b2i(a.Headers)][b2i(a.Keyed)][b2i(len(a.Types) == 1)]
 	limit := a.Limit
 	if a.Keyed {
 		limit = max(limit, len(a.Types)) // a turn for every lane
@@ -190,8 +193,8 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 				return err
 			}
 			m.Type, m.Source, m.Key, m.Held = typ, a.Source, key.String, Held(held)
-			if more {
-				f.More = append(f.More, typ) // once per row of its lane: a lane's rows are few
+			if more && (len(f.More) == 0 || f.More[len(f.More)-1] != typ) {
+				f.More = append(f.More, typ) // compacted below
 			}
 			m.Attempts = int(m.ReadAttempts.Int64) // 0 when NULL
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
@@ -413,7 +416,7 @@ func b2i(b bool) int {
 // start, on a table with the key index, with its arguments, as a pass sends
 // it (for EXPLAIN).
 func (r *Table) FetchSQL(maxAttempts int, types []string, limit int) (string, []any) {
-	q := r.fetchSQL[0][0][1]
+	q := r.fetchSQL[0][0][1][b2i(len(types) == 1)]
 	after, width := make([]int64, len(types)), make([]int32, len(types))
 	for i := range after {
 		after[i], width[i] = math.MinInt64, int32(limit)

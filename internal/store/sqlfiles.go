@@ -146,6 +146,7 @@ type Data struct {
 	Wake        bool   // Enqueue's insert also notifies
 	Headers     bool   // the table has the optional headers column: read or write it
 	Keyed       bool   // the table has the key index: lanes share the batch by turns, rows are probed by key
+	OneLane     bool   // the select takes one lane's rows: its window whole
 	Requeued    bool   // the table has the optional requeued_at column: read or write it
 
 	// Per use of a fragment.

@@ -74,7 +74,7 @@ func TestSQLFiles(t *testing.T) {
 func sqlVariants() []Data {
 	var ds []Data
 	for i := range 32 {
-		ds = append(ds, Data{Table: `"s"."t"`, Backoff: i&1 != 0, Async: i&2 != 0, Partitioned: i&4 != 0, Wake: i&8 != 0, Headers: i&8 != 0, Keyed: i&16 != 0,
+		ds = append(ds, Data{Table: `"s"."t"`, Backoff: i&1 != 0, Async: i&2 != 0, Partitioned: i&4 != 0, Wake: i&8 != 0, Headers: i&8 != 0, Keyed: i&16 != 0, OneLane: i&16 != 0,
 			Alias: "m", Attempts: "true", Lock: "f", Unlock: "f", Function: `"f"`, Channel: `'c'`, Since: "s", InlinePayloadMax: 1})
 	}
 	return ds
@@ -125,9 +125,11 @@ func exerciseStatements(t *testing.T, q sqltest.Recorder) (built []string) {
 				for _, parts := range [][]int{nil, {1}} {
 					for _, headers := range []bool{false, true} {
 						for _, keyed := range []bool{false, true} {
-							_, _ = r.Fetch(ctx, q, FetchArgs{MaxAttempts: 3, Types: []string{"t"}, After: []int64{0}, All: []string{"t", "u"},
-								Later: []string{"u"}, Keyed: keyed, StartEpoch: keyed, Limit: 10, MaxBytes: 100, Partitions: 2, Parts: parts,
-								Preflight: true, Headers: headers})
+							for _, types := range [][]string{{"t"}, {"t", "v"}} {
+								_, _ = r.Fetch(ctx, q, FetchArgs{MaxAttempts: 3, Types: types, After: make([]int64, len(types)), All: []string{"t", "u", "v"},
+									Later: []string{"u"}, Keyed: keyed, StartEpoch: keyed, Limit: 10, MaxBytes: 100, Partitions: 2, Parts: parts,
+									Preflight: true, Headers: headers})
+							}
 						}
 					}
 				}

@@ -50,26 +50,34 @@ SELECT coalesce(max(id), (-9223372036854775807 - 1)) FROM {{.Table}}
 -- that keeps each key's order: never a message while an older live one of its
 -- key is unsent. It is asked (a probe of the key index per row) only where
 -- such a row can exist (mayHold); elsewhere it is false without a probe.
--- more says that the row's lane had more rows than the batch took.
+-- more says that the row's lane had more rows than the batch took. A select
+-- of one lane (.OneLane) takes its window whole, as an array: no turns, and
+-- no rows kept aside.
 --
 -- The columns are cast and read as nullable, and a NULL status or attempts is
 -- read as PENDING or 0: a table made by another migration (nullable columns,
 -- varchar instead of text) never makes the select fail, and a row that cannot
 -- be delivered is marked dead by the pass, not skipped. The headers column
 -- is optional (a JVM-made table has none): .Headers when the probe found it.
-WITH w AS MATERIALIZED ({{template "windows" .}}
+{{if .OneLane}}WITH g AS (SELECT a.ids[1:a.width] AS k, 9223372036854775807 AS cut,
+  {{if .Keyed}}cardinality(@all::text[]) > 1 OR {{end}}{{template "failedBehind" .}} AS probe,
+  CASE WHEN cardinality(a.ids) > a.width THEN @types::text[] ELSE '{}' END AS more
+  FROM (SELECT ty.width, ARRAY({{template "window" .}}) AS ids
+    FROM unnest(@types::text[], @after::bigint[], @width::int[]) AS ty(type, after, width) OFFSET 0) a
+){{else}}WITH w AS MATERIALIZED ({{template "windows" .}}
 ), k AS MATERIALIZED (SELECT w.id, w.lane FROM w WHERE w.rn <= w.width ORDER BY {{if .Keyed}}w.rn, {{end}}w.id LIMIT @limit
 ), l AS MATERIALIZED (SELECT k.lane, max(k.id) AS last, EXISTS (SELECT 1 FROM w WHERE w.lane = k.lane AND w.id > max(k.id)) AS more
   FROM k GROUP BY k.lane
-), g AS (SELECT {{if .Keyed}}(SELECT coalesce(min(l.last) FILTER (WHERE l.more), 9223372036854775807) FROM l){{else}}9223372036854775807{{end}} AS cut,
+), g AS (SELECT ARRAY(SELECT k.id FROM k) AS k,
+  {{if .Keyed}}(SELECT coalesce(min(l.last) FILTER (WHERE l.more), 9223372036854775807) FROM l){{else}}9223372036854775807{{end}} AS cut,
   {{if .Keyed}}cardinality(@types::text[]) < cardinality(@all::text[]) OR {{end}}{{template "failedBehind" .}} AS probe,
   ARRAY(SELECT (@types::text[])[l.lane] FROM l WHERE l.more) AS more
-)
+){{end}}
 SELECT m.id, m.type::text, m.natural_key::text, m.status::text, m.attempts::bigint, m.created_at::timestamptz,
-  {{template "held" .}}, m.type::text = ANY(g.more),
+  {{template "held" .}}, m.type::text = ANY((SELECT g.more FROM g)::text[]),
   pg_column_size(m.payload), CASE WHEN pg_column_size(m.payload) <= {{.InlinePayloadMax}} THEN m.payload::text END{{if .Headers}}, m.headers::text{{end}}
-FROM {{.Table}} m CROSS JOIN g
-WHERE m.id = ANY(ARRAY(SELECT k.id FROM k))
+FROM {{.Table}} m
+WHERE m.id = ANY((SELECT g.k FROM g)::bigint[])
 ORDER BY m.id
 
 -- name: windows
@@ -92,12 +100,18 @@ ORDER BY m.id
 -- @max, estimates it as a narrow range and keeps to the index.
 {{/* starts on a line of its own */}}
   SELECT ty.lane, ty.width, p.id, p.rn
-  FROM unnest(@types::text[], @after::bigint[], @width::int[]) WITH ORDINALITY AS ty(type, after, width, lane) CROSS JOIN LATERAL unnest(ARRAY(
+  FROM unnest(@types::text[], @after::bigint[], @width::int[]) WITH ORDINALITY AS ty(type, after, width, lane)
+    CROSS JOIN LATERAL unnest(ARRAY({{template "window" .}})) WITH ORDINALITY AS p(id, rn)
+
+-- name: window
+-- One lane's window (windows), of lane ty: its ids in order, at most
+-- ty.width and one more.
+{{/* starts on a line of its own */}}
     SELECT u.id FROM ((SELECT m.id FROM {{.Table}} m
       WHERE m.type >= ty.type AND m.type <= ty.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
         AND coalesce(m.attempts, 0) < @max AND m.id > ty.after{{template "inPartitions" .}}
       ORDER BY m.type, m.id LIMIT ty.width + 1){{template "failedOf" (.Failing "m.attempts >= (-9223372036854775807 - 1) AND m.attempts < @max")}}{{template "failedOf" (.Failing "m.attempts IS NULL")}}) u
-    ORDER BY u.id LIMIT ty.width + 1)) WITH ORDINALITY AS p(id, rn)
+    ORDER BY u.id LIMIT ty.width + 1
 
 -- name: failedOf
 -- The failed rows of a lane's window whose attempts match .Attempts, that
@@ -140,23 +154,24 @@ ORDER BY m.id
 -- out and takes the lowest ids of all lanes: a row drawn after the epoch
 -- began is held (the next epoch takes it), and only an older failed row of
 -- its key (the failed rows' index) is probed for.
-{{if .Keyed}}CASE WHEN g.probe OR m.id > g.cut OR m.id > @epoch THEN
+{{if .Keyed}}CASE WHEN (SELECT g.probe FROM g) OR m.id > (SELECT g.cut FROM g) OR m.id > @epoch THEN
     CASE WHEN NOT EXISTS ({{template "older" .}}) THEN 0
       WHEN EXISTS ({{template "older" .}} AND (o.type = ANY(@later::text[]) OR o.status = 'ERROR' AND {{template "waiting" (.As "o")}})) THEN 2
       ELSE 1 END
   ELSE 0 END{{else}}CASE WHEN m.id > @epoch THEN 1
-  WHEN NOT g.probe OR NOT EXISTS ({{template "older" .}} AND o.status = 'ERROR') THEN 0
+  WHEN NOT (SELECT g.probe FROM g) OR NOT EXISTS ({{template "older" .}} AND o.status = 'ERROR') THEN 0
   WHEN EXISTS ({{template "older" .}} AND o.status = 'ERROR' AND {{template "waiting" (.As "o")}}) THEN 2
   ELSE 1 END{{end}}
 
 -- name: older
 -- The older live rows of row m's key, of the relay's types, that the batch
--- lacks (held). Each is one probe of the key index, (natural_key, id) of the
+-- lacks (held). g's values are read as scalar subqueries, computed once per
+-- select (InitPlans), never per row. Each is one probe of the key index, (natural_key, id) of the
 -- live rows, or, without it, of the failed rows' (schema.sql).
 SELECT 1 FROM {{.Table}} o
     WHERE o.natural_key = m.natural_key AND o.id < m.id AND o.direction = 'OUT'
       AND (o.status IN ('PENDING', 'ERROR') OR o.status IS NULL) AND coalesce(o.attempts, 0) < @max
-      AND o.type = ANY(@all::text[]) AND o.id <> ALL(ARRAY(SELECT k.id FROM k))
+      AND o.type = ANY(@all::text[]) AND o.id <> ALL((SELECT g.k FROM g)::bigint[])
 
 -- name: candidates
 -- The ids of deliverable rows, at most @limit of each part; partitioned,
