@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/pgserver"
 )
 
 func TestEnqueueMany(t *testing.T) {
@@ -116,6 +118,24 @@ func TestEnqueueMany(t *testing.T) {
 		require.ErrorContains(t, err, "relay: enqueue: insert 6 messages into "+b.table)
 		require.ErrorContains(t, err, "unsupported Unicode escape sequence")
 		require.Equal(t, len(ids), count(t, b), "no row of the refused batch")
+	})
+
+	t.Run("InEveryQueryExecMode", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// Behind a transaction-pooling proxy pools run in Exec or simple
+		// protocol mode, where pgx sends the arrays as text.
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+			pool := pgserver.Pool(t, server().URL, "", 1, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+			ms := batch()
+			ids, err := relay.EnqueueMany(ctx, pool, b.table, ms)
+			require.NoError(t, err, "%v", mode)
+			got := rows(t, b, ids)
+			for i, m := range ms {
+				require.Equal(t, m.Key, got[i].Key, "%v: messages[%d]", mode, i)
+				require.Equal(t, m.Headers, got[i].Headers, "%v: messages[%d]", mode, i)
+			}
+		}
 	})
 
 	t.Run("SchemaQualifiedTable", func(t *testing.T) {
