@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -50,9 +51,20 @@ func enqueue(ctx context.Context, q Querier, table pgx.Identifier, m Outgoing, w
 // reports whether it notified.
 func enqueueMany(ctx context.Context, q Querier, table pgx.Identifier, ms []Outgoing, wakeTypes []string, force bool) (ids []int64, notified bool, err error) {
 	types, keys, payloads := make([]string, len(ms)), make([]string, len(ms)), make([]string, len(ms))
+	n := 0
+	for i := range ms {
+		n += len(ms[i].Payload)
+	}
+	var all strings.Builder // the payloads in one copy, one allocation: each is a part of it
+	all.Grow(n)
+	for i := range ms {
+		all.Write(ms[i].Payload)
+	}
+	text := all.String()
 	var hdrs []string // nil unless a message has headers
 	for i := range ms {
-		types[i], keys[i], payloads[i] = ms[i].Type, ms[i].Key, string(ms[i].Payload)
+		types[i], keys[i] = ms[i].Type, ms[i].Key
+		payloads[i], text = text[:len(ms[i].Payload)], text[len(ms[i].Payload):]
 		if len(ms[i].Headers) == 0 {
 			continue
 		}
@@ -98,6 +110,7 @@ func enqueueMany(ctx context.Context, q Querier, table pgx.Identifier, ms []Outg
 	if len(ids) != len(ms) {
 		return nil, false, fmt.Errorf("the statement wrote %d rows for %d messages", len(ids), len(ms))
 	}
+	slices.Sort(ids) // drawn in the messages' order: sorted, they are in it
 	return ids, notified, nil
 }
 

@@ -23,9 +23,9 @@ RETURNING id{{end}}
 -- name: enqueueMany @types @keys @payloads @table
 -- EnqueueMany's insert: one outbound PENDING row per element of the arrays
 -- @types, @keys and @payloads (one message each, in the caller's order), in
--- one statement; the ids come back in that order, as one text of
--- comma-separated ids, which every driver reads (database/sql scans no
--- arrays). Every key's order lock (keyOrderLock) is taken first, once per
+-- one statement; the ids come back as one text of comma-separated ids,
+-- which every driver reads (database/sql scans no arrays), in no set order:
+-- the caller sorts them, which gives the messages' order (below). Every key's order lock (keyOrderLock) is taken first, once per
 -- distinct key, in the order of the locks' own numbers (hashtext(key)), not
 -- of the batch: two statements writing overlapping keys take their common
 -- locks in one order, so neither can hold a lock the other waits for while
@@ -48,7 +48,7 @@ WITH key_order AS MATERIALIZED (
   ORDER BY m.ord
   RETURNING id
 )
-SELECT string_agg(id::text, ',' ORDER BY id){{if .Wake}}, (SELECT notified FROM key_order){{end}} FROM inserted
+SELECT string_agg(id::text, ','){{if .Wake}}, (SELECT notified FROM key_order){{end}} FROM inserted
 
 -- name: keyOrderLock
 -- The lock a producer takes, in its transaction, before it writes a message
