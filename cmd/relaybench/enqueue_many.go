@@ -95,7 +95,7 @@ SELECT u.type, u.key, u.payload::jsonb FROM unnest($1::text[], $2::text[], $3::t
 		return err
 	}
 	defer pool.Close()
-	_, stopListening, err := countNotifications(ctx, url, "relay:"+table)
+	notified, stopListening, err := countNotifications(ctx, url, "relay:"+table)
 	if err != nil {
 		return err
 	}
@@ -104,6 +104,7 @@ SELECT u.type, u.key, u.payload::jsonb FROM unnest($1::text[], $2::text[], $3::t
 	rates := make([][]float64, len(variants))
 	toPlain := make([][]float64, len(variants))
 	toLoop := make([][]float64, len(variants))
+	notifies := make([][]float64, len(variants))
 	for round := range *enqueueManyRounds {
 		got := make([]float64, len(variants))
 		for k := range variants {
@@ -111,6 +112,7 @@ SELECT u.type, u.key, u.payload::jsonb FROM unnest($1::text[], $2::text[], $3::t
 			if _, err := admin.Exec(ctx, "TRUNCATE "+table); err != nil {
 				return err
 			}
+			before, start := notified.Load(), time.Now()
 			tps, err := producersRateOn(ctx, pool, 8, *enqueueManySlice, func(ctx context.Context, tx pgx.Tx, t int) error {
 				return variants[i].write(ctx, tx, newBatchRows(t, n, payload))
 			})
@@ -118,6 +120,7 @@ SELECT u.type, u.key, u.payload::jsonb FROM unnest($1::text[], $2::text[], $3::t
 				return fmt.Errorf("%s: %w", variants[i].name, err)
 			}
 			got[i] = tps * float64(n)
+			notifies[i] = append(notifies[i], float64(notified.Load()-before)/time.Since(start).Seconds())
 		}
 		for i := range variants {
 			rates[i] = append(rates[i], got[i])
@@ -128,10 +131,10 @@ SELECT u.type, u.key, u.payload::jsonb FROM unnest($1::text[], $2::text[], $3::t
 	fmt.Printf("\nenqueue-many: rows/s of 8 concurrent producers on one pool, %d messages of distinct keys per transaction, %d rounds of %s per variant (interleaved, order rotated), medians\n",
 		n, *enqueueManyRounds, *enqueueManySlice)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "producers\trows/s (median)\trange\t× plain INSERT\t× loop of Enqueue\t")
+	fmt.Fprintln(w, "producers\trows/s (median)\trange\t× plain INSERT\t× loop of Enqueue\tNOTIFYs/s\t")
 	for i, v := range variants {
-		fmt.Fprintf(w, "%s\t%.0f\t%.0f–%.0f\t%.2f×\t%.2f×\t\n", v.name, benchkit.Median(rates[i]), slices.Min(rates[i]), slices.Max(rates[i]),
-			benchkit.Median(toPlain[i]), benchkit.Median(toLoop[i]))
+		fmt.Fprintf(w, "%s\t%.0f\t%.0f–%.0f\t%.2f×\t%.2f×\t%.0f\t\n", v.name, benchkit.Median(rates[i]), slices.Min(rates[i]), slices.Max(rates[i]),
+			benchkit.Median(toPlain[i]), benchkit.Median(toLoop[i]), benchkit.Median(notifies[i]))
 	}
 	w.Flush()
 	ok := func(b bool) string {
