@@ -354,3 +354,35 @@ func TestEnqueueManyConcurrentKeyOrder(t *testing.T) {
 
 // errRollback makes a transaction of a test roll back.
 var errRollback = errors.New("roll back")
+
+func ExampleEnqueueMany() {
+	ctx := context.Background()
+	pool, done := exampleDatabase() // your service's pool: the outbox table, and a table of orders
+	defer done()
+
+	// An order fans out to the services of its lines: one message each,
+	// all in one statement, committed with the order or not at all.
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id, total) VALUES ($1, $2)", 42, "9.90"); err != nil {
+			return err
+		}
+		ids, err := relay.EnqueueMany(ctx, tx, relay.TableDefault, []relay.Outgoing{
+			{Type: "stock", Key: "sku-a", Payload: []byte(`{"order": 42, "taken": 2}`)},
+			{Type: "stock", Key: "sku-b", Payload: []byte(`{"order": 42, "taken": 1}`)},
+			{Type: "invoice", Key: "order-42", Payload: []byte(`{"order": 42, "total": "9.90"}`)},
+		})
+		fmt.Println("ids in the messages' order:", slices.IsSorted(ids), len(ids))
+		return err
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	var pending int
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM mensagem_m2m WHERE status = 'PENDING'").Scan(&pending)
+	fmt.Println("pending messages:", pending)
+	// Output:
+	// ids in the messages' order: true 3
+	// pending messages: 3
+}
