@@ -40,9 +40,10 @@ import (
 // package initialisation for those that name no table, once per won election
 // for the heartbeat (its start) and per connection for the listener's
 // LISTEN (its channel). Enqueue's and EnqueueMany's inserts are rendered once
-// and cut where their per-call table goes. {{.Table}} is the quoted table; {{if .Backoff}},
-// {{if .Async}}, {{if .Partitioned}}, {{if .Wake}} the options (Data);
-// {{template "name" .}} includes another statement of any file, a fragment.
+// and cut where their per-call table goes. {{.Table}} is the quoted table;
+// {{if .Backoff}}, {{if .Async}}, {{if .Partitioned}}, {{if .Wake}} the
+// options (Data); {{template "name" .}} includes another statement of any
+// file, a fragment.
 // TestSQLFiles checks that every statement is used, lists only its own
 // parameters, and is sent with exactly its arguments.
 
