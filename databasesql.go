@@ -12,8 +12,9 @@ import (
 // *sql.DB and *sql.Conn satisfy it, with any driver of PostgreSQL (pgx's
 // stdlib, lib/pq), and so do the handles of the libraries built on
 // database/sql: GORM's tx.Statement.ConnPool, sqlx's *sqlx.Tx, the DBTX of
-// sqlc's database/sql code, Bun's bun.Tx.Tx (the *sql.Tx itself: bun.Tx's own
-// QueryRowContext rewrites the statement's placeholders).
+// sqlc's database/sql code, Bun's bun.Tx.Tx (the *sql.Tx inside: bun.Tx's own
+// QueryRowContext formats the arguments into the statement, for Bun's ?
+// placeholders, and sends none).
 type SQLQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }

@@ -25,11 +25,12 @@ RETURNING id{{end}}
 -- @types, @keys and @payloads (one message each, in the caller's order), in
 -- one statement; the ids come back as one text of comma-separated ids,
 -- which every driver reads (database/sql scans no arrays), in no set order:
--- the caller sorts them, which gives the messages' order (below). Every key's order lock (keyOrderLock) is taken first, once per
--- distinct key, in the order of the locks' own numbers (hashtext(key)), not
--- of the batch: two statements writing overlapping keys take their common
--- locks in one order, so neither can hold a lock the other waits for while
--- it waits for one the other holds. The locks are a MATERIALIZED CTE joined
+-- the caller sorts them, which gives the messages' order (below). Every
+-- key's order lock (keyOrderLock) is taken first, once per distinct key, in
+-- the order of the locks' own numbers (hashtext(key)), not of the batch:
+-- two statements writing overlapping keys take their common locks in one
+-- order, so neither can hold a lock the other waits for while it waits for
+-- one the other holds. The locks are a MATERIALIZED CTE joined
 -- to every row, so no row, and no id, exists before all of them are held.
 -- The ids are drawn in the messages' order: the INSERT's defaults (nextval
 -- among them) are computed above its SELECT's ORDER BY, so a key's messages
