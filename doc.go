@@ -52,7 +52,9 @@
 //
 // # Producing, testing, operating
 //
-// [Enqueue] writes a message in the caller's own transaction. Package relaytest
+// [Enqueue] writes a message in the caller's own transaction, [EnqueueMany]
+// many in one statement; [FromSQL] lets both write through database/sql (a
+// *sql.Tx of GORM, Bun, sqlx or sqlc). Package relaytest
 // gives an adopter's integration test a throwaway database and holds the
 // election from another session exactly as a JVM replica would, to prove with
 // [Relay.RunIfElected] that nothing is sent meanwhile. [Relay.Stats] and an

@@ -13,7 +13,7 @@ import (
 	"github.com/xadm/relay/internal/store"
 )
 
-// TestAdminStatements: every statement of Admin and of Enqueue (internal/store
+// TestAdminStatements: every statement of Admin, Enqueue and EnqueueMany (internal/store
 // renders them, the relay sends them) is sent, with exactly its parameters.
 // (internal/store's TestSQLFiles checks the others.)
 func TestAdminStatements(t *testing.T) {
@@ -30,9 +30,17 @@ func TestAdminStatements(t *testing.T) {
 				_, _, _ = enqueue(ctx, q, id, Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`), Headers: headers}, channel, false)
 			}
 		}
-		for _, byWake := range store.EnqueueSQL {
-			for _, cut := range byWake {
-				built = append(built, cut[0]+id.Sanitize()+cut[1])
+		for _, wakeTypes := range [][]string{nil, {"t", "u"}} {
+			for _, headers := range []map[string]string{nil, {"traceparent": "t"}} {
+				ms := []Outgoing{{Type: "t", Key: "k", Payload: []byte(`{}`)}, {Type: "u", Key: "k", Payload: []byte(`{}`), Headers: headers}}
+				_, _, _ = enqueueMany(ctx, q, id, ms, wakeTypes, false)
+			}
+		}
+		for _, stmts := range [][2][2][2]string{store.EnqueueSQL, store.EnqueueManySQL} {
+			for _, byWake := range stmts {
+				for _, cut := range byWake {
+					built = append(built, cut[0]+id.Sanitize()+cut[1])
+				}
 			}
 		}
 		for _, requeued := range []bool{false, true} {

@@ -49,6 +49,9 @@
 //	notify-cost    commits/s of 8 producers with and without the wake-up's NOTIFY (target ≥ 0.9×)
 //	enqueue        commits/s of 8 producers: Enqueue beside a plain INSERT, and the pieces of
 //	               Enqueue's statement alone (target ≥ 0.95×)
+//	enqueue-many   rows/s of 8 producers, transactions of 1,000 messages: EnqueueMany beside a
+//	               plain INSERT … SELECT FROM unnest(…) and a loop of Enqueue
+//	                                                 target ≥ 0.8× the INSERT, ≥ 4× the loop
 //	latency        commit → Send at -latency-rate, wake-ups vs polling only (target p50 ≤ 5 ms, p99 ≤ 50 ms)
 //	partitions     -partition-replicas replicas (4) with -partitions Partitions (16) vs 1 replica,
 //	               -partition-concurrency (4) each, a destination answering in -partition-delay
@@ -181,7 +184,7 @@ func want(name string) bool {
 func run(ctx context.Context) error {
 	for s := range strings.SplitSeq(*scenarioFlag, ",") {
 		s = strings.TrimSpace(s)
-		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" || s == "enqueue" || s == "partitions" ||
+		known := s == "all" || s == "guard" || s == "history" || s == "pgbench" || s == "latency" || s == "notify-cost" || s == "enqueue" || s == "enqueue-many" || s == "partitions" ||
 			s == "isolation" || s == "inbox" ||
 			slices.ContainsFunc(drainScenarios, func(d scenario) bool { return d.name == s })
 		if !known {
@@ -247,6 +250,11 @@ func run(ctx context.Context) error {
 	if want("enqueue") {
 		if err := runEnqueue(ctx, srv.URL, admin); err != nil {
 			return fmt.Errorf("scenario enqueue: %w", err)
+		}
+	}
+	if want("enqueue-many") {
+		if err := runEnqueueMany(ctx, srv.URL, admin); err != nil {
+			return fmt.Errorf("scenario enqueue-many: %w", err)
 		}
 	}
 	if want("inbox") {

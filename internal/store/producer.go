@@ -2,7 +2,8 @@ package store
 
 import "strings"
 
-// Enqueue's insert, in sql/producer.sql; relay.Enqueue sends it.
+// Enqueue's and EnqueueMany's inserts, in sql/producer.sql; relay.Enqueue and
+// relay.EnqueueMany send them.
 
 // tableSlot stands for the table in a statement rendered once for every
 // table; the caller puts the table between its halves.
@@ -14,6 +15,12 @@ const tableSlot = "\x00table\x00"
 var EnqueueSQL = [2][2][2]string{
 	{cutAtTable("enqueue", Data{}), cutAtTable("enqueue", Data{Headers: true})},
 	{cutAtTable("enqueue", Data{Wake: true}), cutAtTable("enqueue", Data{Wake: true, Headers: true})},
+}
+
+// EnqueueManySQL is EnqueueMany's insert, indexed and cut as EnqueueSQL.
+var EnqueueManySQL = [2][2][2]string{
+	{cutAtTable("enqueueMany", Data{}), cutAtTable("enqueueMany", Data{Headers: true})},
+	{cutAtTable("enqueueMany", Data{Wake: true}), cutAtTable("enqueueMany", Data{Wake: true, Headers: true})},
 }
 
 // cutAtTable renders statement name for d, whose {{.Table}} appears once,

@@ -20,7 +20,7 @@ import (
 //	sql/admin.sql     Admin's statements         admin.go     (the relay's store_admin.go sends them)
 //	sql/election.sql  guard, lease, partitions   election.go
 //	sql/wake.sql      the wake-up on commit      wake.go      (WakeTriggerSQL, the listener)
-//	sql/producer.sql  Enqueue's insert           producer.go  (the relay's store_producer.go sends it)
+//	sql/producer.sql  Enqueue's inserts          producer.go  (the relay's store_producer.go sends them)
 //	sql/schedule.sql  the Scheduler's clock      schedule.go
 //	sql/presence.sql  presence, table indexes    presence.go
 //
@@ -39,10 +39,11 @@ import (
 // never per pass: per table and options when a Relay or an Admin is made, at
 // package initialisation for those that name no table, once per won election
 // for the heartbeat (its start) and per connection for the listener's
-// LISTEN (its channel). Enqueue's insert is rendered once and cut where its
-// per-call table goes. {{.Table}} is the quoted table; {{if .Backoff}},
-// {{if .Async}}, {{if .Partitioned}}, {{if .Wake}} the options (Data);
-// {{template "name" .}} includes another statement of any file, a fragment.
+// LISTEN (its channel). Enqueue's and EnqueueMany's inserts are rendered once
+// and cut where their per-call table goes. {{.Table}} is the quoted table;
+// {{if .Backoff}}, {{if .Async}}, {{if .Partitioned}}, {{if .Wake}} the
+// options (Data); {{template "name" .}} includes another statement of any
+// file, a fragment.
 // TestSQLFiles checks that every statement is used, lists only its own
 // parameters, and is sent with exactly its arguments.
 
