@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -30,6 +32,10 @@ func checkGrants(ctx context.Context, db store.Querier, table string) error {
 	if len(lacks) == 0 {
 		return nil
 	}
+	// PostgreSQL's own code, insufficient_privilege, for a caller that reads
+	// the SQLSTATE of a pass's error.
+	denied := &pgconn.PgError{Severity: "ERROR", Code: "42501",
+		Message: fmt.Sprintf("permission denied: role %q lacks %s on %s", role, strings.Join(lacks, " and "), table)}
 	return fmt.Errorf("relay: role %q lacks %s on %s, which every pass needs: grant the relay's role what docs/security.md lists "+
-		"(GRANT SELECT, UPDATE (%s) ON %s TO %s)", role, strings.Join(lacks, " and "), table, strings.Join(relayUpdates, ", "), table, role)
+		"(GRANT SELECT, UPDATE (%s) ON %s TO %s): %w", role, strings.Join(lacks, " and "), table, strings.Join(relayUpdates, ", "), table, role, denied)
 }

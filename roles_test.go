@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -138,6 +139,9 @@ func TestRoleMissingGrant(t *testing.T) {
 	_, err = r.Run(ctx)
 	require.ErrorContains(t, err, `relay: role "`+role+`" lacks UPDATE (status, attempts, last_error, updated_at, sent_at) on public.`+w.b.table)
 	require.ErrorContains(t, err, "docs/security.md")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "42501", pgErr.Code, "PostgreSQL's insufficient_privilege, for a caller that reads the SQLSTATE")
 	require.Zero(t, sends, "nothing is sent that could not be recorded")
 	require.Equal(t, "PENDING", w.b.state(t, ids[0]).Status)
 
