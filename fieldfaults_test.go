@@ -381,8 +381,9 @@ func TestErrorsKeepTheirChain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
-	b.insert(t, "t", "a")
-	// The relay's role may read the table but not update it.
+	// The relay's role may read and update the table when it starts, and is
+	// refused UPDATE once its first pass checked its grants (grants.go): the
+	// outcome's own refusal.
 	role := pgserver.Name(t)
 	b.exec(t, "SELECT 1 FROM %s LIMIT 0")
 	_, err := b.pool.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
@@ -391,11 +392,15 @@ func TestErrorsKeepTheirChain(t *testing.T) {
 		_, _ = b.pool.Exec(context.Background(), "DROP OWNED BY "+role)
 		_, _ = b.pool.Exec(context.Background(), "DROP ROLE "+role)
 	})
-	b.exec(t, "GRANT SELECT ON %s TO "+role)
+	b.exec(t, "GRANT SELECT, UPDATE ON %s TO "+role)
 	pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.User = role })
 	sends := 0
 	r, err := relay.New(pool, b.cfg, relay.SenderFunc("t", func(context.Context, relay.Message) error { sends++; return nil }))
 	require.NoError(t, err)
+	_, err = r.RunIfElected(ctx)
+	require.NoError(t, err)
+	b.exec(t, "REVOKE UPDATE ON %s FROM "+role)
+	b.insert(t, "t", "a")
 	_, err = r.RunIfElected(ctx)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)

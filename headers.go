@@ -16,7 +16,8 @@ import "github.com/xadm/relay/internal/headers"
 //
 //   - a name is an HTTP token (letters, digits and !#$%&'*+-.^_`|~), unique
 //     whatever its case, and not one the senders set themselves:
-//     Idempotency-Key, Content-Type, Relay-*, Nats-*, nor one Go's HTTP
+//     Idempotency-Key, Content-Type, Relay-*, Nats-*, the signature's
+//     Webhook-Id, Webhook-Timestamp and Webhook-Signature, nor one Go's HTTP
 //     client would drop (Host, Content-Length, Transfer-Encoding, Trailer);
 //   - a value has no control characters other than tab;
 //   - at most [HeadersMax] headers, names and values of at most

@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/xadm/relay/internal/headers"
+	"github.com/xadm/relay/internal/signing"
 )
 
 // httpSenderTimeoutDefault is the default of [HTTPSenderConfig.Timeout].
@@ -61,7 +63,13 @@ const (
 //	Relay-Attempt: <Message.Attempts+1>   the attempt being made, from 1
 //
 // and the message's own [Message.Headers] (a W3C traceparent, say), except
-// those [HTTPSenderConfig.Header] sets, which win.
+// those [HTTPSenderConfig.Header] sets, which win. With
+// [HTTPSenderConfig.SigningSecrets], each attempt is also signed anew by the
+// Standard Webhooks scheme:
+//
+//	Webhook-Id: <Message.IdempotencyKey()>
+//	Webhook-Timestamp: <the attempt's send time, Unix seconds>
+//	Webhook-Signature: v1,<base64 HMAC-SHA256 of id.timestamp.body> …  one per secret
 //
 // Idempotency-Key is the same on every retry of a message and different for
 // every other message, those of the same key included, so a receiver that
@@ -89,6 +97,8 @@ type HTTPSender struct {
 	timeout time.Duration
 	header  http.Header
 	status  map[int]HTTPOutcome // the overrides of HTTPSenderConfig.StatusOutcomes
+	signer  *signing.Signer     // nil: requests go unsigned
+	secrets []string            // what an error text must never show (secretsOf)
 }
 
 // HTTPSenderConfig configures [NewHTTPSender].
@@ -112,6 +122,15 @@ type HTTPSenderConfig struct {
 	// a redirected PUT or POST into a GET whose 200 would pass for delivery.
 	Client *http.Client
 
+	// TLS configures the TLS of a client like the default one, of this
+	// sender's own: the CAs it trusts (RootCAs), and the client certificate
+	// of mutual TLS for a destination that requires one (Certificates, or
+	// GetClientCertificate to pick a renewed certificate up without a
+	// restart; docs/security.md). NewHTTPSender clones it. Not allowed with
+	// Client: configure that client's transport instead. Defaults to nil: the
+	// system's CAs, no client certificate.
+	TLS *tls.Config
+
 	// Timeout bounds one request, from dialling to reading the answer, on top
 	// of the relay's ctx (whose [Config.SendTimeout] wins when
 	// it is shorter). Defaults to 10s.
@@ -122,6 +141,18 @@ type HTTPSenderConfig struct {
 	// (Idempotency-Key and Relay-*) nor Host or Content-Length, which Go
 	// ignores here. NewHTTPSender copies it. Optional.
 	Header http.Header
+
+	// SigningSecrets sign every request by the Standard Webhooks scheme
+	// (standardwebhooks.com): each is a "whsec_" secret (base64 of 24 to 64
+	// random bytes: HMAC-SHA256, signature "v1") or a "whsk_" Ed25519
+	// private key (base64 of its 32-byte seed: signature "v1a"), and each
+	// adds its signature to the Webhook-Signature header, so that during a
+	// rotation the old and the new secret sign together. The receiver checks
+	// them with the same secrets (whpk_ public keys for whsk_):
+	// [inbox.Config.SigningSecrets]. NewHTTPSender refuses a malformed one,
+	// naming its index, never its value. Defaults to none: requests go
+	// unsigned.
+	SigningSecrets []string
 
 	// StatusOutcomes overrides what the response statuses it lists mean; the
 	// others keep [HTTPStatusOutcome]'s default. For a receiver that answers
@@ -201,6 +232,9 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 	if s.method == "" {
 		s.method = http.MethodPut
 	}
+	if s.client == nil && cfg.TLS != nil {
+		s.client = newHTTPClient(cfg.TLS.Clone())
+	}
 	if s.client == nil {
 		s.client = defaultHTTPClient()
 	}
@@ -220,6 +254,15 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 	if s.url == nil {
 		bad("URL", "must not be nil (try relay.URLWithKey(base))")
 	}
+	if cfg.Client != nil && cfg.TLS != nil {
+		bad("TLS", "must be nil when Client is set: configure the TLS of Client's transport instead")
+	}
+	signer, err := signing.NewSigner("relay: HTTPSenderConfig.SigningSecrets", cfg.SigningSecrets)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	s.signer = signer
+	s.secrets = secretsOf(cfg.Header, cfg.SigningSecrets)
 	if !headers.ValidToken(s.method) {
 		bad("Method", "%q is not a valid HTTP method", s.method)
 	}
@@ -234,6 +277,8 @@ func NewHTTPSender(cfg HTTPSenderConfig) (*HTTPSender, error) {
 			bad("Header", "must not set %s: the sender sets Idempotency-Key and the Relay-* headers from each message", canonical)
 		case canonical == "Host" || canonical == "Content-Length":
 			bad("Header", "must not set %s: Go ignores it in a request's headers", canonical)
+		case canonical == signing.HeaderID || canonical == signing.HeaderTimestamp || canonical == signing.HeaderSignature:
+			bad("Header", "must not set %s: the sender sets the Standard Webhooks headers when it signs (SigningSecrets)", canonical)
 		default:
 			for _, v := range values {
 				if !headers.ValidValue(v) {
@@ -318,6 +363,14 @@ func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 	req.Header.Set(headerMessageID, strconv.FormatInt(m.ID, 10))
 	req.Header.Set(headerMessageType, m.Type)
 	req.Header.Set(headerAttempt, strconv.Itoa(m.Attempts+1))
+	if s.signer != nil {
+		// Signed anew on every attempt: a retry gets a fresh timestamp.
+		id := m.IdempotencyKey()
+		ts := time.Now().Unix()
+		req.Header.Set(signing.HeaderID, id)
+		req.Header.Set(signing.HeaderTimestamp, strconv.FormatInt(ts, 10))
+		req.Header.Set(signing.HeaderSignature, s.signer.Sign(id, ts, m.Payload))
+	}
 
 	resp, err := s.client.Do(req)
 	if err != nil {
@@ -333,7 +386,7 @@ func (s *HTTPSender) Send(ctx context.Context, m Message) error {
 	if outcome == HTTPSuccess {
 		return nil
 	}
-	err = errors.New(target + ": " + describeResponse(resp))
+	err = errors.New(target + ": " + describeResponse(resp, s.secrets))
 	if outcome == HTTPPermanent {
 		return Permanent(err)
 	}
@@ -369,8 +422,9 @@ func (s *HTTPSender) transportError(ctx, reqCtx context.Context, target string, 
 }
 
 // describeResponse is the status of resp, with Location and Retry-After when
-// present and the start of the body, as one line fit for the last_error column.
-func describeResponse(resp *http.Response) string {
+// present and the start of the body, as one line fit for the last_error
+// column, with secrets (secretsOf) replaced before anything is cut.
+func describeResponse(resp *http.Response, secrets []string) string {
 	var b strings.Builder
 	if text := http.StatusText(resp.StatusCode); text != "" {
 		b.WriteString(strconv.Itoa(resp.StatusCode) + " " + text)
@@ -380,16 +434,66 @@ func describeResponse(resp *http.Response) string {
 		b.WriteString(strconv.Itoa(resp.StatusCode))
 	}
 	for _, name := range []string{"Location", "Retry-After"} {
-		if v := oneLine([]byte(resp.Header.Get(name))); v != "" {
+		if v := oneLine([]byte(redact(resp.Header.Get(name), secrets))); v != "" {
 			b.WriteString(" (" + name + ": " + v + ")")
 		}
 	}
 	// Read more than is kept: oneLine collapses whitespace, and cuts with "…".
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, 4*httpErrorBodyLimit))
-	if body := oneLine(head); body != "" {
+	if body := oneLine([]byte(redact(string(head), secrets))); body != "" {
 		b.WriteString(": " + body)
 	}
 	return b.String()
+}
+
+// credentialNames are the words that make a configured header's value a
+// credential, whatever their case: its value is never shown in an error.
+var credentialNames = []string{"authorization", "cookie", "token", "key", "secret", "auth", "password", "session", "signature"}
+
+// secretsOf returns the values that an error text must never show: the
+// values of the configured headers whose names say they are credentials
+// (Authorization, X-Api-Key, …), with the credentials after an
+// Authorization scheme ("Bearer …") on their own, and the signing secrets,
+// with and without their prefix. A receiver that echoes the request in its
+// error body would otherwise put them in the row's last_error.
+func secretsOf(h http.Header, signingSecrets []string) []string {
+	var out []string
+	add := func(v string) {
+		if v = strings.TrimSpace(v); len(v) >= 8 {
+			out = append(out, v)
+		}
+	}
+	for name, values := range h {
+		lower := strings.ToLower(name)
+		if !slices.ContainsFunc(credentialNames, func(w string) bool { return strings.Contains(lower, w) }) {
+			continue
+		}
+		for _, v := range values {
+			add(v)
+			if _, cred, ok := strings.Cut(strings.TrimSpace(v), " "); ok {
+				add(cred)
+			}
+		}
+	}
+	for _, sec := range signingSecrets {
+		add(sec)
+		if _, b64, ok := strings.Cut(sec, "_"); ok {
+			add(b64)
+		}
+	}
+	// Longest first: a value that contains another is replaced whole.
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
+}
+
+// redact replaces every secret in text with "[redacted]".
+func redact(text string, secrets []string) string {
+	for _, sec := range secrets {
+		if strings.Contains(text, sec) {
+			text = strings.ReplaceAll(text, sec, "[redacted]")
+		}
+	}
+	return text
 }
 
 // oneLine makes p safe and short for a text column: valid UTF-8 (PostgreSQL
@@ -432,7 +536,11 @@ func URLWithKey(base string) func(m Message) (string, error) {
 }
 
 // defaultHTTPClient is the client of the HTTPSenders configured without one.
-var defaultHTTPClient = sync.OnceValue(func() *http.Client {
+var defaultHTTPClient = sync.OnceValue(func() *http.Client { return newHTTPClient(nil) })
+
+// newHTTPClient is a client like the default one, with tlsConfig (nil: Go's
+// default) for its connections.
+func newHTTPClient(tlsConfig *tls.Config) *http.Client {
 	var t *http.Transport
 	if dt, ok := http.DefaultTransport.(*http.Transport); ok {
 		t = dt.Clone() // dial, TLS handshake and idle timeouts, proxies from the environment
@@ -449,10 +557,13 @@ var defaultHTTPClient = sync.OnceValue(func() *http.Client {
 	// The default of 2 would close connections as soon as [Config.Concurrency]
 	// puts more than two requests in flight to one receiver.
 	t.MaxIdleConnsPerHost = 16
+	if tlsConfig != nil {
+		t.TLSClientConfig = tlsConfig
+	}
 	return &http.Client{
 		Transport: t,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		},
 	}
-})
+}

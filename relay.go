@@ -347,6 +347,9 @@ func (r *Relay) learnTable(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
+	if err := checkGrants(pctx, c, info.Qualified); err != nil {
+		return err
+	}
 	r.tableInfo, r.tableOK = info, true
 	if !r.indexesChecked {
 		r.indexesChecked = true

@@ -37,6 +37,16 @@
 // natsjs module, which read the same headers from a record or a message;
 // any other transport builds a [Message] and calls [Inbox.Receive].
 //
+// # Signed requests
+//
+// With [Config.SigningSecrets] the Handler applies only what the relay
+// signed: the Standard Webhooks signature (webhook-id, webhook-timestamp,
+// webhook-signature) that relay.HTTPSenderConfig.SigningSecrets makes,
+// checked against the same secrets (or Ed25519 public keys) before anything
+// is read, applied or recorded; a request unsigned, forged, signed with a
+// retired secret or older than [Config.SignatureTolerance] is answered 401,
+// saying which. docs/security.md has the scheme and its rotation.
+//
 // # The tables
 //
 // [Config.Table] ("relay_inbox") holds one row per message received: its

@@ -1,12 +1,14 @@
 package inbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/xadm/relay"
 )
@@ -29,23 +31,48 @@ const HeaderOutcome = "Relay-Inbox-Outcome"
 //
 //	204 No Content            applied, or a duplicate, or stale (HeaderOutcome says which)
 //	400 Bad Request           Idempotency-Key or Relay-Message-Id missing, repeated or malformed;
-//	                          Relay-Message-Key too long: the body names the header
+//	                          Relay-Message-Key too long, or not the path's {key}: the body names the header
+//	401 Unauthorized          with [Config.SigningSecrets]: the signature missing, malformed or wrong,
+//	                          its timestamp outside [Config.SignatureTolerance], or its Webhook-Id not the
+//	                          Idempotency-Key: the body says which
 //	413 Content Too Large     a body over [Config.MaxBody]
 //	422 Unprocessable Content the key received before with another body ([ErrBodyMismatch]),
 //	                          or apply's [relay.Permanent] error
 //	503 Service Unavailable   anything else: the database away, apply's other errors
 //
 // The relay marks the row SENT on a 2xx, dead on a 4xx, and retries a 5xx. A
-// 4xx or 5xx applied nothing. The body of a 4xx or 5xx is one line saying why,
-// which the relay keeps in the row's last_error.
+// 4xx or 5xx applied and recorded nothing. The body of a 4xx or 5xx is one
+// line saying why, which the relay keeps in the row's last_error.
+//
+// With [Config.SigningSecrets], the signature is checked first: the headers
+// and the timestamp before the body is read, the signature over the body's
+// raw bytes as soon as it is; a request that fails is answered 401 before
+// any other header is read. Without it, the Handler verifies nothing: the
+// middleware around it must authenticate the requests.
 //
 // The message is read from the headers Idempotency-Key, Relay-Message-Id,
 // Relay-Message-Key (the natural key; absent means the empty key),
 // Relay-Message-Type and Relay-Attempt (read when it is a number), and the
-// body. apply gets the request's context, so the middleware around the
-// Handler (authentication, tracing) reaches it. The method and the path are
-// the mux's business: mount it as "PUT /orders/{key}", say.
+// body, verbatim: its bytes are what the signature covers and what a
+// duplicate is compared by, so the same message re-serialised (another
+// sender's JSON spacing) is another body, a 422. apply gets the request's
+// context, so the middleware around the Handler (authentication, tracing)
+// reaches it. The method and the path are the mux's business: mount it as
+// "PUT /orders/{key}", say; mounted with a wildcard named key ({key} or
+// {key...}), a request whose path's key is not its Relay-Message-Key is
+// answered 400, naming both.
+//
+// A request with a control character in a header value never reaches the
+// Handler: Go's http.Server answers it "400 Bad Request" itself, with no
+// word of which header (the relay's HTTPSender never sends one: it refuses
+// such a message at once, naming it).
 func (ib *Inbox) Handler(apply ApplyFunc) http.Handler {
+	if ib.verifier == nil {
+		ib.unsigned.Do(func() {
+			ib.logger.LogAttrs(context.Background(), slog.LevelInfo,
+				"inbox: the Handler verifies no signature (Config.SigningSecrets is empty): the middleware around it must authenticate its requests")
+		})
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m, status, err := ib.readRequest(w, r)
 		if err != nil {
@@ -70,9 +97,22 @@ func (ib *Inbox) Handler(apply ApplyFunc) http.Handler {
 	})
 }
 
-// readRequest reads the message of r, or says which status refuses it and why.
+// readRequest reads the message of r, or says which status refuses it and
+// why: the signature first (verify.go), then the relay's headers.
 func (ib *Inbox) readRequest(w http.ResponseWriter, r *http.Request) (Message, int, error) {
 	var m Message
+	sig, err := ib.checkTime(r)
+	if err != nil {
+		return m, http.StatusUnauthorized, err
+	}
+	var status int
+	if m.Body, status, err = ib.readBody(w, r); err != nil {
+		return m, status, err
+	}
+	if err := ib.verify(r, sig, m.Body); err != nil {
+		return m, http.StatusUnauthorized, err
+	}
+
 	key, err := single(r, headerIdempotencyKey)
 	if err != nil {
 		return m, http.StatusBadRequest, err
@@ -100,23 +140,40 @@ func (ib *Inbox) readRequest(w http.ResponseWriter, r *http.Request) (Message, i
 	if !ib.keepStale && len(m.Key) > MaxKey {
 		return m, http.StatusBadRequest, fmt.Errorf("inbox: header %s is %d bytes long, over the limit of %d", headerMessageKey, len(m.Key), MaxKey)
 	}
+	if pathKey, ok := pathKey(r); ok && pathKey != m.Key {
+		return m, http.StatusBadRequest, fmt.Errorf("inbox: the path's key %q is not the header %s %q: a message is applied under one key", pathKey, headerMessageKey, m.Key)
+	}
 	m.Type = r.Header.Get(headerMessageType)
 	m.Attempt, _ = strconv.Atoi(r.Header.Get(headerAttempt)) // for logs only
+	return m, 0, nil
+}
 
+// readBody reads r's body, up to the inbox's MaxBody, or says which status
+// refuses it and why.
+func (ib *Inbox) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error) {
 	if r.ContentLength > ib.maxBody {
-		return m, http.StatusRequestEntityTooLarge, ib.tooLarge(r.ContentLength)
+		return nil, http.StatusRequestEntityTooLarge, ib.tooLarge(r.ContentLength)
 	}
-	m.Body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, ib.maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, ib.maxBody))
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return m, http.StatusRequestEntityTooLarge, ib.tooLarge(-1)
+		return nil, http.StatusRequestEntityTooLarge, ib.tooLarge(-1)
 	case err != nil:
 		// The client went away, or sent a body shorter than it said: nobody
 		// reads this answer; 400 tells a proxy in between not to retry it.
-		return m, http.StatusBadRequest, fmt.Errorf("inbox: read the body: %w", err)
+		return nil, http.StatusBadRequest, fmt.Errorf("inbox: read the body: %w", err)
 	}
-	return m, 0, nil
+	return body, 0, nil
+}
+
+// pathKey is the value of the request's path wildcard named key, when the
+// pattern it was routed by has one ({key} or {key...}).
+func pathKey(r *http.Request) (string, bool) {
+	if !strings.Contains(r.Pattern, "{key}") && !strings.Contains(r.Pattern, "{key...}") {
+		return "", false
+	}
+	return r.PathValue("key"), true
 }
 
 // tooLarge says that a body of length n (-1: unknown) is over the limit.

@@ -10,6 +10,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/signing"
 )
 
 // Defaults and bounds of [Config] and [Message].
@@ -32,6 +35,8 @@ const (
 	// MaxKey is the longest [Message.Key], in bytes, that the inbox keeps a
 	// last applied id for, well within what a PostgreSQL index entry holds.
 	MaxKey = 1024
+	// SignatureToleranceDefault is the default of [Config.SignatureTolerance].
+	SignatureToleranceDefault = signing.ToleranceDefault
 )
 
 // Config configures an [Inbox]. Its zero value is ready to use: every field
@@ -58,6 +63,28 @@ type Config struct {
 	// reads; a longer one is answered 413. Defaults to 1 MiB ([MaxBodyDefault]).
 	MaxBody int64
 
+	// SigningSecrets turn on the verification of [Inbox.Handler]'s requests
+	// by the Standard Webhooks scheme, which the relay's HTTPSender signs
+	// with (relay.HTTPSenderConfig.SigningSecrets): a request is applied
+	// only when its Webhook-Signature holds a signature of its Webhook-Id,
+	// Webhook-Timestamp and body by one of these keys, its Webhook-Id is its
+	// Idempotency-Key, and its timestamp is within SignatureTolerance;
+	// anything else is answered 401, naming which check failed, and nothing
+	// is applied or recorded. Each is a "whsec_" secret (HMAC-SHA256, the
+	// sender's secret itself) or a "whpk_" Ed25519 public key (of the
+	// sender's whsk_ private key). Configure the old and the new one during
+	// a rotation. New refuses a malformed one, naming its index, never its
+	// value. Defaults to none: the Handler verifies nothing, and the
+	// middleware around it must authenticate its requests.
+	SigningSecrets []string
+
+	// SignatureTolerance is how far a signed request's Webhook-Timestamp may
+	// be from the receiver's clock, either way: a request older than that
+	// (a replay, or one the sender's clock put behind) is answered 401. Only
+	// with SigningSecrets. Defaults to 5 minutes
+	// ([SignatureToleranceDefault]).
+	SignatureTolerance time.Duration
+
 	// Logger receives the inbox's logs: a panic in apply, and the causes of
 	// the Handler's 5xx answers. Defaults to [slog.Default].
 	Logger *slog.Logger
@@ -74,6 +101,8 @@ type Inbox struct {
 	maxBody   int64
 	logger    *slog.Logger
 	sql       statements
+	verifier  *signing.Verifier // nil: the Handler verifies no signature
+	unsigned  sync.Once         // says once that the Handler verifies nothing
 }
 
 // New returns an [Inbox] on pool, configured by cfg, or an error naming the
@@ -91,7 +120,18 @@ func New(pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 	if cfg.MaxBody < 0 {
 		return nil, fmt.Errorf("inbox: Config.MaxBody must not be negative (0 means %d), got %d", MaxBodyDefault, cfg.MaxBody)
 	}
+	if cfg.SignatureTolerance < 0 {
+		return nil, fmt.Errorf("inbox: Config.SignatureTolerance must not be negative (0 means %s), got %s", SignatureToleranceDefault, cfg.SignatureTolerance)
+	}
+	if cfg.SignatureTolerance != 0 && len(cfg.SigningSecrets) == 0 {
+		return nil, errors.New("inbox: Config.SignatureTolerance is set without SigningSecrets: nothing would be verified")
+	}
+	verifier, err := signing.NewVerifier("inbox: Config.SigningSecrets", cfg.SigningSecrets, cfg.SignatureTolerance)
+	if err != nil {
+		return nil, err
+	}
 	return &Inbox{
+		verifier:  verifier,
 		pool:      pool,
 		table:     table,
 		keepStale: cfg.KeepStale,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -164,7 +165,7 @@ func Connect(url string, cfg Config, opts ...nats.Option) (*Sender, error) {
 	}
 	nc, err := nats.Connect(url, append(all, opts...)...)
 	if err != nil {
-		return nil, fmt.Errorf("natsjs: connect to %s: %w", url, err)
+		return nil, fmt.Errorf("natsjs: connect to %s: %w", redactURLs(url), err)
 	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(asyncAckTimeout))
 	if err != nil {
@@ -414,4 +415,23 @@ func headerSafe(v string) bool {
 		}
 	}
 	return true
+}
+
+// redactURLs is a Connect URL (one, or several separated by commas) fit for
+// an error: each one's password replaced by "xxxxx", as pgx does; a URL that
+// does not parse is not shown.
+func redactURLs(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			parts[i] = "(a URL that does not parse)"
+			continue
+		}
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
 }

@@ -378,6 +378,9 @@ func (o *opts) check(cmd string) string {
 			continue
 		}
 		if msg := checkText(t.v); msg != "" {
+			if t.flag == "--database-url" {
+				return t.flag + " " + msg // never echoed: it may hold a password
+			}
 			return fmt.Sprintf("%s %q %s", t.flag, t.v, msg)
 		}
 	}

@@ -85,6 +85,7 @@ func TestReceiverAppliesOnce(t *testing.T) {
 	require.NoError(t, err)
 	req.Header.Set("Idempotency-Key", "public.mensagem_m2m/9")
 	req.Header.Set("Relay-Message-Id", "9")
+	req.Header.Set("Relay-Message-Key", "order-2") // the path's key, or the inbox refuses it (400)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)

@@ -39,6 +39,9 @@ var reservedHeaders = []struct{ name, why string }{
 	{"Content-Length", "Go's HTTP client computes it from the body"},
 	{"Transfer-Encoding", "Go's HTTP client chooses it"},
 	{"Trailer", "Go's HTTP client drops it from a request's headers"},
+	{"Webhook-Id", "the HTTPSender sets it when it signs (HTTPSenderConfig.SigningSecrets)"},
+	{"Webhook-Timestamp", "the HTTPSender sets it when it signs (HTTPSenderConfig.SigningSecrets)"},
+	{"Webhook-Signature", "the HTTPSender sets it when it signs (HTTPSenderConfig.SigningSecrets)"},
 }
 
 // reservedHeaderPrefixes are the name prefixes kept for the senders, whatever

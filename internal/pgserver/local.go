@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +24,8 @@ type cluster struct {
 	pg     *child  // the running postmaster; nil while halted
 	// settings are the server settings, each passed as -c.
 	settings []string
+	// tls says the cluster serves TCP over TLS only (setupTLS).
+	tls bool
 }
 
 // findBinDir returns the directory of the local PostgreSQL server binaries, looking at
@@ -104,8 +107,11 @@ func startLocalWith(ctx context.Context, binDir string, opt Options) (*Server, e
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{binDir: binDir, dir: dir, user: user, settings: opt.settings()}
+	c := &cluster{binDir: binDir, dir: dir, user: user, settings: slices.Clone(opt.settings())}
 	err = c.initdb(ctx)
+	if err == nil && opt.TLS != nil {
+		err = c.setupTLS(opt.TLS)
+	}
 	if err == nil {
 		err = onFreePort(func(port int) error {
 			c.port = port
@@ -116,7 +122,7 @@ func startLocalWith(ctx context.Context, binDir string, opt Options) (*Server, e
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	return &Server{URL: pgURL("postgres", c.port, "postgres"), Kind: "local", local: c}, nil
+	return &Server{URL: c.url("postgres", "postgres"), Kind: "local", local: c}, nil
 }
 
 func (c *cluster) dataDir() string { return filepath.Join(c.dir, "data") }
@@ -162,7 +168,7 @@ func (c *cluster) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := waitReady(ctx, pgURL("postgres", c.port, "postgres"), pg); err != nil {
+	if err := waitReady(ctx, c.url("postgres", "postgres"), pg); err != nil {
 		pg.stop()
 		return startErr("postgres", err, c.logPath(), offset)
 	}

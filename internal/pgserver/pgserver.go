@@ -30,6 +30,11 @@ type Options struct {
 	// benchmarks, where a commit must cost a WAL flush. It does not apply to a
 	// server given by the environment variable.
 	Durable bool
+
+	// TLS, for a local cluster ([StartLocal]), serves this certificate and
+	// accepts TCP connections over TLS only; the Server's URL then verifies
+	// it (sslmode=verify-full, sslrootcert its CA). Nil: no TLS.
+	TLS *TLS
 }
 
 func (o Options) settings() []string {
@@ -67,6 +72,9 @@ func Start(ctx context.Context, envVar string) (*Server, error) {
 // StartWith is [Start] with options: a server it starts itself (a container or a
 // local cluster) runs with opt's settings.
 func StartWith(ctx context.Context, envVar string, opt Options) (*Server, error) {
+	if opt.TLS != nil {
+		return StartLocal(ctx, opt) // a server given or contained knows nothing of opt's certificate
+	}
 	if envVar != "" {
 		if u := os.Getenv(envVar); u != "" {
 			return &Server{URL: u, Kind: "env"}, nil
@@ -78,6 +86,9 @@ func StartWith(ctx context.Context, envVar string, opt Options) (*Server, error)
 	}
 	if binDir := findBinDir(ctx); binDir != "" {
 		return startLocalWith(ctx, binDir, opt)
+	}
+	if opt.TLS != nil {
+		return nil, errors.New("pgserver: Options.TLS needs the local PostgreSQL binaries")
 	}
 	hint := "install the PostgreSQL server (Debian: apt-get install -y postgresql; " +
 		"macOS: brew install postgresql@16; Windows: the EDB installer, or set PG_BIN to its bin directory), " +

@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
+
+	"github.com/xadm/relay/internal/testcerts"
 )
 
 // shared is the server Main started.
@@ -175,4 +177,32 @@ func closePool(t testing.TB, pool *pgxpool.Pool, app string) {
 		t.Errorf("pgserver: pool %q: %d connection(s) still acquired %s after its Close began: a connection was never given back",
 			app, pool.Stat().AcquiredConns(), poolCloseWait)
 	}
+}
+
+// StartTLS starts, for t, a local cluster of its own that accepts TCP over
+// TLS only, serving a certificate of ca, a CA made for t; the server's URL
+// verifies it (sslmode=verify-full, sslrootcert ca). The cluster is removed
+// when t ends.
+func StartTLS(t testing.TB) (*Server, *testcerts.CA) {
+	t.Helper()
+	ca, err := testcerts.NewCA(t.Name() + " CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Server()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := StartLocal(ctx, Options{TLS: &TLS{CertPEM: pair.CertPEM, KeyPEM: pair.KeyPEM, CAPEM: ca.CertPEM}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("pgserver: stopping the TLS server: %v", err)
+		}
+	})
+	return s, ca
 }

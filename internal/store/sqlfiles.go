@@ -23,6 +23,7 @@ import (
 //	sql/producer.sql  Enqueue's inserts          producer.go  (the relay's store_producer.go sends them)
 //	sql/schedule.sql  the Scheduler's clock      schedule.go
 //	sql/presence.sql  presence, table indexes    presence.go
+//	sql/privileges.sql the relay's grants       privileges.go (the root's grants.go)
 //
 // A file holds statements, each under a marker line
 //

@@ -108,7 +108,8 @@ func exerciseStatements(t *testing.T, q sqltest.Recorder) (built []string) {
 	}
 	built = append(built, preflightSQL, schemaLockSQL, LockSQL, LockSharedSQL, SessionLocksHeldSQL,
 		UnlockSQL, UnlockSharedSQL, markSQL, partitionConfigSQL, partitionLookSQL, rebalanceSQL.sql, releasePartitionsSQL.sql, databaseNowSQL, wakeProbeSQL,
-		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, otherReplicasSQL, hasColumnSQL, tableIndexesSQL)
+		presenceTakeSQL, presenceBeatSQL, presenceReleaseSQL, presenceStrandedSQL, replicasSQL, otherReplicasSQL, hasColumnSQL, tableIndexesSQL, privilegesSQL)
+	_, _, _, _ = Privileges(ctx, q, "s.t", []string{"status"})
 	pending, zero := pgtype.Text{String: StatusPending, Valid: true}, pgtype.Int8{Valid: true}
 	failedState, three := pgtype.Text{String: StatusError, Valid: true}, pgtype.Int8{Int64: 3, Valid: true}
 	for _, table := range []string{"outbox", "billing." + strings.Repeat("x", 63)} {

@@ -96,10 +96,11 @@ func TestAuthorizationErrors(t *testing.T) {
 	require.True(t, errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed), "%v", err)
 
 	// kgo keeps trying to authenticate until the sender's Timeout.
-	err = newSender(t, as("admin", "wrong", 2*time.Second)).Send(context.Background(), message(3, "order", "key-1", `{}`))
+	err = newSender(t, as("admin", "planted-wrong-password", 2*time.Second)).Send(context.Background(), message(3, "order", "key-1", `{}`))
 	t.Log(err)
 	require.Error(t, err)
 	require.False(t, relay.IsPermanent(err), "%v", err)
+	require.NotContains(t, err.Error(), "planted-wrong-password", "no SASL password in an error (docs/security.md)")
 }
 
 // TestRetryableErrors checks that what passes, a broker down or one that
