@@ -151,6 +151,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		slot:     make(chan struct{}, 1),
 	}
 	r.presence = election.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
+	r.presence.SetOwnership(election.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
 	r.runner = r.newRunner(byType)
 	said := func() { r.presence.SetPaused(r.runner.Lanes().Paused()) } // the session's next statement says it
 	r.runner.Lanes().OnChange(said)
@@ -280,6 +281,7 @@ func durationAttr(key string, d time.Duration) slog.Attr {
 func (r *Relay) Stats() Stats {
 	st := r.stats.snapshot()
 	st.Paused = pausedTypes(r.runner.Lanes().Paused())
+	st.Yielded, st.Stuck = r.yielded(), r.stuckSends()
 	return st
 }
 
@@ -290,8 +292,12 @@ func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	table := r.table()
+	types, others := r.deliverable(q) // ownership.go
+	if len(types) == 0 {
+		return store.Batch{}, nil // every type asked for is another app's now
+	}
 	args := store.FetchArgs{
-		MaxAttempts: r.cfg.MaxAttempts, Types: q.Types, Others: q.Others, Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
+		MaxAttempts: r.cfg.MaxAttempts, Types: types, Others: others, Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
 		After: q.After, Preflight: q.Preflight, Source: table.Qualified, Headers: table.Headers,
 	}
 	if q.Parts != nil {

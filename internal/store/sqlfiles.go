@@ -23,6 +23,7 @@ import (
 //	sql/producer.sql  Enqueue's insert           producer.go  (the relay's store_producer.go sends it)
 //	sql/schedule.sql  the Scheduler's clock      schedule.go
 //	sql/presence.sql  presence, table indexes    presence.go
+//	sql/registry.sql  which app delivers a type  registry.go
 //
 // A file holds statements, each under a marker line
 //
@@ -154,6 +155,7 @@ type Data struct {
 
 	// The DDL's names (quoted) and literals; the election's lock functions.
 	OutboxIndex, PendingIndex, ErrorIndex, RetryIndex, KeyIndex string
+	Registry                                                    string // the table's registry of types (registry.go); "" when it has none
 	Function, Channel                                           string
 	Since                                                       string
 	Lock, Unlock                                                string

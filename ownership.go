@@ -1,0 +1,82 @@
+package relay
+
+import (
+	"slices"
+	"time"
+
+	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/pass"
+)
+
+// This file is one type, one app as the relay applies it (decision 0043):
+// internal/election's ownership.go decides, on the presence session of a
+// started relay, which of its types another app's live relays already
+// deliver on its table; the relay leaves those out of every select and of
+// the idle poll, so that the engine never sees their rows, and takes them
+// back when the claim does.
+
+// YieldedType is a message type a started relay has a sender for and does
+// not deliver, because live relays of another app already deliver it on the
+// same table (docs/decisions/0043-alerting-and-ownership.md): it takes the type
+// over once they have all stopped.
+type YieldedType struct {
+	Type  string
+	App   string    // the other app
+	Since time.Time // since when this relay yields it
+}
+
+// yielded are the types this relay does not deliver now.
+func (r *Relay) yielded() []YieldedType {
+	ys := r.presence.Ownership().Yielded()
+	if len(ys) == 0 {
+		return nil
+	}
+	out := make([]YieldedType, len(ys))
+	for i, y := range ys {
+		out[i] = YieldedType(y)
+	}
+	return out
+}
+
+// deliverable is q's types without those yielded to another app; these join
+// the types left out whose earlier live rows hold back a key's later ones,
+// when the table has the key index that check needs.
+func (r *Relay) deliverable(q pass.Query) (types, others []string) {
+	ys := r.presence.Ownership().Yielded()
+	if len(ys) == 0 {
+		return q.Types, q.Others
+	}
+	for _, t := range q.Types {
+		if !slices.ContainsFunc(ys, func(y election.Yield) bool { return y.Type == t }) {
+			types = append(types, t)
+		}
+	}
+	others = q.Others
+	if r.table().KeyIndex {
+		others = slices.Clone(q.Others)
+		for _, y := range ys {
+			if !slices.Contains(others, y.Type) {
+				others = append(others, y.Type)
+			}
+		}
+	}
+	return types, others
+}
+
+// sendable is the lanes' sendable types without those yielded: the idle
+// poll's.
+func (r *Relay) sendable() []string {
+	types := r.runner.Lanes().Sendable()
+	ys := r.presence.Ownership().Yielded()
+	if len(ys) == 0 {
+		return types
+	}
+	return slices.DeleteFunc(types, func(t string) bool {
+		return slices.ContainsFunc(ys, func(y election.Yield) bool { return y.Type == t })
+	})
+}
+
+// stuckSends are this relay's abandoned Sends still running, per type. The
+// engine (internal/pass) counts them; until it says since when, none is
+// reported here.
+func (r *Relay) stuckSends() []StuckSends { return nil }
