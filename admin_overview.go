@@ -17,8 +17,13 @@ type Overview struct {
 	At          time.Time // the database's clock when it was read; every age is measured on it
 
 	// Types has one entry per type with outbound rows that are not SENT (and,
-	// when SENT rows are counted exactly, per type with SENT rows), by type.
+	// when SENT rows are counted exactly, per type with SENT rows), by type:
+	// the app's types, and those nothing says are another app's.
 	Types []TypeOverview
+	// OtherApps are the types another app's: its live relays deliver them,
+	// or, while its relays are down, the table's registry gives them to it
+	// ([Admin.Owners]). Each has its App; none is counted in the totals below.
+	OtherApps []TypeOverview
 
 	Pending  int64         // the Types' Pending rows
 	Retrying int64         // the Types' Retrying rows
@@ -51,7 +56,11 @@ type Overview struct {
 // TypeOverview is one type's rows in an [Overview]. Pending, Retrying and Dead
 // are counted exactly, through the indexes of the live rows.
 type TypeOverview struct {
-	Type     string
+	Type string
+	// App is the app whose type it is, as far as the Admin can tell: its
+	// own, another app's (in [Overview.OtherApps]), or "" when nothing says
+	// (no live relay delivers it, and the registry names no app for it).
+	App      string
 	Pending  int64 // waiting for their first attempt (PENDING, or a NULL status)
 	Retrying int64 // failed below the ceiling (ERROR): they will be retried
 	Dead     int64 // failed at or above the ceiling, or of a permanent failure: never retried until re-queued
@@ -185,7 +194,23 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		}
 	}
 
+	// Whose each type is: another app's are told apart, and not counted.
+	w, err := a.whose(ctx, order...)
+	if err != nil {
+		return o, err
+	}
+	var ours []string
 	for _, typ := range order {
+		t := byType[typ]
+		if t.App = w.appOf(typ); t.App == "?" {
+			t.App = "" // an app this role cannot name: the relay's presence says it is not ours
+		}
+		if w.theirs(typ) {
+			continue
+		}
+		ours = append(ours, typ)
+	}
+	for _, typ := range ours {
 		t := byType[typ]
 		o.Pending += t.Pending
 		o.Retrying += t.Retrying
@@ -205,7 +230,9 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 				order = append(order, s.typ)
 			}
 			get(s.typ).Sent = s.count
-			o.Sent += s.count
+			if !w.theirs(s.typ) {
+				o.Sent += s.count
+			}
 		}
 	case srv.analyzed:
 		o.SentEstimated = true
@@ -224,7 +251,11 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 	slices.Sort(order)
 	o.Types = make([]TypeOverview, 0, len(order))
 	for _, typ := range order {
-		o.Types = append(o.Types, *byType[typ])
+		if w.theirs(typ) {
+			o.OtherApps = append(o.OtherApps, *byType[typ])
+		} else {
+			o.Types = append(o.Types, *byType[typ])
+		}
 	}
 	return o, nil
 }

@@ -122,7 +122,7 @@ func (o *Ownership) claim(ctx context.Context, conn *pgx.Conn, pid uint32, mark 
 		o.held, o.heldPID = nil, pid
 	}
 	var reg *store.Registry
-	ok, err := o.reg.Exists(cctx, conn)
+	ok, err := o.reg.Exists(cctx, conn, mark)
 	switch {
 	case err != nil:
 		o.failed = true
@@ -136,9 +136,9 @@ func (o *Ownership) claim(ctx context.Context, conn *pgx.Conn, pid uint32, mark 
 			slog.String("registry", o.reg.Name), slog.String("table", o.tableFull))
 	}
 	var claims []store.Claim
-	err = store.ClaimTx(cctx, conn, mark, o.table, func(tx pgx.Tx) error {
+	err = store.ClaimTx(cctx, conn, mark, o.table, func() error {
 		var err error
-		if claims, err = store.Look(cctx, tx, reg, o.app, o.table, o.types); err != nil {
+		if claims, err = store.Look(cctx, conn, mark, reg, o.app, o.table, o.types); err != nil {
 			return err
 		}
 		var take []string
@@ -148,7 +148,7 @@ func (o *Ownership) claim(ctx context.Context, conn *pgx.Conn, pid uint32, mark 
 			}
 		}
 		if len(take) > 0 {
-			if ok, err := store.Take(cctx, tx, o.table, take); err != nil {
+			if ok, err := store.Take(cctx, conn, mark, o.table, take); err != nil {
 				return err
 			} else if !ok {
 				return errors.New("an exclusive lock of a delivers key is held elsewhere")
@@ -158,10 +158,8 @@ func (o *Ownership) claim(ctx context.Context, conn *pgx.Conn, pid uint32, mark 
 		if reg == nil || len(take) == 0 {
 			return nil
 		}
-		// In a savepoint: a registry this role may not write (another
-		// migration's grants) costs its record, never the claim.
-		if err := pgx.BeginFunc(cctx, tx, func(sp pgx.Tx) error { return reg.Record(cctx, sp, o.app, o.maxAttempts, take) }); err != nil {
-			if cctx.Err() != nil {
+		if err := reg.Record(cctx, conn, mark, o.app, o.maxAttempts, take); err != nil {
+			if cctx.Err() != nil || conn.IsClosed() {
 				return err
 			}
 			if !o.regFailed {

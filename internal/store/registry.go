@@ -58,10 +58,11 @@ func NewRegistry(table pgx.Identifier) *Registry {
 		recordSQL: Statements.Positional("claimRecord", d), readSQL: Statements.Positional("registryRead", d)}
 }
 
-// Exists says whether the registry exists.
-func (r *Registry) Exists(ctx context.Context, db Querier) (bool, error) {
+// Exists says whether the registry exists; mark goes before the statement
+// (a presence session's descriptor, or "").
+func (r *Registry) Exists(ctx context.Context, db Querier, mark string) (bool, error) {
 	var ok bool
-	err := db.QueryRow(ctx, registryExistsSQL, r.Name).Scan(&ok)
+	err := db.QueryRow(ctx, mark+registryExistsSQL, r.Name).Scan(&ok)
 	return ok, err
 }
 
@@ -83,25 +84,37 @@ const claimWait = 3 * time.Second
 
 // ClaimTx runs fn in a transaction on conn that holds the claims' lock of
 // table (its name without the schema) until it ends, so that no two relays
-// of the table decide at once.
-func ClaimTx(ctx context.Context, conn *pgx.Conn, mark, table string, fn func(tx pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, mark+claimLockSQL, table, strconv.Itoa(int(lease.Server/time.Millisecond)),
-			strconv.Itoa(int(claimWait/time.Millisecond))); err != nil {
-			return err
+// of the table decide at once. Every statement of the transaction, its
+// BEGIN and COMMIT too, is sent after mark (the presence descriptor), so
+// that the session's last statement always says it (pg_stat_activity).
+func ClaimTx(ctx context.Context, conn *pgx.Conn, mark, table string, fn func() error) (err error) {
+	if _, err := conn.Exec(ctx, mark+"BEGIN"); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_, _ = conn.Exec(rctx, mark+"ROLLBACK")
+			return
 		}
-		return fn(tx)
-	})
+		_, err = conn.Exec(ctx, mark+"COMMIT")
+	}()
+	if _, err := conn.Exec(ctx, mark+claimLockSQL, table, strconv.Itoa(int(lease.Server/time.Millisecond)),
+		strconv.Itoa(int(claimWait/time.Millisecond))); err != nil {
+		return err
+	}
+	return fn()
 }
 
 // Look reads, for each of types, whether a session of another app than app
 // delivers it on table, and the app the registry names (reg nil: none).
-func Look(ctx context.Context, db Querier, reg *Registry, app, table string, types []string) ([]Claim, error) {
+func Look(ctx context.Context, conn *pgx.Conn, mark string, reg *Registry, app, table string, types []string) ([]Claim, error) {
 	sql := claimLookBareSQL
 	if reg != nil {
 		sql = reg.lookSQL
 	}
-	rows, err := db.Query(ctx, sql, app, table, types)
+	rows, err := conn.Query(ctx, mark+sql, app, table, types)
 	if err != nil {
 		return nil, err
 	}
@@ -116,15 +129,25 @@ func Look(ctx context.Context, db Querier, reg *Registry, app, table string, typ
 
 // Take takes the delivers keys of types on table for this session; false
 // when one was refused (an exclusive holder, which no relay is).
-func Take(ctx context.Context, db Querier, table string, types []string) (bool, error) {
+func Take(ctx context.Context, conn *pgx.Conn, mark, table string, types []string) (bool, error) {
 	var ok bool
-	err := db.QueryRow(ctx, claimTakeSQL, table, types).Scan(&ok)
+	err := conn.QueryRow(ctx, mark+claimTakeSQL, table, types).Scan(&ok)
 	return ok, err
 }
 
-// Record writes that app delivers types, with its ceiling.
-func (r *Registry) Record(ctx context.Context, db Execer, app string, maxAttempts int, types []string) error {
-	_, err := db.Exec(ctx, r.recordSQL, types, app, maxAttempts)
+// Record writes that app delivers types, with its ceiling, in a savepoint
+// of the claim's transaction: a registry this role may not write costs the
+// record, not the claim.
+func (r *Registry) Record(ctx context.Context, conn *pgx.Conn, mark, app string, maxAttempts int, types []string) error {
+	if _, err := conn.Exec(ctx, mark+"SAVEPOINT relay_record"); err != nil {
+		return err
+	}
+	_, err := conn.Exec(ctx, mark+r.recordSQL, types, app, maxAttempts)
+	if err != nil {
+		_, _ = conn.Exec(ctx, mark+"ROLLBACK TO SAVEPOINT relay_record")
+		return err
+	}
+	_, err = conn.Exec(ctx, mark+"RELEASE SAVEPOINT relay_record")
 	return err
 }
 
