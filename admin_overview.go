@@ -30,6 +30,7 @@ type Overview struct {
 	Backoff  int64         // the Types' Backoff rows: retrying rows not due yet
 	Dead     int64         // the Types' Dead rows
 	Lag      time.Duration // the largest of the Types' Lag: how long the relays have kept a row waiting
+	Age      time.Duration // the largest of the Types' Age: how long the oldest message not yet delivered has waited
 
 	// Sent is how many outbound SENT rows the table holds. On a small table it
 	// is counted (and so is each type's); on a large one it is the planner's
@@ -86,6 +87,15 @@ type TypeOverview struct {
 	Lag time.Duration
 	// FirstDead is the type's dead row with the lowest id; nil when none is dead.
 	FirstDead *RowHead
+
+	// Undelivered is the type's oldest message not yet delivered, whatever
+	// it waits for: the relays, a retry's backoff, a paused type, a failed
+	// row of its key, no relay at all; dead rows aside. Age is how long it
+	// has waited since it was written or re-queued (WaitingSince), on the
+	// database's clock: what users feel, the age to page on. nil and 0 when
+	// nothing of the type waits.
+	Undelivered *RowHead
+	Age         time.Duration
 }
 
 // RowHead is the first row of a type in one state, as [TypeOverview] reports it.
@@ -169,6 +179,11 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 			t.Dead += g.count
 			t.FirstDead = &head
 			continue
+		case liveIsUndelivered:
+			if age := max(o.At.Sub(head.WaitingSince), 0); t.Undelivered == nil || age > t.Age {
+				t.Undelivered, t.Age = &head, age
+			}
+			continue
 		case liveIsCandidate:
 			// A pending row waits since it became waiting, a failed one
 			// since its retry came due.
@@ -217,6 +232,7 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		o.Backoff += t.Backoff
 		o.Dead += t.Dead
 		o.Lag = max(o.Lag, t.Lag)
+		o.Age = max(o.Age, t.Age)
 	}
 
 	switch {

@@ -178,6 +178,7 @@ const (
 	liveIsBackoff          // its failed rows that wait out their backoff
 	liveIsDead             // its dead rows
 	liveIsCandidate        // one of its rows that may have waited longest for the relays
+	liveIsUndelivered      // one of its rows that may be its oldest not yet delivered
 )
 
 // liveGroup is one row of liveGroupsSQL: a type's rows of one kind, with
