@@ -2,8 +2,8 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
