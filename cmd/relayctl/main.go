@@ -93,8 +93,12 @@ Flags of requeue and purge (which rows they write, and the confirmation):
                       (default: the types the live relays of --app serve;
                       without a live relay of --app, one of the two is
                       needed, or nothing is written)
+  --other-app NAME    take over the rows of app NAME, whose relays are down:
+                      the types the registry of types gives to it join the
+                      scope (the confirmation says so)
   --yes               confirm without a prompt, for scripts
-  Never a type that live relays of another app serve: they are left alone,
+  Never a type that live relays of another app serve, nor one the registry
+  of types gives to another app (without --other-app): they are left alone,
   and naming one in --types is refused. Each asks first: it says how many
   rows of which types it would change, and acts on "y" at the prompt; without
   a terminal it needs --yes.
@@ -190,8 +194,9 @@ type opts struct {
 	typSet bool
 	all    bool
 	// requeue and purge: the Admin's scope
-	types    string
-	allTypes bool
+	types     string
+	allTypes  bool
+	otherApps string // --other-app: apps whose rows the operator takes over
 	// purge
 	olderThan ageFlag
 	dryRun    bool
@@ -334,6 +339,11 @@ func (e *env) run(ctx context.Context, cmd *command, leading, rest []string) int
 			return e.usageErr("give --types or --all-types, not both")
 		}
 		aopts = append(aopts, relay.AdminAllTypes())
+	}
+	for _, app := range strings.Split(e.o.otherApps, ",") {
+		if app = strings.TrimSpace(app); app != "" {
+			aopts = append(aopts, relay.AdminOtherApp(app))
+		}
 	}
 	if e.admin, err = relay.NewAdmin(pool, cfg, aopts...); err != nil {
 		fmt.Fprintf(stderr, "relayctl: %v\n", err)
@@ -489,7 +499,10 @@ func (e *env) fail(err error) int {
 func scopeFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.types, "types", "", "act on these types only, separated by commas (default: the types the live relays of --app serve; "+
 		"without a live relay of --app, this or --all-types is needed)")
-	fs.BoolVar(&o.allTypes, "all-types", false, "act on every type of the table, the other apps' rows too, but those their live relays serve")
+	fs.BoolVar(&o.allTypes, "all-types", false, "act on every type of the table, the other apps' rows too, but those their live relays serve "+
+		"and those the registry of types gives to another app")
+	fs.StringVar(&o.otherApps, "other-app", "", "take over the rows of these other apps (comma-separated), whose relays are down: "+
+		"their types, as the registry of types names them, join the scope; never while their relays run")
 	fs.BoolVar(&o.yes, "yes", false, "confirm without a prompt (needed without a terminal)")
 }
 
@@ -503,6 +516,10 @@ func (e *env) scope(ctx context.Context) (s relay.AdminScope, code int, ok bool)
 	}
 	if !e.o.json { // the JSON answer carries them
 		fmt.Fprintf(e.stderr, "relayctl: acting on %s of app %q in %s\n", s, e.cfg.AppName, e.cfg.Table)
+		for _, app := range s.OtherApps {
+			fmt.Fprintf(e.stderr, "relayctl: --other-app: this takes over the rows of app %q, another app, whose relays are down: "+
+				"its types are written as if they were app %q's\n", app, e.cfg.AppName)
+		}
 	}
 	if err := s.Err(); err != nil {
 		fmt.Fprintf(e.stderr, "relayctl: nothing done: %v\n", err)

@@ -38,7 +38,7 @@ func setup(t *testing.T) *world {
 	w := &world{pool: pgserver.Pool(t, pgserver.Shared().URL, name, 4), app: name, table: name}
 	require.NoError(t, relay.CreateTable(context.Background(), w.pool, name))
 	t.Cleanup(func() {
-		_, _ = w.pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
+		_, _ = w.pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()+", "+pgx.Identifier{name + "_types"}.Sanitize())
 	})
 	w.cfg = relay.DefaultConfig()
 	w.cfg.AppName, w.cfg.Table, w.cfg.MaxAttempts = name, name, ceiling

@@ -262,27 +262,27 @@ func (e *env) unknown(ctx context.Context, timeout time.Duration, err error) int
 	if errors.As(err, &st) {
 		what = st.what
 	}
-	why := err.Error()
+	line := "UNKNOWN: " + what + ": " + oneLine(err.Error(), 200)
 	var pgErr *pgconn.PgError
 	var connErr *pgconn.ConnectError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
-		why = fmt.Sprintf("waited %s for a lock on %s", lockTimeout(timeout), e.cfg.Table)
+		line = fmt.Sprintf("UNKNOWN: %s is locked: waited %s for it while %s", e.cfg.Table, lockTimeout(timeout), what)
 		if holders := e.lockHolders(); holders != "" {
-			why += ", " + holders
+			line = fmt.Sprintf("UNKNOWN: %s is locked: waited %s for it; %s", e.cfg.Table, lockTimeout(timeout), holders)
 		}
 	case errors.As(err, &pgErr) && pgErr.Code == "57014": // query_canceled: statement_timeout
-		why = fmt.Sprintf("the server did not answer within %s", timeout)
+		line = fmt.Sprintf("UNKNOWN: the server did not answer within %s while %s", timeout, what)
 	case errors.As(err, &connErr) && (errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil):
-		why = fmt.Sprintf("no answer within %s while connecting to the database", timeout)
+		line = fmt.Sprintf("UNKNOWN: no answer within %s while connecting to the database", timeout)
 	case errors.As(err, &connErr):
-		why = "could not connect to the database: " + oneLine(connErr.Unwrap().Error(), 200)
+		line = "UNKNOWN: cannot connect to the database: " + oneLine(connErr.Unwrap().Error(), 200)
 	case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
-		why = fmt.Sprintf("no answer within %s", timeout)
+		line = fmt.Sprintf("UNKNOWN: no answer within %s while %s", timeout, what)
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
-		why = fmt.Sprintf("table %q does not exist (RELAY_TABLE or --table; schema.table if it is not on the search_path)", e.cfg.Table)
+		line = fmt.Sprintf("UNKNOWN: table %s does not exist (RELAY_TABLE, --table; schema.table off the search_path)", e.cfg.Table)
 	}
-	line := diagnose.Cut("UNKNOWN: "+what+": "+why, diagnose.FirstLineMax-1)
+	line = diagnose.Cut(line, diagnose.FirstLineMax-1)
 	if e.o.json {
 		_ = writeJSON(e.stdout, map[string]any{"state": diagnose.StateUnknown, "exit_code": statusUnknown, "first_line": line,
 			"waited_on": what, "error": err.Error()})
