@@ -85,6 +85,8 @@ type Relay struct {
 	mu   sync.Mutex
 	loop *loop
 
+	ret retention // the retention job ([Config.Retention], retention.go)
+
 	streakMu     sync.Mutex
 	streak       int       // passes failed in a row, for the log's backoff
 	streakLogged time.Time // when a failure of the streak was last logged at Error
@@ -281,7 +283,7 @@ func durationAttr(key string, d time.Duration) slog.Attr {
 func (r *Relay) Stats() Stats {
 	st := r.stats.snapshot()
 	st.Paused = pausedTypes(r.runner.Lanes().Paused())
-	st.Yielded, st.Stuck = r.yielded(), r.stuckSends()
+	st.Yielded, st.Stuck, st.Retention = r.yielded(), r.stuckSends(), r.retentionRun()
 	return st
 }
 

@@ -44,6 +44,10 @@ type Stats struct {
 	// that ignored their context past SendTimeout, given up by the relay and
 	// not returned yet; nil when none runs.
 	Stuck []StuckSends
+
+	// Retention is this relay's last run of the retention job
+	// ([Config.Retention]); nil when it ran none.
+	Retention *RetentionRun
 }
 
 // StuckSends are one type's abandoned Sends still running on a relay: Sends

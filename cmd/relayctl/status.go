@@ -544,6 +544,22 @@ func printStatus(e *env, l diagnose.Look, d diagnose.Diagnosis, th diagnose.Thre
 		server = "READ-ONLY for this role: default_transaction_read_only is on"
 	}
 	fprintf(w, "server:   %s\n", server)
+	var last *relay.RetentionRun
+	var by string
+	for _, r := range l.Replicas {
+		if x := r.Retention; x != nil && (last == nil || x.At.After(last.At)) {
+			last, by = x, r.ID
+		}
+	}
+	switch {
+	case last == nil:
+		fprintf(w, "retention: no live relay of the app has run the retention job (Config.Retention, RELAY_RETENTION: off by default)\n")
+	case last.Err != "":
+		fprintf(w, "retention: the last run (%s, replica %s) FAILED: %s\n", stamp(last.At), by, last.Err)
+	default:
+		fprintf(w, "retention: the last run (%s, replica %s) deleted %s SENT row(s) delivered over %s ago in %s; %s by that replica since it started\n",
+			stamp(last.At), by, num(last.Deleted), diagnose.Duration(last.Age), diagnose.Duration(last.Took), num(last.Total))
+	}
 	if len(o.MissingIndexes) == 0 {
 		fprintf(w, "indexes:  the relay's indexes are all there\n")
 	} else {
