@@ -192,22 +192,6 @@ func (w whose) otherAppsText(types []string) string {
 	return strings.Join(slices.Compact(apps), ", ")
 }
 
-// live says whether another app's live relays deliver or serve typ.
-func (w whose) live(typ string) bool {
-	for _, r := range w.others {
-		if r.Delivers(typ) {
-			return true
-		}
-	}
-	return false
-}
-
-// registeredTo says the registry gives typ to app.
-func (w whose) registeredTo(typ, app string) bool {
-	o, ok := w.registry[typ]
-	return ok && o.App == app
-}
-
 // includes says whether a statement of w may write typ.
 func (w writeScope) includes(typ string) bool {
 	if slices.Contains(w.exclude, typ) {

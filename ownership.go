@@ -75,8 +75,3 @@ func (r *Relay) sendable() []string {
 		return slices.ContainsFunc(ys, func(y election.Yield) bool { return y.Type == t })
 	})
 }
-
-// stuckSends are this relay's abandoned Sends still running, per type. The
-// engine (internal/pass) counts them; until it says since when, none is
-// reported here.
-func (r *Relay) stuckSends() []StuckSends { return nil }

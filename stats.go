@@ -72,6 +72,12 @@ type PausedType struct {
 	Probing bool
 }
 
+// stuckSends are this relay's abandoned Sends still running, per type, for
+// Stats.Stuck. The engine (internal/pass) counts them; until it says since
+// when, none is reported (the presence descriptor's "stuck", which Admin,
+// relayctl status and the metrics read, is set by Presence.SetStuck).
+func (r *Relay) stuckSends() []StuckSends { return nil }
+
 // pausedTypes is what the runner's lanes say is paused, as [PausedType].
 func pausedTypes(ps []pass.PausedType) []PausedType {
 	if len(ps) == 0 {

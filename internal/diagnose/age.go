@@ -236,7 +236,6 @@ func (j *judge) overlapVerdict() {
 
 type overlap struct {
 	typ, text string
-	apps      []string
 }
 
 // overlaps are the types of the app (or yielded by it) that relays of
