@@ -797,6 +797,12 @@ func Replica(r relay.Replica) string {
 		types += fmt.Sprintf(" and %d type(s) whose names are hidden", r.UnnamedTypes)
 	}
 	d = append(d, "types "+types, fmt.Sprintf("MaxAttempts %d", r.MaxAttempts))
+	for _, y := range r.Yielded {
+		d = append(d, fmt.Sprintf("yields %q to app %q", y.Type, y.App))
+	}
+	for _, k := range r.Stuck {
+		d = append(d, fmt.Sprintf("%d stuck Send(s) of %q since %s", k.Sends, k.Type, k.Since.UTC().Format(time.RFC3339)))
+	}
 	for _, p := range r.Paused {
 		if p.Probing {
 			d = append(d, fmt.Sprintf("paused %q, probing now", p.Type))
