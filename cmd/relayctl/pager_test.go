@@ -260,3 +260,34 @@ func TestPagerOtherAppsRelaysDown(t *testing.T) {
 	require.Equal(t, statusCritical, code, stdout)
 	require.True(t, strings.HasPrefix(stdout, "CRITICAL: invoice: "), stdout)
 }
+
+// TestPagerOverlap: apps orders and orders-v2 both have a sender for "y" on
+// one table, a rename in a rolling deploy. The status of either is WARNING
+// (OVERLAP) while it lasts, and names both apps; who says which yields.
+func TestPagerOverlap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	renamed := w.cfg
+	renamed.AppName = w.app + "-v2"
+	w.startRelay(t, w.cfg, "y")
+	w.waitReplicas(t, 1)
+	w.startRelay(t, renamed, "y")
+	var stdout string
+	require.Eventually(t, func() bool {
+		var code int
+		code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0")
+		return code == statusWarning
+	}, 10*time.Second, 50*time.Millisecond)
+	first, details, _ := plugin(t, stdout)
+	require.Equal(t, "WARNING: type y served by two apps on "+w.table, first)
+	require.Contains(t, details, fmt.Sprintf(`type "y" by apps %q (delivers it) and %q (yields it)`, w.app, renamed.AppName))
+
+	code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0", "--app", renamed.AppName)
+	require.Equal(t, statusWarning, code, stdout)
+	require.Contains(t, stdout, fmt.Sprintf(`type "y" by apps %q (yields it) and %q (delivers it)`, renamed.AppName, w.app))
+	require.NotRegexp(t, `\ny\s+OK`, stdout, "the yielding app does not count the type: the other app delivers it")
+
+	_, stdout, _ = w.ctl(t, ctx, "who", "--app", renamed.AppName)
+	require.Contains(t, stdout, fmt.Sprintf(`yields "y" to app %q`, w.app))
+}

@@ -73,7 +73,19 @@ type TypeState struct {
 // typeStates are the app's types as the pager sees them, by type.
 func (j *judge) typeStates() []TypeState {
 	var out []TypeState
-	for _, t := range j.o.Types {
+	types := slices.Clone(j.o.Types)
+	// The types the app's relays deliver, with rows or not: the perfdata
+	// graphs each of them from its first look.
+	for _, r := range j.in.Now.Replicas {
+		for _, typ := range r.Types {
+			if r.Delivers(typ) && !slices.ContainsFunc(types, func(t relay.TypeOverview) bool { return t.Type == typ }) &&
+				!slices.ContainsFunc(j.foreign, func(t relay.TypeOverview) bool { return t.Type == typ }) {
+				types = append(types, relay.TypeOverview{Type: typ})
+			}
+		}
+	}
+	slices.SortFunc(types, func(a, b relay.TypeOverview) int { return strings.Compare(a.Type, b.Type) })
+	for _, t := range types {
 		w, c := j.in.Thresholds.For(t.Type)
 		s := TypeState{Type: t.Type, State: StateOK, Age: t.Age, Warning: w, Critical: c, Waiting: t.Pending + t.Retrying, Dead: t.Dead}
 		_, _, s.Paused = pauseOf(j.in.Now.Replicas, t.Type)
