@@ -291,3 +291,34 @@ func TestPagerOverlap(t *testing.T) {
 	_, stdout, _ = w.ctl(t, ctx, "who", "--app", renamed.AppName)
 	require.Contains(t, stdout, fmt.Sprintf(`yields "y" to app %q`, w.app))
 }
+
+// TestPagerThresholdsFromEnv: RELAY_STATUS_WARNING and RELAY_STATUS_CRITICAL
+// set the thresholds, per type too, and the flags win; a warning above the
+// critical threshold, or an age that is none, is a usage error (UNKNOWN).
+func TestPagerThresholdsFromEnv(t *testing.T) {
+	ctx := context.Background()
+	w := setup(t)
+	w.rows(t, "order", 1, "PENDING", 0, 10*time.Second)
+	w.startRelay(t, w.cfg, "invoice") // a live relay: "order" is unserved, but young
+	w.waitReplicas(t, 1)
+	t.Setenv(envWarning, "1h,order=5s")
+	t.Setenv(envCritical, "2h")
+	code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0", "--json")
+	var s jsonStatus
+	require.NoError(t, json.Unmarshal([]byte(stdout), &s))
+	require.Equal(t, 3600.0, s.Thresholds.WarningSeconds)
+	require.Equal(t, 7200.0, s.Thresholds.CriticalSeconds)
+	require.Equal(t, jsonThreshold{5, 7200}, s.Thresholds.PerType["order"])
+	require.Equal(t, statusCritical, code, "unserved: STALLED, whatever the age")
+
+	code, _, stderr := w.ctl(t, ctx, "status", "--sample", "0", "-w", "3h")
+	require.Equal(t, statusUnknown, code)
+	require.Contains(t, stderr, "the warning threshold (3h0m0s) is above the critical one (2h0m0s)")
+	code, _, stderr = w.ctl(t, ctx, "status", "--sample", "0", "-c", "soon")
+	require.Equal(t, statusUnknown, code)
+	require.Contains(t, stderr, `"soon" is not an age`)
+	t.Setenv(envTimeout, "never")
+	code, _, stderr = w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, statusUnknown, code)
+	require.Contains(t, stderr, "RELAY_STATUS_TIMEOUT")
+}
