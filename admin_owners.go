@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Whose rows are whose (decision 0043): an Admin tells its app's types from
@@ -73,10 +75,13 @@ func (a *Admin) Owners(ctx context.Context) ([]TypeOwner, error) {
 	return out, nil
 }
 
-// owners is Owners by type; empty without a registry.
+// owners is Owners by type; empty without a registry, or one this role may
+// not read (the Admin then knows another app's types by its live relays only,
+// as before the registry).
 func (a *Admin) owners(ctx context.Context) (map[string]TypeOwner, error) {
 	list, err := a.Owners(ctx)
-	if errors.Is(err, ErrNoRegistry) {
+	var pgErr *pgconn.PgError
+	if errors.Is(err, ErrNoRegistry) || errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 		return map[string]TypeOwner{}, nil
 	}
 	if err != nil {
