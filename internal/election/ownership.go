@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/xadm/relay/internal/store"
 )
@@ -136,7 +137,34 @@ func (o *Ownership) claim(ctx context.Context, conn *pgx.Conn, pid uint32, mark 
 			slog.String("registry", o.reg.Name), slog.String("table", o.tableFull))
 	}
 	var claims []store.Claim
-	err = store.ClaimTx(cctx, conn, mark, o.table, func() error {
+	for {
+		err = o.claimTx(ctx, cctx, conn, mark, reg, &claims)
+		var pgErr *pgconn.PgError
+		if reg == nil || !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
+			break
+		}
+		// A registry this role may not read: claim by the keys alone.
+		if !o.regFailed {
+			o.regFailed = true
+			o.logger.LogAttrs(ctx, slog.LevelWarn, "relay: cannot read the registry of types: this app's types are claimed by the live relays alone, "+
+				"and the tools will not know them while its relays are down; grant the relay's role SELECT, INSERT and UPDATE on it",
+				slog.String("registry", reg.Name), slog.String("error", err.Error()))
+		}
+		reg = nil
+	}
+	if o.failed = err != nil; o.failed {
+		return fmt.Errorf("relay: claim the types of app %q on %s: %w", o.app, o.tableFull, err)
+	}
+	o.decided(ctx, claims)
+	return nil
+}
+
+// claimTx is one claim's transaction on conn: the look, the keys taken,
+// their record in reg (nil: none) (o.mu held).
+func (o *Ownership) claimTx(ctx, cctx context.Context, conn *pgx.Conn, mark string, reg *store.Registry, out *[]store.Claim) error {
+	var claims []store.Claim
+	defer func() { *out = claims }()
+	return store.ClaimTx(cctx, conn, mark, o.table, func() error {
 		var err error
 		if claims, err = store.Look(cctx, conn, mark, reg, o.app, o.table, o.types); err != nil {
 			return err
@@ -171,11 +199,6 @@ func (o *Ownership) claim(ctx context.Context, conn *pgx.Conn, pid uint32, mark 
 		}
 		return nil
 	})
-	if o.failed = err != nil; o.failed {
-		return fmt.Errorf("relay: claim the types of app %q on %s: %w", o.app, o.tableFull, err)
-	}
-	o.decided(ctx, claims)
-	return nil
 }
 
 // decided keeps and says the yields of a claim (o.mu held).
