@@ -228,6 +228,7 @@ func TestPagerOtherAppsRelaysDown(t *testing.T) {
 	w.rows(t, "invoice", 4, "PENDING", 0, time.Hour) // B's backlog: an hour old, nobody to deliver it
 	w.rows(t, "invoice", 1, "ERROR", ceiling, time.Hour)
 	w.rows(t, "order", 1, "SENT", 0, time.Minute)
+	w.rows(t, "invoice", 2, "SENT", 0, 40*24*time.Hour)
 	var bid int64
 	require.NoError(t, w.pool.QueryRow(ctx, fmt.Sprintf("SELECT id FROM %q WHERE type = 'invoice' AND status = 'ERROR'", w.table)).Scan(&bid))
 
@@ -248,6 +249,11 @@ func TestPagerOtherAppsRelaysDown(t *testing.T) {
 	require.Equal(t, exitError, code, stdout+stderr)
 	require.Contains(t, stdout+stderr, "gives \"invoice\" to app")
 	require.Equal(t, 1, w.count(t, "type = 'invoice' AND status = 'ERROR'"), "B's dead row untouched")
+	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "0", "--all-types", "--yes")
+	require.Equal(t, exitOK, code, stdout+stderr)
+	require.Contains(t, stderr, `but "invoice", another app's by the registry of types (app "`+cfgB.AppName+`")`)
+	require.Equal(t, 2, w.count(t, "type = 'invoice' AND status = 'SENT'"), "B's history untouched")
+	require.Equal(t, 0, w.count(t, "type = 'order' AND status = 'SENT'"), "A's own purged")
 
 	// The operator takes B's rows over, naming B; the confirmation says so.
 	code, stdout, stderr = w.ctl(t, ctx, "requeue", "--id", fmt.Sprint(bid), "--other-app", cfgB.AppName, "--yes")
