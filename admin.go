@@ -49,6 +49,8 @@ type Admin struct {
 	queued      atomic.Bool      // the table was seen with its requeued_at column
 	types       []string         // AdminTypes; nil: the live replicas' (or all, with allTypes)
 	allTypes    bool
+	otherApps   []string        // AdminOtherApp: other apps whose registered types it may write
+	registry    *store.Registry // the table's registry of types (admin_owners.go)
 
 	afterRead func() // a test's, run after each read of the replicas
 }
@@ -111,8 +113,9 @@ func NewAdmin(pool *pgxpool.Pool, cfg Config, opts ...AdminOption) (*Admin, erro
 	if err != nil {
 		return nil, &FieldError{Field: "Table", msg: err.Error()}
 	}
+	id, _ := store.ParseTable(cfg.Table) // valid: newAdminRepository checked it
 	a := &Admin{pool: pool, app: cfg.AppName, key: cfg.lockKey(), table: cfg.Table, maxAttempts: cfg.MaxAttempts,
-		backoff: cfg.RetryBackoff, repo: repo, repoQueued: queued}
+		backoff: cfg.RetryBackoff, repo: repo, repoQueued: queued, registry: store.NewRegistry(id)}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -123,6 +126,9 @@ func NewAdmin(pool *pgxpool.Pool, cfg Config, opts ...AdminOption) (*Admin, erro
 	}
 	if a.allTypes && a.types != nil {
 		return nil, errors.New("relay: NewAdmin: AdminTypes and AdminAllTypes exclude each other")
+	}
+	if slices.Contains(a.otherApps, a.app) {
+		return nil, fmt.Errorf("relay: NewAdmin: AdminOtherApp(%q) names the Admin's own app", a.app)
 	}
 	return a, nil
 }
@@ -200,6 +206,11 @@ type DeadMessage struct {
 	// never reads whole payloads. PayloadCut says there is more.
 	Payload    string
 	PayloadCut bool
+
+	// App is the app whose type the row is of ([Admin.Owners]): the Admin's
+	// own, another app's (which the Admin does not re-queue unless named
+	// with [AdminOtherApp]), or "" when nothing says.
+	App string
 }
 
 // Bounds of what [Admin.DeadPage] reads of a dead row.
@@ -256,7 +267,7 @@ func (a *Admin) DeadPage(ctx context.Context, q DeadQuery) ([]DeadMessage, error
 	if err != nil {
 		return nil, fmt.Errorf("relay: list the dead rows of %s: %w", a.table, err)
 	}
-	return dead, nil
+	return dead, a.markApps(ctx, dead)
 }
 
 // DeadRows returns the rows of ids that are dead, as [Admin.RequeueIDs] would
@@ -273,7 +284,7 @@ func (a *Admin) DeadRows(ctx context.Context, ids ...int64) ([]DeadMessage, erro
 	if err != nil {
 		return nil, fmt.Errorf("relay: read %d row(s) of %s by id: %w", len(ids), a.table, err)
 	}
-	return dead, nil
+	return dead, a.markApps(ctx, dead)
 }
 
 // RequeueAll re-queues every dead row of the Admin's scope ([Admin.Scope]):
@@ -314,7 +325,8 @@ func (a *Admin) RequeueType(ctx context.Context, typ string) (int64, error) {
 		return 0, err
 	}
 	if slices.Contains(scope.exclude, typ) {
-		return 0, fmt.Errorf("%w: RequeueType: type %q is served by another app's live relays: only that app re-queues its rows", ErrOtherApp, typ)
+		return 0, fmt.Errorf("%w: RequeueType: type %q is another app's (its live relays serve it, or the registry of types gives it to that app): "+
+			"only that app re-queues its rows, unless the operator takes them over (relay.AdminOtherApp, relayctl --other-app)", ErrOtherApp, typ)
 	}
 	if scope.types != nil && !slices.Contains(scope.types, typ) {
 		return 0, fmt.Errorf("relay: RequeueType: type %q is not among the types this Admin acts on (%s): "+
@@ -334,7 +346,11 @@ func (a *Admin) RequeueType(ctx context.Context, typ string) (int64, error) {
 // RequeueIDs re-queues the rows of ids that are dead, as [Admin.RequeueAll]
 // does, and returns how many; ids of rows that are not dead (live, SENT,
 // inbound, missing, or of a type outside the Admin's scope) are left alone.
-// No ids re-queues nothing.
+// No ids re-queues nothing. A dead row among ids that is another app's
+// ([DeadMessage.App]: its type is registered to another app, or another
+// app's live relays deliver it) makes it refuse them all, with
+// [ErrOtherApp] naming the rows and their app, unless that app was named
+// with [AdminOtherApp] and none of its relays runs.
 func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
@@ -342,6 +358,22 @@ func (a *Admin) RequeueIDs(ctx context.Context, ids ...int64) (int64, error) {
 	scope, err := a.scope(ctx, true)
 	if err != nil {
 		return 0, err
+	}
+	if len(ids) <= ListDeadMax {
+		rows, err := a.DeadRows(ctx, ids...)
+		if err != nil {
+			return 0, err
+		}
+		var theirs []string
+		for _, d := range rows {
+			if !scope.includes(d.Type) && d.App != "" && d.App != a.app {
+				theirs = append(theirs, fmt.Sprintf("row %d (type %q) is app %q's", d.ID, d.Type, d.App))
+			}
+		}
+		if len(theirs) > 0 {
+			return 0, fmt.Errorf("%w: nothing re-queued: %s; re-queue them as that app (relayctl --app), or, while none of its relays runs, "+
+				"take its rows over with relay.AdminOtherApp (relayctl --other-app)", ErrOtherApp, strings.Join(theirs, ", "))
+		}
 	}
 	repo, err := a.repoOf(ctx)
 	if err != nil {

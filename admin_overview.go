@@ -17,14 +17,20 @@ type Overview struct {
 	At          time.Time // the database's clock when it was read; every age is measured on it
 
 	// Types has one entry per type with outbound rows that are not SENT (and,
-	// when SENT rows are counted exactly, per type with SENT rows), by type.
+	// when SENT rows are counted exactly, per type with SENT rows), by type:
+	// the app's types, and those nothing says are another app's.
 	Types []TypeOverview
+	// OtherApps are the types another app's: its live relays deliver them,
+	// or, while its relays are down, the table's registry gives them to it
+	// ([Admin.Owners]). Each has its App; none is counted in the totals below.
+	OtherApps []TypeOverview
 
 	Pending  int64         // the Types' Pending rows
 	Retrying int64         // the Types' Retrying rows
 	Backoff  int64         // the Types' Backoff rows: retrying rows not due yet
 	Dead     int64         // the Types' Dead rows
 	Lag      time.Duration // the largest of the Types' Lag: how long the relays have kept a row waiting
+	Age      time.Duration // the largest of the Types' Age: how long the oldest message not yet delivered has waited
 
 	// Sent is how many outbound SENT rows the table holds. On a small table it
 	// is counted (and so is each type's); on a large one it is the planner's
@@ -51,7 +57,11 @@ type Overview struct {
 // TypeOverview is one type's rows in an [Overview]. Pending, Retrying and Dead
 // are counted exactly, through the indexes of the live rows.
 type TypeOverview struct {
-	Type     string
+	Type string
+	// App is the app whose type it is, as far as the Admin can tell: its
+	// own, another app's (in [Overview.OtherApps]), or "" when nothing says
+	// (no live relay delivers it, and the registry names no app for it).
+	App      string
 	Pending  int64 // waiting for their first attempt (PENDING, or a NULL status)
 	Retrying int64 // failed below the ceiling (ERROR): they will be retried
 	Dead     int64 // failed at or above the ceiling, or of a permanent failure: never retried until re-queued
@@ -77,6 +87,15 @@ type TypeOverview struct {
 	Lag time.Duration
 	// FirstDead is the type's dead row with the lowest id; nil when none is dead.
 	FirstDead *RowHead
+
+	// Undelivered is the type's oldest message not yet delivered, whatever
+	// it waits for: the relays, a retry's backoff, a paused type, a failed
+	// row of its key, no relay at all; dead rows aside. Age is how long it
+	// has waited since it was written or re-queued (WaitingSince), on the
+	// database's clock: what users feel, the age to page on. nil and 0 when
+	// nothing of the type waits.
+	Undelivered *RowHead
+	Age         time.Duration
 }
 
 // RowHead is the first row of a type in one state, as [TypeOverview] reports it.
@@ -160,6 +179,11 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 			t.Dead += g.count
 			t.FirstDead = &head
 			continue
+		case liveIsUndelivered:
+			if age := max(o.At.Sub(head.WaitingSince), 0); t.Undelivered == nil || age > t.Age {
+				t.Undelivered, t.Age = &head, age
+			}
+			continue
 		case liveIsCandidate:
 			// A pending row waits since it became waiting, a failed one
 			// since its retry came due.
@@ -185,13 +209,30 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		}
 	}
 
+	// Whose each type is: another app's are told apart, and not counted.
+	w, err := a.whose(ctx, order...)
+	if err != nil {
+		return o, err
+	}
+	var ours []string
 	for _, typ := range order {
+		t := byType[typ]
+		if t.App = w.appOf(typ); t.App == "?" {
+			t.App = "" // an app this role cannot name: the relay's presence says it is not ours
+		}
+		if w.theirs(typ) {
+			continue
+		}
+		ours = append(ours, typ)
+	}
+	for _, typ := range ours {
 		t := byType[typ]
 		o.Pending += t.Pending
 		o.Retrying += t.Retrying
 		o.Backoff += t.Backoff
 		o.Dead += t.Dead
 		o.Lag = max(o.Lag, t.Lag)
+		o.Age = max(o.Age, t.Age)
 	}
 
 	switch {
@@ -205,7 +246,9 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 				order = append(order, s.typ)
 			}
 			get(s.typ).Sent = s.count
-			o.Sent += s.count
+			if !w.theirs(s.typ) {
+				o.Sent += s.count
+			}
 		}
 	case srv.analyzed:
 		o.SentEstimated = true
@@ -224,7 +267,11 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 	slices.Sort(order)
 	o.Types = make([]TypeOverview, 0, len(order))
 	for _, typ := range order {
-		o.Types = append(o.Types, *byType[typ])
+		if w.theirs(typ) {
+			o.OtherApps = append(o.OtherApps, *byType[typ])
+		} else {
+			o.Types = append(o.Types, *byType[typ])
+		}
 	}
 	return o, nil
 }

@@ -41,6 +41,15 @@ type Replica struct {
 	// their reasons cut to 80 bytes (or left out, when many are paused).
 	Paused []PausedType
 
+	// Yielded are the types it has a sender for and does not deliver,
+	// because live relays of another app deliver them on its table (one
+	// type, one app); Stuck its abandoned Sends still running, per type;
+	// Retention its last run of the retention job ([Config.Retention]), nil
+	// when it ran none. As its presence said them, within 3s of a change.
+	Yielded   []YieldedType
+	Stuck     []StuckSends
+	Retention *RetentionRun
+
 	// Elected says it holds the app's election right now: it is in a pass
 	// (single key), or is a member of the partitioned election. Held are the
 	// partitions it holds (Partitions > 1).
@@ -104,9 +113,7 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 				ApplicationName: x.ApplicationName, ClientAddr: x.ClientAddr, BackendStart: x.BackendStart, Hidden: x.Hidden, At: x.At}
 			if d, ok := election.ParseComment(x.Query); ok && d.App == a.app && d.Replica == r.ID {
 				r.Types, r.Host, r.Process, r.Since, r.Table = d.Types, d.Host, d.Process, d.Since, d.Table
-				for _, p := range d.Paused {
-					r.Paused = append(r.Paused, PausedType(p))
-				}
+				r.described(d)
 			}
 			hashes[i], nameHashes = x.TypeHashes, x.NameHashes
 			reps = append(reps, r)
@@ -181,9 +188,7 @@ func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, 
 			if d, ok := election.ParseComment(x.Query); ok && d.App != a.app {
 				r.App, r.Table, r.ID, r.MaxAttempts, r.Partitions = d.App, d.Table, d.Replica, d.MaxAttempts, d.Partitions
 				r.Host, r.Process, r.Since = d.Host, d.Process, d.Since
-				for _, p := range d.Paused {
-					r.Paused = append(r.Paused, PausedType(p))
-				}
+				r.described(d)
 				all = append(all, d.Types...)
 			}
 			for i, h := range x.NameHashes {
@@ -206,3 +211,32 @@ func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, 
 		names = all
 	}
 }
+
+// described sets what r's descriptor says of its state: the types paused,
+// yielded, with Sends stuck, and its last retention run.
+func (r *Replica) described(d election.Descriptor) {
+	for _, p := range d.Paused {
+		r.Paused = append(r.Paused, PausedType(p))
+	}
+	for _, y := range d.Yielded {
+		r.Yielded = append(r.Yielded, YieldedType(y))
+	}
+	for _, k := range d.Stuck {
+		r.Stuck = append(r.Stuck, StuckSends(k))
+	}
+	if x := d.Retention; x != nil {
+		took, _ := time.ParseDuration(x.Took)
+		age, _ := time.ParseDuration(x.Age)
+		r.Retention = &RetentionRun{At: x.At, Deleted: x.Deleted, Err: x.Err, Age: age, Took: took, Total: x.Total}
+	}
+}
+
+// Yields says whether the replica has a sender for typ and yields it to
+// another app.
+func (r Replica) Yields(typ string) bool {
+	return slices.ContainsFunc(r.Yielded, func(y YieldedType) bool { return y.Type == typ })
+}
+
+// Delivers says whether the replica delivers typ: it has a sender for it
+// and does not yield it.
+func (r Replica) Delivers(typ string) bool { return r.Serves(typ) && !r.Yields(typ) }

@@ -35,8 +35,14 @@ type AdminScope struct {
 	// Admin never writes, even with [AdminAllTypes].
 	Others   []Replica
 	Excluded []string
+	// Registered are the Excluded types that the table's registry gives to
+	// another app whose relays are down; OtherApps the apps named with
+	// [AdminOtherApp], whose registered types the Admin may write.
+	Registered []string
+	OtherApps  []string
 
-	err error
+	registry map[string]TypeOwner
+	err      error
 }
 
 // Err says why the Admin writes nothing now: [ErrScopeUnknown] or
@@ -66,10 +72,45 @@ func (s AdminScope) String() string {
 	default:
 		b.WriteString("types " + quoteAll(s.Types) + " (" + s.Source + ")")
 	}
-	if len(s.Excluded) > 0 {
-		b.WriteString(" but " + quoteAll(s.Excluded) + ", served by live relays of " + otherApps(s.Others, s.Excluded))
+	var live []string
+	for _, t := range s.Excluded {
+		if !slices.Contains(s.Registered, t) {
+			live = append(live, t)
+		}
+	}
+	if len(live) > 0 {
+		b.WriteString(" but " + quoteAll(live) + ", served by live relays of " + otherApps(s.Others, live))
+	}
+	if len(s.Registered) > 0 {
+		b.WriteString(" but " + quoteAll(s.Registered) + ", another app's by the registry of types (" + s.registeredApps() + ")")
 	}
 	return b.String()
+}
+
+// registeredApps names the apps the registry gives the Registered types to.
+func (s AdminScope) registeredApps() string {
+	var apps []string
+	for _, t := range s.Registered {
+		if o, ok := s.registry[t]; ok {
+			apps = append(apps, strconv.Quote(o.App))
+		}
+	}
+	slices.Sort(apps)
+	return "app " + strings.Join(slices.Compact(apps), ", ")
+}
+
+// AppOf is the app whose type typ is, as the Scope read it: another app's
+// by its live relays or the registry, or "" when this scope cannot say.
+func (s AdminScope) AppOf(typ string) string {
+	for _, r := range s.Others {
+		if r.Delivers(typ) {
+			return r.App
+		}
+	}
+	if o, ok := s.registry[typ]; ok {
+		return o.App
+	}
+	return ""
 }
 
 func quoteAll(ss []string) string {
@@ -108,61 +149,71 @@ var ErrScopeUnknown = errors.New("relay: no live relay of the app to learn its t
 var ErrOtherApp = errors.New("relay: the types are another app's")
 
 // Scope returns the types the Admin's re-queues and purges act on: those of
-// [AdminTypes], every type with [AdminAllTypes], or else the types the live
-// relays of its app serve ([Admin.Replicas]); never a type that another
-// app's live relays serve ([Admin.OtherReplicas]). Without a live relay of
-// its app, and with neither option, nothing tells the app's types from
-// another's: it writes nothing ([AdminScope.Unknown], [ErrScopeUnknown]).
+// [AdminTypes], every type with [AdminAllTypes], or else its app's types:
+// those the live relays of its app deliver ([Admin.Replicas]) and those the
+// table's registry gives to it ([Admin.Owners]), so that an app's tools know
+// its types while its relays are down. Never a type that another app's live
+// relays deliver ([Admin.OtherReplicas]), nor one the registry gives to
+// another app, unless that app was named with [AdminOtherApp]. With nothing
+// to tell the app's types from another's (no live relay, no registry row, no
+// option) it writes nothing ([AdminScope.Unknown], [ErrScopeUnknown]).
 func (a *Admin) Scope(ctx context.Context) (AdminScope, error) {
-	reps, err := a.replicas(ctx, a.types)
+	w, err := a.whose(ctx, a.types...)
 	if err != nil {
 		return AdminScope{}, err
 	}
-	names := a.types
-	for _, r := range reps {
-		names = append(names, r.Types...)
-	}
-	others, err := a.OtherReplicas(ctx, names...)
-	if err != nil {
-		return AdminScope{}, err
-	}
-	return a.scopeOf(reps, others), nil
+	return a.scopeOf(w), nil
 }
 
 // ScopeOf is [Admin.Scope] from live replicas already read with
-// [Admin.Replicas], without the other apps' relays.
+// [Admin.Replicas], without the other apps' relays and the registry.
 //
 // Deprecated: Use [Admin.Scope], which also leaves alone the types that
-// other apps' live relays serve.
+// other apps' live relays serve, or the registry gives to other apps.
 func (a *Admin) ScopeOf(reps []Replica) (AdminScope, error) {
-	return a.scopeOf(reps, nil), nil
+	return a.scopeOf(whose{app: a.app, own: reps}), nil
 }
 
-// scopeOf is the scope of the app's live relays reps beside the other
-// apps' relays others (those of another table are not counted).
-func (a *Admin) scopeOf(reps, others []Replica) AdminScope {
-	s := AdminScope{Replicas: reps}
-	served := map[string]bool{}
-	var blind []Replica // another app's relays whose types this role cannot read
-	for _, r := range others {
-		if !sameTable(r.Table, a.table) {
-			continue
-		}
-		s.Others = append(s.Others, r)
+// scopeOf is the scope of w: the app's live relays, the other apps' on the
+// table, and the registry.
+func (a *Admin) scopeOf(w whose) AdminScope {
+	s := AdminScope{Replicas: w.own, Others: w.others, OtherApps: a.otherApps}
+	excluded := map[string]string{} // type -> why
+	var blind []Replica             // another app's relays whose types this role cannot read
+	for _, r := range w.others {
 		if r.App == "" {
 			blind = append(blind, r)
 		}
 		for _, t := range r.Types {
-			served[t] = true
+			if r.Delivers(t) {
+				excluded[t] = "live"
+			}
 		}
 	}
+	for t, o := range w.registry {
+		if o.App == a.app || slices.Contains(a.otherApps, o.App) || excluded[t] != "" {
+			continue
+		}
+		mine := false
+		for _, r := range w.own {
+			mine = mine || r.Delivers(t)
+		}
+		if !mine {
+			excluded[t] = "registry"
+		}
+	}
+	for t, why := range excluded {
+		s.Excluded = append(s.Excluded, t)
+		if why == "registry" {
+			s.Registered = append(s.Registered, t)
+		}
+	}
+	slices.Sort(s.Excluded)
+	slices.Sort(s.Registered)
+	s.registry = w.registry
 	switch {
 	case a.allTypes:
 		s.All, s.Source = true, "all"
-		for t := range served {
-			s.Excluded = append(s.Excluded, t)
-		}
-		slices.Sort(s.Excluded)
 		if len(blind) > 0 {
 			s.err = fmt.Errorf("%w: a live relay of another app (pid %d) serves types this role cannot read, so every type may include its rows: "+
 				"grant this role pg_read_all_stats, or name this app's types (relay.AdminTypes, relayctl --types)", ErrOtherApp, blind[0].PID)
@@ -170,36 +221,57 @@ func (a *Admin) scopeOf(reps, others []Replica) AdminScope {
 		return s
 	case a.types != nil:
 		s.Types, s.Source = a.types, "explicit"
+		var live, reg []string
 		for _, t := range a.types {
-			if served[t] {
-				s.Excluded = append(s.Excluded, t)
+			switch excluded[t] {
+			case "live":
+				live = append(live, t)
+			case "registry":
+				reg = append(reg, t)
 			}
 		}
-		if len(s.Excluded) > 0 {
+		switch {
+		case len(live) > 0:
 			s.err = fmt.Errorf("%w: live relays of %s serve %s: this app (%q) may not re-queue or purge them; "+
 				"run the tool as that app (relayctl --app), or name only this app's types", ErrOtherApp,
-				otherApps(s.Others, s.Excluded), quoteAll(s.Excluded), a.app)
+				otherApps(s.Others, live), quoteAll(live), a.app)
+		case len(reg) > 0:
+			s.err = fmt.Errorf("%w: the registry of types gives %s to app %s, whose relays are down: this app (%q) may not re-queue or purge "+
+				"its rows unless the operator takes them over (relay.AdminOtherApp, relayctl --other-app), or runs the tool as that app (relayctl --app)",
+				ErrOtherApp, quoteAll(reg), w.otherAppsText(reg), a.app)
 		}
 		return s
 	}
 	var types []string
-	for _, r := range reps {
-		types = append(types, r.Types...)
+	for _, r := range w.own {
+		for _, t := range r.Types {
+			if !r.Yields(t) {
+				types = append(types, t)
+			}
+		}
+	}
+	types = append(types, w.registryTypes(a.app)...)
+	for _, app := range a.otherApps {
+		types = append(types, w.registryTypes(app)...)
 	}
 	slices.Sort(types)
 	types = slices.Compact(types)
-	if len(types) == 0 {
+	switch {
+	case len(types) == 0:
 		s.Unknown, s.Source = true, "no live relay"
-		s.err = fmt.Errorf("%w: app %q has no live relay, so nothing tells its types from another app's: "+
+		s.err = fmt.Errorf("%w: app %q has no live relay and the registry of types names none of its types, so nothing tells its types from another app's: "+
 			"name them (relay.AdminTypes, relayctl --types a,b) or take every type (relay.AdminAllTypes, relayctl --all-types)", ErrScopeUnknown, a.app)
 		return s
+	case len(w.own) == 0:
+		s.Source = "registry"
+	default:
+		s.Source = "live replicas"
 	}
-	s.Source = "live replicas"
 	for _, t := range types {
-		if served[t] {
-			s.Excluded = append(s.Excluded, t)
-		} else {
+		if excluded[t] == "" {
 			s.Types = append(s.Types, t)
+		} else if !slices.Contains(s.Excluded, t) {
+			s.Excluded = append(s.Excluded, t)
 		}
 	}
 	return s

@@ -198,6 +198,19 @@ type Config struct {
 	// to 5. Environment: RELAY_PAUSE_AFTER.
 	PauseAfter int
 
+	// Retention, above 0, makes the started relay purge the SENT rows of its
+	// own types delivered longer ago than Retention, as an elected job on
+	// RetentionSchedule: one replica of the app runs each occurrence, in
+	// chunks of [PurgeChunk] rows (retention.go). 0, the default, keeps every
+	// SENT row: the table may be another system's too. Environment:
+	// RELAY_RETENTION (a duration, or days: "30d").
+	Retention time.Duration
+
+	// RetentionSchedule is when the retention job runs, a cron spec as
+	// [Scheduler.Add] reads it. Defaults to "@hourly". Environment:
+	// RELAY_RETENTION_SCHEDULE.
+	RetentionSchedule string
+
 	// Logger receives the relay's logs. Defaults to [slog.Default]. No
 	// environment variable (nor for Guard and Observer).
 	Logger *slog.Logger
@@ -233,6 +246,8 @@ func DefaultConfig() Config {
 		Partitions:   1,
 		PauseAfter:   pauseAfterDefault,
 		built:        true,
+
+		RetentionSchedule: retentionScheduleDefault,
 	}
 }
 
@@ -280,6 +295,12 @@ func (c *Config) validate() error {
 	}
 	if c.GroupOutcomes < 0 || c.GroupOutcomes > batchSizeMax {
 		bad("GroupOutcomes", "must be between 0 and %d, got %d", batchSizeMax, c.GroupOutcomes)
+	}
+	if c.Retention < 0 {
+		bad("Retention", "must not be negative (0 keeps every SENT row), got %s", c.Retention)
+	}
+	if c.Retention > 0 && strings.TrimSpace(c.RetentionSchedule) == "" {
+		bad("RetentionSchedule", "must be a cron spec (@hourly, \"15 3 * * *\") when Retention is set")
 	}
 	switch {
 	case c.Partitions < 1 || c.Partitions > partitionsMax:
@@ -345,6 +366,8 @@ const (
 	envWakeOnCommit  = "RELAY_WAKE_ON_COMMIT"
 	envPartitions    = "RELAY_PARTITIONS"
 	envPauseAfter    = "RELAY_PAUSE_AFTER"
+	envRetention     = "RELAY_RETENTION"
+	envRetentionCron = "RELAY_RETENTION_SCHEDULE"
 )
 
 // ConfigFromEnv returns [DefaultConfig] with every RELAY_* variable that is set
@@ -375,6 +398,8 @@ func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	envVar(&e, envWakeOnCommit, &cfg.WakeOnCommit, strconv.ParseBool, "a boolean (use true or false)")
 	envVar(&e, envPartitions, &cfg.Partitions, strconv.Atoi, "an integer")
 	envVar(&e, envPauseAfter, &cfg.PauseAfter, strconv.Atoi, "an integer")
+	envVar(&e, envRetention, &cfg.Retention, parseAge, "a duration or a number of days (as in 30d, 720h)")
+	envVar(&e, envRetentionCron, &cfg.RetentionSchedule, parseString, "")
 	errs := e.errs
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -394,6 +419,18 @@ type envReader struct {
 const durationWant = "a duration (use a unit, as in 500ms or 30s)"
 
 func parseString(v string) (string, error) { return v, nil }
+
+// parseAge reads a duration, or a number of days ("30d").
+func parseAge(v string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(v, "d"); ok {
+		n, err := strconv.ParseFloat(days, 64)
+		if err != nil || n < 0 || n*24*float64(time.Hour) >= math.MaxInt64 {
+			return 0, fmt.Errorf("not a number of days: %q", v)
+		}
+		return time.Duration(n * 24 * float64(time.Hour)), nil
+	}
+	return time.ParseDuration(v)
+}
 
 // envVar sets *dst from the variable name when it is set and not blank; a
 // value parse refuses is an error naming the variable and what it wants.
@@ -416,7 +453,7 @@ func envNames(err error) string {
 		"AppName": envAppName, "Table": envTable, "Interval": envInterval, "BatchSize": envBatchSize, "BatchBytes": envBatchBytes,
 		"MaxAttempts": envMaxAttempts, "RetryBackoff": envRetryBackoff, "SendTimeout": envSendTimeout,
 		"Concurrency": envConcurrency, "GroupOutcomes": envGroupOutcomes, "Partitions": envPartitions,
-		"PauseAfter": envPauseAfter,
+		"PauseAfter": envPauseAfter, "Retention": envRetention, "RetentionSchedule": envRetentionCron,
 	}
 	var names []string
 	joined, ok := err.(interface{ Unwrap() []error })

@@ -29,7 +29,7 @@ const (
 func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 	er := &election.Relay{Pool: r.pool, Logger: r.logger, Key: r.key, Table: r.cfg.Table, Types: r.types,
 		MaxAttempts: r.cfg.MaxAttempts, Partitions: r.cfg.Partitions, Interval: r.cfg.Interval, Presence: r.presence,
-		Outbox: r.repo, Sendable: r.runner.Lanes().Sendable, Dispatch: r.dispatch, LearnTable: r.learnTable,
+		Outbox: r.repo, Sendable: r.sendable, Dispatch: r.dispatch, LearnTable: r.learnTable,
 		SetPartitions: r.stats.setPartitions}
 	r.direct = election.NewNone(er)
 	if !r.cfg.ClusterLock {

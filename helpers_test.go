@@ -42,7 +42,8 @@ func setup(t *testing.T) *bundle {
 	ctx := context.Background()
 	require.NoError(t, relay.CreateTable(ctx, b.pool, b.table))
 	t.Cleanup(func() {
-		_, _ = b.pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{b.table}.Sanitize())
+		_, _ = b.pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{b.table}.Sanitize()+", "+
+			pgx.Identifier{b.table + "_types"}.Sanitize())
 	})
 	b.cfg = relay.DefaultConfig()
 	b.cfg.AppName = name

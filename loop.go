@@ -102,6 +102,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		close(l.attempted)
 	}
 	go r.run(passCtx, l)
+	r.startRetention(passCtx) // retention.go
 	r.logger.LogAttrs(ctx, slog.LevelInfo, "relay: started",
 		slog.Bool("enabled", r.cfg.Enabled), slog.Bool("cluster_lock", r.cfg.ClusterLock),
 		durationAttr("interval", r.cfg.Interval), slog.String("table", r.cfg.Table), slog.Any("types", r.types),
@@ -125,6 +126,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 		return nil
 	}
 	l.stop()
+	r.stopRetention(ctx) // retention.go
 	select {
 	case <-l.done:
 		return nil

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -405,8 +406,12 @@ func TestAdminNeverTouchesAnotherAppsLiveRows(t *testing.T) {
 	require.True(t, scope.Includes("ta"))
 	require.Contains(t, scope.String(), `but "tb", served by live relays of app "`+cfgB.AppName+`"`)
 	n, err := all.RequeueIDs(ctx, bids[0], aid)
+	require.ErrorIs(t, err, relay.ErrOtherApp, "B's row among the ids: refused, and said")
+	require.ErrorContains(t, err, fmt.Sprintf("row %d (type \"tb\") is app %q's", bids[0], cfgB.AppName))
+	require.Zero(t, n)
+	n, err = all.RequeueIDs(ctx, aid)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "A's dead row only")
+	require.EqualValues(t, 1, n, "A's dead row")
 	n, err = all.RequeueAll(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
@@ -452,8 +457,19 @@ func TestAdminNeverTouchesAnotherAppsLiveRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"tb"}, scope.Excluded, "the other table's relay serves ta there, not here")
 
+	// With B down, the registry still says tb is B's: every type leaves it
+	// out, until the operator names B and so takes its rows over.
 	require.NoError(t, rb.Stop(ctx))
 	n, err = all.RequeueIDs(ctx, bids[0])
+	require.ErrorIs(t, err, relay.ErrOtherApp)
+	require.Zero(t, n)
+	scope, err = all.Scope(ctx)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "with B down, every type is B's too, as asked")
+	require.Equal(t, []string{"tb"}, scope.Registered)
+	require.Contains(t, scope.String(), `but "tb", another app's by the registry of types (app "`+cfgB.AppName+`")`)
+	takeOver, err := relay.NewAdmin(b.pool, cfgA, relay.AdminAllTypes(), relay.AdminOtherApp(cfgB.AppName))
+	require.NoError(t, err)
+	n, err = takeOver.RequeueIDs(ctx, bids[0])
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "with B down and named, its rows are the operator's to take over")
 }

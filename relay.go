@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -85,6 +86,8 @@ type Relay struct {
 	mu   sync.Mutex
 	loop *loop
 
+	ret retention // the retention job ([Config.Retention], retention.go)
+
 	streakMu     sync.Mutex
 	streak       int       // passes failed in a row, for the log's backoff
 	streakLogged time.Time // when a failure of the streak was last logged at Error
@@ -151,6 +154,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		slot:     make(chan struct{}, 1),
 	}
 	r.presence = election.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
+	r.presence.SetOwnership(election.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
 	r.runner = r.newRunner(byType)
 	said := func() { r.presence.SetPaused(r.runner.Lanes().Paused()) } // the session's next statement says it
 	r.runner.Lanes().OnChange(said)
@@ -280,6 +284,7 @@ func durationAttr(key string, d time.Duration) slog.Attr {
 func (r *Relay) Stats() Stats {
 	st := r.stats.snapshot()
 	st.Paused = pausedTypes(r.runner.Lanes().Paused())
+	st.Yielded, st.Stuck, st.Retention = r.yielded(), r.stuckSends(), r.retentionRun()
 	return st
 }
 
@@ -290,6 +295,12 @@ func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
 	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	table := r.table()
+	q = r.deliverable(q) // ownership.go
+	if len(q.Types) == 0 {
+		// Every type asked for is another app's now. An epoch this starts
+		// probes every row (decision 0041): nothing says which were drawn.
+		return store.Batch{Epoch: math.MinInt64}, nil
+	}
 	args := store.FetchArgs{
 		MaxAttempts: r.cfg.MaxAttempts, Types: q.Types, After: q.After, Width: q.Width, All: q.All, Later: q.Later,
 		Epoch: q.Epoch, StartEpoch: q.StartEpoch, Keyed: q.Keyed, Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,

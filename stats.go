@@ -34,6 +34,29 @@ type Stats struct {
 	// Paused are the message types this relay has paused ([Config.PauseAfter]),
 	// in the order of their names; nil when none is.
 	Paused []PausedType
+
+	// Yielded are the message types this started relay has a sender for and
+	// does not deliver, because live relays of another app already deliver
+	// them on its table (one type, one app); nil when none is.
+	Yielded []YieldedType
+
+	// Stuck are, per type, this relay's abandoned Sends still running: Sends
+	// that ignored their context past SendTimeout, given up by the relay and
+	// not returned yet; nil when none runs.
+	Stuck []StuckSends
+
+	// Retention is this relay's last run of the retention job
+	// ([Config.Retention]); nil when it ran none.
+	Retention *RetentionRun
+}
+
+// StuckSends are one type's abandoned Sends still running on a relay: Sends
+// that ignored their context, which the relay gave up on (their rows were
+// marked failed) and whose goroutines have not returned yet.
+type StuckSends struct {
+	Type  string
+	Sends int       // how many run now
+	Since time.Time // since when the oldest of them runs
 }
 
 // PausedType is a message type a relay has paused ([Config.PauseAfter]): its
@@ -48,6 +71,12 @@ type PausedType struct {
 	// probe: its success resumes the type.
 	Probing bool
 }
+
+// stuckSends are this relay's abandoned Sends still running, per type, for
+// Stats.Stuck. The engine (internal/pass) counts them; until it says since
+// when, none is reported (the presence descriptor's "stuck", which Admin,
+// relayctl status and the metrics read, is set by Presence.SetStuck).
+func (r *Relay) stuckSends() []StuckSends { return nil }
 
 // pausedTypes is what the runner's lanes say is paused, as [PausedType].
 func pausedTypes(ps []pass.PausedType) []PausedType {
@@ -171,4 +200,14 @@ func (c *counters) snapshot() Stats {
 		Lag:             c.lag,
 		Partitions:      slices.Clone(c.parts),
 	}
+}
+
+// RetentionRun is one run of the retention job ([Config.Retention]).
+type RetentionRun struct {
+	At      time.Time     // when it ended
+	Deleted int64         // SENT rows it deleted
+	Err     string        // why it failed; "" when it did not
+	Age     time.Duration // the retention: it deleted the rows delivered longer ago
+	Took    time.Duration // how long it ran
+	Total   int64         // rows deleted by the runs of this relay since it started
 }

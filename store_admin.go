@@ -173,11 +173,12 @@ func (r *adminRepository) purgeCounts(ctx context.Context, db store.Querier, cut
 
 // The kinds of liveGroupsSQL's rows.
 const (
-	liveIsPending   = iota // a type's pending rows
-	liveIsDue              // its failed rows whose retry came due
-	liveIsBackoff          // its failed rows that wait out their backoff
-	liveIsDead             // its dead rows
-	liveIsCandidate        // one of its rows that may have waited longest for the relays
+	liveIsPending     = iota // a type's pending rows
+	liveIsDue                // its failed rows whose retry came due
+	liveIsBackoff            // its failed rows that wait out their backoff
+	liveIsDead               // its dead rows
+	liveIsCandidate          // one of its rows that may have waited longest for the relays
+	liveIsUndelivered        // one of its rows that may be its oldest not yet delivered
 )
 
 // liveGroup is one row of liveGroupsSQL: a type's rows of one kind, with

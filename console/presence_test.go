@@ -78,7 +78,8 @@ func TestConsoleReplicasAndScope(t *testing.T) {
 
 // TestConsolePausedType: a type a relay paused is named in its row, with
 // the probe's time and the reason, and in its replica's row; the verdict is
-// not STALLED, its rows waiting for their destination.
+// not STALLED, its rows waiting for their destination, but LATE, as relayctl
+// status says: they have waited five minutes, past the warning threshold.
 func TestConsolePausedType(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -105,7 +106,8 @@ func TestConsolePausedType(t *testing.T) {
 	require.Contains(t, body, "paused by the relays")
 	require.Contains(t, body, "503 Service Unavailable")
 	require.Contains(t, body, `<td class="mono replica-paused">order (`)
-	require.Contains(t, body, `<strong id="verdict">OK</strong>`)
+	require.Contains(t, body, `<strong id="verdict">LATE</strong>`)
+	require.Regexp(t, `<p class="mono" id="first-line">WARNING: order: oldest undelivered 5m0\ds \(destination failing since `, body)
 }
 
 // TestConsoleDeadShowsPermanent: the dead page says "permanent, 1 attempt"

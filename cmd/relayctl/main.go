@@ -25,6 +25,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -47,10 +48,10 @@ const (
 // The exit codes of status: the states pagers expect (Nagios), the verdict
 // table of docs/operations.md.
 const (
-	statusOK       = 0 // OK: nothing waits, rows move, or they wait out retries
-	statusWarning  = 1 // DEAD: dead rows wait for an operator
-	statusCritical = 2 // STALLED or PAUSED: rows wait and nothing delivers them
-	statusUnknown  = 3 // status could not look: a bad flag, the database unreachable
+	statusOK       = 0 // OK: nothing waits long, rows move, or they wait out retries
+	statusWarning  = 1 // WARNING: a message undelivered past -w, dead rows, two apps on one type
+	statusCritical = 2 // CRITICAL: a message undelivered past -c, or nothing delivers (STALLED, PAUSED)
+	statusUnknown  = 3 // UNKNOWN: status could not look within --timeout: a bad flag, the database unreachable or locked
 )
 
 const usage = `relayctl sees and mends a relay's outbox: why nothing is delivered, dead rows,
@@ -92,8 +93,12 @@ Flags of requeue and purge (which rows they write, and the confirmation):
                       (default: the types the live relays of --app serve;
                       without a live relay of --app, one of the two is
                       needed, or nothing is written)
+  --other-app NAME    take over the rows of app NAME, whose relays are down:
+                      the types the registry of types gives to it join the
+                      scope (the confirmation says so)
   --yes               confirm without a prompt, for scripts
-  Never a type that live relays of another app serve: they are left alone,
+  Never a type that live relays of another app serve, nor one the registry
+  of types gives to another app (without --other-app): they are left alone,
   and naming one in --types is refused. Each asks first: it says how many
   rows of which types it would change, and acts on "y" at the prompt; without
   a terminal it needs --yes.
@@ -108,11 +113,27 @@ Exit codes:
   5  pause: another session holds the election; resume: it is held by
      something that is not a pause
 
+Flags of status (a Nagios plugin: the first line is the verdict alone, then
+the details, then performance data after a "|"):
+  -w, --warning AGE    WARNING when a type's oldest message not yet delivered
+                       is older than AGE, whatever it waits for, the
+                       destination included: 5m, or TYPE=AGE for one type
+                       (repeatable; default $RELAY_STATUS_WARNING, else 5m)
+  -c, --critical AGE   CRITICAL past AGE (default $RELAY_STATUS_CRITICAL,
+                       else 15m)
+  --timeout D          answer UNKNOWN if the database has not answered
+                       within D, waits for locks included (default
+                       $RELAY_STATUS_TIMEOUT, else 10s)
+
 Exit codes of status (a pager's states; docs/operations.md has the table):
-  0  OK: nothing waits, rows wait and move, or they wait out a retry's backoff
-  1  WARNING (DEAD): dead rows wait for an operator, whatever else waits
-  2  CRITICAL (STALLED or PAUSED): rows wait and nothing delivers them
-  3  UNKNOWN: status could not look (a bad flag, the database unreachable)
+  0  OK: nothing waits longer than -w
+  1  WARNING: a message undelivered past -w (LATE), two apps with a sender
+     for one type (OVERLAP), or dead rows wait for an operator (DEAD)
+  2  CRITICAL: a message undelivered past -c (LATE), or nothing delivers:
+     no relay, a pause, a stuck election (STALLED, PAUSED)
+  3  UNKNOWN: status could not look within --timeout (a bad flag, the
+     database unreachable, the table locked); the first line says what it
+     waited on
 
 Run relayctl <command> -h for a command's own flags.
 `
@@ -160,7 +181,8 @@ type opts struct {
 	json                    bool
 
 	// status
-	sample, stallAfter time.Duration
+	sample, stallAfter, timeout time.Duration
+	warning, critical           thresholdFlag
 	// dead
 	deadType    string
 	deadTypeSet bool
@@ -172,8 +194,9 @@ type opts struct {
 	typSet bool
 	all    bool
 	// requeue and purge: the Admin's scope
-	types    string
-	allTypes bool
+	types     string
+	allTypes  bool
+	otherApps string // --other-app: apps whose rows the operator takes over
 	// purge
 	olderThan ageFlag
 	dryRun    bool
@@ -290,7 +313,13 @@ func (e *env) run(ctx context.Context, cmd *command, leading, rest []string) int
 	}
 	e.o.databaseURL = url
 
-	pool, err := openPool(ctx, url, "relayctl "+cmd.name)
+	var bound time.Duration // status answers within its timeout, waits for locks included
+	if cmd.name == "status" {
+		if bound, err = e.statusTimeout(); err != nil {
+			return e.usageErr("status: %v", err)
+		}
+	}
+	pool, err := openPool(ctx, url, "relayctl "+cmd.name, bound)
 	if err != nil {
 		fmt.Fprintf(stderr, "relayctl: %v\n", err)
 		return exitError
@@ -310,6 +339,11 @@ func (e *env) run(ctx context.Context, cmd *command, leading, rest []string) int
 			return e.usageErr("give --types or --all-types, not both")
 		}
 		aopts = append(aopts, relay.AdminAllTypes())
+	}
+	for _, app := range strings.Split(e.o.otherApps, ",") {
+		if app = strings.TrimSpace(app); app != "" {
+			aopts = append(aopts, relay.AdminOtherApp(app))
+		}
 	}
 	if e.admin, err = relay.NewAdmin(pool, cfg, aopts...); err != nil {
 		fmt.Fprintf(stderr, "relayctl: %v\n", err)
@@ -426,8 +460,10 @@ func (o *opts) fromFlag(field string) bool {
 // connectTimeout bounds a connection attempt that the URL does not bound.
 const connectTimeout = 10 * time.Second
 
-// openPool opens a small pool on url; its sessions are named app unless the URL names them.
-func openPool(ctx context.Context, url, app string) (*pgxpool.Pool, error) {
+// openPool opens a small pool on url; its sessions are named app unless the
+// URL names them. With bound > 0, connecting, each statement, and each wait
+// for a lock are bounded within it (status: lockTimeout, statement_timeout).
+func openPool(ctx context.Context, url, app string, bound time.Duration) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
@@ -435,6 +471,11 @@ func openPool(ctx context.Context, url, app string) (*pgxpool.Pool, error) {
 	pc.MaxConns = 2
 	if pc.ConnConfig.ConnectTimeout == 0 {
 		pc.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	if bound > 0 {
+		pc.ConnConfig.ConnectTimeout = min(pc.ConnConfig.ConnectTimeout, bound)
+		pc.ConnConfig.RuntimeParams["lock_timeout"] = strconv.Itoa(int(lockTimeout(bound) / time.Millisecond))
+		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.Itoa(int(bound / time.Millisecond))
 	}
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pc.ConnConfig.RuntimeParams["application_name"] = app
@@ -461,7 +502,10 @@ func (e *env) fail(err error) int {
 func scopeFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.types, "types", "", "act on these types only, separated by commas (default: the types the live relays of --app serve; "+
 		"without a live relay of --app, this or --all-types is needed)")
-	fs.BoolVar(&o.allTypes, "all-types", false, "act on every type of the table, the other apps' rows too, but those their live relays serve")
+	fs.BoolVar(&o.allTypes, "all-types", false, "act on every type of the table, the other apps' rows too, but those their live relays serve "+
+		"and those the registry of types gives to another app")
+	fs.StringVar(&o.otherApps, "other-app", "", "take over the rows of these other apps (comma-separated), whose relays are down: "+
+		"their types, as the registry of types names them, join the scope; never while their relays run")
 	fs.BoolVar(&o.yes, "yes", false, "confirm without a prompt (needed without a terminal)")
 }
 
@@ -475,6 +519,10 @@ func (e *env) scope(ctx context.Context) (s relay.AdminScope, code int, ok bool)
 	}
 	if !e.o.json { // the JSON answer carries them
 		fmt.Fprintf(e.stderr, "relayctl: acting on %s of app %q in %s\n", s, e.cfg.AppName, e.cfg.Table)
+		for _, app := range s.OtherApps {
+			fmt.Fprintf(e.stderr, "relayctl: --other-app: this takes over the rows of app %q, another app, whose relays are down: "+
+				"its types are written as if they were app %q's\n", app, e.cfg.AppName)
+		}
 	}
 	if err := s.Err(); err != nil {
 		fmt.Fprintf(e.stderr, "relayctl: nothing done: %v\n", err)

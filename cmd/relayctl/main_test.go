@@ -38,7 +38,7 @@ func setup(t *testing.T) *world {
 	w := &world{pool: pgserver.Pool(t, pgserver.Shared().URL, name, 4), app: name, table: name}
 	require.NoError(t, relay.CreateTable(context.Background(), w.pool, name))
 	t.Cleanup(func() {
-		_, _ = w.pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
+		_, _ = w.pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()+", "+pgx.Identifier{name + "_types"}.Sanitize())
 	})
 	w.cfg = relay.DefaultConfig()
 	w.cfg.AppName, w.cfg.Table, w.cfg.MaxAttempts = name, name, ceiling
@@ -224,8 +224,9 @@ func TestStatus(t *testing.T) {
 		w.rows(t, "orders", 3, "SENT", 0, time.Hour)
 		code, stdout, _ := w.ctl(t, ctx, "status", "--sample", "0")
 		require.Equal(t, exitOK, code)
+		require.True(t, strings.HasPrefix(stdout, "OK: nothing waits to be delivered\n"), stdout)
 		require.Contains(t, stdout, "OK: Nothing waits to be delivered")
-		require.Regexp(t, `orders\s+0\s+0\s+0\s+0\s+3\s+-\s+-`, stdout, "the counts the table holds")
+		require.Regexp(t, `orders\s+OK\s+0\s+0\s+0\s+0\s+3\s+-\s+-`, stdout, "the counts the table holds")
 		require.Contains(t, stdout, "is free: nobody holds it right now")
 	})
 

@@ -74,17 +74,26 @@ func headJSON(h *relay.RowHead) *jsonHead {
 }
 
 type jsonType struct {
-	Type       string     `json:"type"`
-	Pending    int64      `json:"pending"`
-	Retrying   int64      `json:"retrying"`
-	Backoff    int64      `json:"backoff"` // of retrying: in their backoff, not behind
-	NextRetry  *time.Time `json:"next_retry,omitempty"`
-	Dead       int64      `json:"dead"`
-	Sent       *int64     `json:"sent,omitempty"` // absent when estimated
-	LagSeconds float64    `json:"lag_seconds"`    // how long the relays have kept oldest waiting
-	Next       *jsonHead  `json:"next,omitempty"`
-	Oldest     *jsonHead  `json:"oldest,omitempty"`
-	FirstDead  *jsonHead  `json:"first_dead,omitempty"`
+	Type            string     `json:"type"`
+	App             string     `json:"app,omitempty"`
+	State           string     `json:"state"` // by its age: OK, WARNING or CRITICAL
+	Cause           string     `json:"cause,omitempty"`
+	AgeSeconds      float64    `json:"age_seconds"` // its oldest message not yet delivered
+	WarningSeconds  float64    `json:"warning_seconds"`
+	CriticalSeconds float64    `json:"critical_seconds"`
+	Paused          bool       `json:"paused"`
+	Stuck           int        `json:"stuck_sends"`
+	Undelivered     *jsonHead  `json:"undelivered,omitempty"`
+	Pending         int64      `json:"pending"`
+	Retrying        int64      `json:"retrying"`
+	Backoff         int64      `json:"backoff"` // of retrying: in their backoff, not behind
+	NextRetry       *time.Time `json:"next_retry,omitempty"`
+	Dead            int64      `json:"dead"`
+	Sent            *int64     `json:"sent,omitempty"` // absent when estimated
+	LagSeconds      float64    `json:"lag_seconds"`    // how long the relays have kept oldest waiting
+	Next            *jsonHead  `json:"next,omitempty"`
+	Oldest          *jsonHead  `json:"oldest,omitempty"`
+	FirstDead       *jsonHead  `json:"first_dead,omitempty"`
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -115,24 +124,51 @@ func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 func fprintf(w io.Writer, format string, args ...any) { _, _ = fmt.Fprintf(w, format, args...) }
 
 type jsonReplica struct {
-	ID              string       `json:"id"`
-	App             string       `json:"app,omitempty"`
-	Table           string       `json:"table,omitempty"`
-	Description     string       `json:"description"`
-	Types           []string     `json:"types"`
-	UnnamedTypes    int          `json:"unnamed_types"`
-	MaxAttempts     int          `json:"max_attempts"`
-	Partitions      int          `json:"partitions"`
-	Elected         bool         `json:"elected"`
-	Held            []int        `json:"held"`
-	Host            string       `json:"host,omitempty"`
-	Process         int          `json:"process,omitempty"`
-	PID             int          `json:"pid"`
-	ApplicationName string       `json:"application_name"`
-	ClientAddr      string       `json:"client_addr"`
-	BackendStart    *time.Time   `json:"backend_start,omitempty"`
-	Hidden          bool         `json:"hidden"`
-	Paused          []jsonPaused `json:"paused"`
+	ID              string         `json:"id"`
+	App             string         `json:"app,omitempty"`
+	Table           string         `json:"table,omitempty"`
+	Description     string         `json:"description"`
+	Types           []string       `json:"types"`
+	UnnamedTypes    int            `json:"unnamed_types"`
+	MaxAttempts     int            `json:"max_attempts"`
+	Partitions      int            `json:"partitions"`
+	Elected         bool           `json:"elected"`
+	Held            []int          `json:"held"`
+	Host            string         `json:"host,omitempty"`
+	Process         int            `json:"process,omitempty"`
+	PID             int            `json:"pid"`
+	ApplicationName string         `json:"application_name"`
+	ClientAddr      string         `json:"client_addr"`
+	BackendStart    *time.Time     `json:"backend_start,omitempty"`
+	Hidden          bool           `json:"hidden"`
+	Paused          []jsonPaused   `json:"paused"`
+	Yielded         []jsonYield    `json:"yielded"`
+	Stuck           []jsonStuck    `json:"stuck"`
+	Retention       *jsonRetention `json:"retention,omitempty"`
+}
+
+// jsonYield is a type a relay yields to another app (relay.YieldedType).
+type jsonYield struct {
+	Type  string    `json:"type"`
+	App   string    `json:"app"`
+	Since time.Time `json:"since"`
+}
+
+// jsonStuck is a type's abandoned Sends still running (relay.StuckSends).
+type jsonStuck struct {
+	Type  string    `json:"type"`
+	Sends int       `json:"sends"`
+	Since time.Time `json:"since"`
+}
+
+// jsonRetention is a relay's last retention run (relay.RetentionRun).
+type jsonRetention struct {
+	At          time.Time `json:"at"`
+	Deleted     int64     `json:"deleted"`
+	Error       string    `json:"error,omitempty"`
+	AgeSeconds  float64   `json:"age_seconds"`
+	TookSeconds float64   `json:"took_seconds"`
+	Total       int64     `json:"total"`
 }
 
 // jsonPaused is a type a relay paused (relay.PausedType).
@@ -151,8 +187,19 @@ func replicasJSON(reps []relay.Replica) []jsonReplica {
 			MaxAttempts: r.MaxAttempts, Partitions: r.Partitions, Elected: r.Elected, Held: r.Held, Host: r.Host, Process: r.Process,
 			PID: r.PID, ApplicationName: r.ApplicationName, ClientAddr: r.ClientAddr, BackendStart: timePtr(r.BackendStart), Hidden: r.Hidden,
 			Paused: make([]jsonPaused, 0, len(r.Paused))})
+		j := &out[len(out)-1]
 		for _, p := range r.Paused {
-			out[len(out)-1].Paused = append(out[len(out)-1].Paused, jsonPaused(p))
+			j.Paused = append(j.Paused, jsonPaused(p))
+		}
+		j.Yielded, j.Stuck = []jsonYield{}, []jsonStuck{}
+		for _, y := range r.Yielded {
+			j.Yielded = append(j.Yielded, jsonYield(y))
+		}
+		for _, k := range r.Stuck {
+			j.Stuck = append(j.Stuck, jsonStuck(k))
+		}
+		if x := r.Retention; x != nil {
+			j.Retention = &jsonRetention{At: x.At, Deleted: x.Deleted, Error: x.Err, AgeSeconds: x.Age.Seconds(), TookSeconds: x.Took.Seconds(), Total: x.Total}
 		}
 	}
 	return out

@@ -198,7 +198,14 @@ func TestStatusPausedType(t *testing.T) {
 	require.Eventually(t, func() bool { return w.count(t, "type = 'invoice' AND status = 'SENT'") == 3 }, 20*time.Second, 10*time.Millisecond,
 		"the other type goes on")
 
+	// Past the warning threshold, the paused type pages: its messages have
+	// waited five minutes, whatever for; the first line says why.
 	code, stdout, stderr := w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, statusWarning, code, stdout+stderr)
+	require.Regexp(t, `^WARNING: order: oldest undelivered 5m0\ds \(destination failing since \d\d:\d\dZ, type paused\)\n`, stdout)
+	require.Contains(t, stdout, `type(s) a relay paused because their destination keeps failing: "order" (4 row(s); paused by replica `)
+	// Below it, the pause alone is no page.
+	code, stdout, stderr = w.ctl(t, ctx, "status", "--sample", "0", "-w", "10m", "-c", "20m")
 	require.Equal(t, exitOK, code, stdout+stderr)
 	require.Contains(t, stdout, `type(s) a relay paused because their destination keeps failing: "order" (4 row(s); paused by replica `)
 	require.Contains(t, stdout, "503 Service Unavailable")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -31,6 +32,7 @@ type jsonDead struct {
 	UpdatedAt  time.Time `json:"updated_at"`
 	Payload    string    `json:"payload_preview"`
 	PayloadCut bool      `json:"payload_cut"`
+	App        string    `json:"app"` // whose type: "" when nothing says
 }
 
 func runDead(ctx context.Context, e *env) int {
@@ -52,7 +54,8 @@ func runDead(ctx context.Context, e *env) int {
 	if e.o.json {
 		rows := make([]jsonDead, 0, len(page))
 		for _, d := range page {
-			rows = append(rows, jsonDead{d.ID, d.Type, d.Key, d.Attempts, d.Permanent, d.AttemptsMade, d.LastError, d.CreatedAt.UTC(), d.UpdatedAt.UTC(), d.Payload, d.PayloadCut})
+			rows = append(rows, jsonDead{d.ID, d.Type, d.Key, d.Attempts, d.Permanent, d.AttemptsMade, d.LastError, d.CreatedAt.UTC(), d.UpdatedAt.UTC(),
+				d.Payload, d.PayloadCut, d.App})
 		}
 		err := writeJSON(e.stdout, struct {
 			Rows      []jsonDead `json:"rows"`
@@ -76,16 +79,28 @@ func runDead(ctx context.Context, e *env) int {
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fprintf(tw, "id\ttype\tkey\tattempts\tdied\tlast error\tpayload\n")
-	for _, d := range page {
+	fprintf(tw, "id\ttype\tapp\tkey\tattempts\tdied\tlast error\tpayload\n")
+	var own *relay.DeadMessage
+	theirs := map[string]int{}
+	for i, d := range page {
 		payload := oneLine(d.Payload, 60)
 		if d.PayloadCut && !strings.HasSuffix(payload, "…") {
 			payload += "…"
 		}
-		fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.ID, d.Type, oneLine(d.Key, 30), diagnose.Attempts(d.Permanent, d.AttemptsMade, d.Attempts),
+		app := d.App
+		switch {
+		case app == "":
+			app = "?"
+		case app != e.cfg.AppName:
+			theirs[app]++
+		case own == nil:
+			own = &page[i]
+		}
+		fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.ID, d.Type, app, oneLine(d.Key, 30), diagnose.Attempts(d.Permanent, d.AttemptsMade, d.Attempts),
 			stamp(d.UpdatedAt), oneLine(d.LastError, 70), payload)
 	}
 	_ = tw.Flush()
+	fprintf(e.stdout, "(app: whose type the row is of, by the live relays or the registry of types; ?: nothing says)\n")
 	if next != nil {
 		more := fmt.Sprintf("relayctl dead --after %d", *next)
 		if e.o.deadType != "" {
@@ -93,7 +108,13 @@ func runDead(ctx context.Context, e *env) int {
 		}
 		fprintf(e.stdout, "\nnext page: %s\n", more)
 	}
-	fprintf(e.stdout, "re-queue: relayctl requeue --id %d (or --type T, --all)\n", page[0].ID)
+	for app, n := range theirs {
+		fprintf(e.stdout, "%d row(s) on this page are app %q's: re-queue them as that app (relayctl --app %s), "+
+			"or, while its relays are down, take them over with --other-app %s\n", n, app, app, app)
+	}
+	if own != nil {
+		fprintf(e.stdout, "re-queue: relayctl requeue --id %d (or --type T, --all)\n", own.ID)
+	}
 	return exitOK
 }
 
@@ -153,10 +174,22 @@ func runRequeue(ctx context.Context, e *env) int {
 		if err != nil {
 			return e.fail(err)
 		}
+		var theirs []string
 		for _, d := range page {
-			if scope.Includes(d.Type) {
+			switch {
+			case scope.Includes(d.Type):
 				rows = append(rows, d)
+			case d.App != "" && d.App != e.cfg.AppName:
+				how := fmt.Sprintf("its relays run: re-queue it as that app (relayctl --app %s)", d.App)
+				if !slices.ContainsFunc(scope.Others, func(r relay.Replica) bool { return r.App == d.App }) {
+					how = fmt.Sprintf("its relays are down: re-queue it as that app (relayctl --app %s), or take its rows over with --other-app %s", d.App, d.App)
+				}
+				theirs = append(theirs, fmt.Sprintf("row %d (type %q) is app %q's, not %q's; %s", d.ID, d.Type, d.App, e.cfg.AppName, how))
 			}
+		}
+		if len(theirs) > 0 {
+			fprintf(e.stderr, "relayctl requeue: nothing re-queued: %s\n", strings.Join(theirs, "; "))
+			return exitError
 		}
 		total = int64(len(rows))
 	case e.o.typSet && !scope.Includes(e.o.typ):

@@ -60,7 +60,7 @@ func TestAnotherAppsLiveRows(t *testing.T) {
 		{"RequeueIDNamed", "requeue", []string{"--id", fmt.Sprint(bid), "--types", "tb"}, exitError, `serve "tb"`},
 		{"PurgeNamed", "purge", []string{"--older-than", "0", "--types", "tb"}, exitError, `serve "tb"`},
 		{"RequeueTypeAllTypes", "requeue", []string{"--type", "tb", "--all-types"}, exitError, "only that app re-queues its rows"},
-		{"RequeueIDAllTypes", "requeue", []string{"--id", fmt.Sprint(bid), "--all-types"}, exitOK, "nothing re-queued"},
+		{"RequeueIDAllTypes", "requeue", []string{"--id", fmt.Sprint(bid), "--all-types"}, exitError, `(type "tb") is app "` + cfgB.AppName + `"'s`},
 		{"PurgeAllTypes", "purge", []string{"--older-than", "0", "--all-types"}, exitOK, "purged 0 SENT row(s)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,13 +1,20 @@
 // Command prometheus shows the Prometheus adapter in place: a relay whose
-// Observer is a [relayprom.Observer], and its metrics served on /metrics.
+// Observer is a [relayprom.Observer], beside a [relayprom.TableCollector] of
+// its table, and their metrics served on /metrics, for the alerting rules of
+// relayprom/alerts.yml.
 //
 //	DATABASE_URL=postgres://... RELAY_APP_NAME=billing go run .
 //	curl localhost:9090/metrics
+//
+// With -collector-only it runs no relay: only the table's collector, so that
+// an outage of every relay of the app still pages (its relays' processes
+// export nothing then).
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"log/slog"
 	"net/http"
 	"os"
@@ -44,13 +51,24 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	collectorOnly := flag.Bool("collector-only", false, "run no relay: export the table's metrics only")
+	flag.Parse()
 	if err := relay.CreateTable(ctx, pool, cfg.Table); err != nil {
 		return err
 	}
 
-	// The registration: one collector, set as the relay's Observer.
+	// The registration: the table's collector (what the alerts page on),
+	// and an Observer of the relay's passes, set as the relay's Observer.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	admin, err := relay.NewAdmin(pool, cfg)
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(relayprom.NewTableCollector(admin, relayprom.TableOptions{Every: cfg.Interval}))
+	if *collectorOnly {
+		return serve(ctx, reg)
+	}
 	obs := relayprom.NewObserver(prometheus.Labels{"app": cfg.AppName})
 	reg.MustRegister(obs)
 	cfg.Observer = obs
@@ -67,7 +85,11 @@ func run() error {
 		return err
 	}
 	defer func() { _ = r.Stop(context.Background()) }()
+	return serve(ctx, reg)
+}
 
+// serve serves reg's metrics on :9090/metrics until ctx ends.
+func serve(ctx context.Context, reg *prometheus.Registry) error {
 	srv := &http.Server{Addr: ":9090", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

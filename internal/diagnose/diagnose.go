@@ -47,6 +47,9 @@ type Input struct {
 	// Stats is this process's relay's, when the caller runs one (the
 	// console); nil otherwise.
 	Stats *relay.Stats
+	// Thresholds are the delivery ages that make a type WARNING and
+	// CRITICAL; the zero value is WarningDefault and CriticalDefault.
+	Thresholds Thresholds
 }
 
 // Verdict is Diagnose's one-word answer.
@@ -57,6 +60,8 @@ type Verdict string
 const (
 	Paused  Verdict = "paused"  // an operator's pause holds the election
 	Stalled Verdict = "stalled" // rows wait and nothing delivers them
+	Late    Verdict = "late"    // a type's oldest message not yet delivered is older than its threshold (WARNING or CRITICAL)
+	Overlap Verdict = "overlap" // two apps have a sender for one type on the table (WARNING)
 	Dead    Verdict = "dead"    // dead rows need an operator, whatever else waits
 	OK      Verdict = "ok"      // delivering, waiting out retries, or nothing waits
 )
@@ -70,13 +75,14 @@ const (
 )
 
 // State is the verdict's state as pagers name it: OK, WARNING for dead
-// rows (an operator must act, nothing is late), CRITICAL when nothing
-// delivers (stalled or paused).
+// rows (an operator must act, nothing is late) and an overlap, CRITICAL when
+// nothing delivers (stalled or paused). A LATE verdict's state depends on
+// the threshold crossed: use [Diagnosis.State].
 func (v Verdict) State() string {
 	switch v {
 	case OK:
 		return StateOK
-	case Dead:
+	case Dead, Overlap:
 		return StateWarning
 	}
 	return StateCritical
@@ -96,6 +102,8 @@ const (
 	CauseTypePaused  = "type-paused"      // rows wait only in types a relay paused: their destination keeps failing
 	CauseTypeMissing = "type-not-drained" // some types move, these do not
 	CauseNoRelay     = "no-relay-elected" // nobody takes the election (presence unknown)
+	CauseLate        = "late"             // a type's oldest message not yet delivered is older than its threshold
+	CauseOverlap     = "overlap"          // two apps have a sender for one type on the table
 
 	// With presence (Look.PresenceKnown):
 	CauseUnserved       = "type-unserved"        // rows of a type no live relay of the app has a sender for
@@ -120,9 +128,20 @@ type Diagnosis struct {
 	// "steady", or "" without Before.
 	Trend string
 	// Waiting is how many of the app's rows wait (PENDING and retrying);
-	// Lag how long the relays have kept one waiting ([relay.Overview.Lag]).
+	// Lag how long the relays have kept one waiting ([relay.Overview.Lag]);
+	// Age how long the oldest message not yet delivered has waited,
+	// whatever for ([relay.Overview.Age]).
 	Waiting int64
 	Lag     time.Duration
+	Age     time.Duration
+	// State is the pager's state: the verdict's, or, for LATE, the
+	// threshold's that was crossed.
+	State string
+	// Types are the app's types as the pager sees them: each one's age
+	// against its thresholds, and the cause ([Diagnosis.Perfdata] is theirs).
+	Types []TypeState
+
+	firstLine string
 }
 
 // Diagnose judges in.
@@ -142,11 +161,23 @@ func Diagnose(in Input) Diagnosis {
 	}
 	j.in.Now.Overview, j.paused = notBehind(j.in.Now)
 	o := j.in.Now.Overview
-	d := Diagnosis{Waiting: o.Pending + o.Retrying, Lag: o.Lag}
+	d := Diagnosis{Waiting: o.Pending + o.Retrying, Lag: o.Lag, Age: o.Age}
 	j.o, j.d = o, &d
 	j.trend()
 	j.decide()
 	j.deadVerdict()
+	d.State = d.Verdict.State()
+	d.Types = j.typeStates()
+	if d.Verdict == Stalled || d.Verdict == Paused {
+		for i := range d.Types { // nothing delivers them, however young
+			if d.Types[i].Waiting > 0 {
+				d.Types[i].State = StateCritical
+			}
+		}
+	}
+	j.overlapVerdict()
+	j.ageVerdict(d.Types)
+	d.firstLine = j.firstLine(d.Types)
 	d.Lead, d.Notes = j.lead, j.notes
 	d.Summary = strings.Join(append([]string{j.lead}, j.notes...), " ")
 	return d
@@ -212,13 +243,13 @@ func heads(o relay.Overview) map[string]int64 {
 func ours(l Look) (relay.Overview, []relay.TypeOverview) {
 	o := l.Overview
 	if len(l.Others) == 0 {
-		return o, nil
+		return o, o.OtherApps
 	}
 	var kept, foreign []relay.TypeOverview
 	for _, t := range o.Types {
 		other, own := false, false
 		for _, r := range l.Others {
-			other = other || r.Serves(t.Type)
+			other = other || r.Delivers(t.Type)
 		}
 		for _, r := range l.Replicas {
 			own = own || r.Serves(t.Type)
@@ -230,16 +261,18 @@ func ours(l Look) (relay.Overview, []relay.TypeOverview) {
 		}
 	}
 	if len(foreign) == 0 {
-		return o, nil
+		return o, o.OtherApps
 	}
 	o.Types = kept
-	o.Pending, o.Retrying, o.Backoff, o.Dead, o.Lag = 0, 0, 0, 0, 0
+	foreign = append(foreign, o.OtherApps...)
+	o.Pending, o.Retrying, o.Backoff, o.Dead, o.Lag, o.Age = 0, 0, 0, 0, 0, 0
 	for _, t := range kept {
 		o.Pending += t.Pending
 		o.Retrying += t.Retrying
 		o.Backoff += t.Backoff
 		o.Dead += t.Dead
 		o.Lag = max(o.Lag, t.Lag)
+		o.Age = max(o.Age, t.Age)
 	}
 	return o, foreign
 }
@@ -379,6 +412,9 @@ func (j *judge) decide() {
 		return
 	case j.d.Waiting == 0 && o.Sent == 0:
 		j.set(OK, CauseIdle, fmt.Sprintf("Nothing waits to be delivered: %s has no outbound rows.", o.Table))
+		return
+	case j.d.Waiting == 0 && len(j.foreign) > 0:
+		j.set(OK, CauseIdle, fmt.Sprintf("Nothing of app %q waits to be delivered: every outbound row of its types in %s is SENT.", app, o.Table))
 		return
 	case j.d.Waiting == 0:
 		j.set(OK, CauseIdle, fmt.Sprintf("Nothing waits to be delivered: every outbound row of %s is SENT.", o.Table))
@@ -599,8 +635,11 @@ func (j *judge) foreignNote() {
 	var parts []string
 	for _, t := range j.foreign {
 		var apps []string
+		if t.App != "" {
+			apps = append(apps, strconv.Quote(t.App))
+		}
 		for _, r := range j.in.Now.Others {
-			if r.Serves(t.Type) {
+			if r.Serves(t.Type) && r.App != t.App {
 				name := "an app this role cannot name"
 				if r.App != "" {
 					name = strconv.Quote(r.App)
@@ -612,7 +651,7 @@ func (j *judge) foreignNote() {
 		parts = append(parts, fmt.Sprintf("%q (%s waiting, %s dead; app %s)", t.Type, Count(t.Pending+t.Retrying), Count(t.Dead),
 			strings.Join(slices.Compact(apps), ", ")))
 	}
-	j.note("Not counted here: the rows of %s, whose own app's live relays serve them.", strings.Join(parts, ", "))
+	j.note("Not counted here: the rows of %s, another app's (its live relays deliver them, or the registry of types gives them to it).", strings.Join(parts, ", "))
 }
 
 // presenceCause tells, with presence, why rows that wait too long do not
@@ -758,6 +797,12 @@ func Replica(r relay.Replica) string {
 		types += fmt.Sprintf(" and %d type(s) whose names are hidden", r.UnnamedTypes)
 	}
 	d = append(d, "types "+types, fmt.Sprintf("MaxAttempts %d", r.MaxAttempts))
+	for _, y := range r.Yielded {
+		d = append(d, fmt.Sprintf("yields %q to app %q", y.Type, y.App))
+	}
+	for _, k := range r.Stuck {
+		d = append(d, fmt.Sprintf("%d stuck Send(s) of %q since %s", k.Sends, k.Type, k.Since.UTC().Format(time.RFC3339)))
+	}
 	for _, p := range r.Paused {
 		if p.Probing {
 			d = append(d, fmt.Sprintf("paused %q, probing now", p.Type))
@@ -858,11 +903,11 @@ func (j *judge) trendNote() {
 	switch {
 	case j.d.Waiting == 0:
 	case j.still:
-		j.note("In the last %s no waiting row was delivered, and the lag went from %s to %s.",
-			Duration(j.elapsed), Duration(j.in.Before.Overview.Lag), Duration(j.o.Lag))
+		j.note("In the last %s no waiting row was delivered: the oldest undelivered went from %s to %s.",
+			Duration(j.elapsed), Duration(j.in.Before.Overview.Age), Duration(j.o.Age))
 	case j.moved:
-		j.note("In the last %s the oldest rows moved (the lag went from %s to %s).",
-			Duration(j.elapsed), Duration(j.in.Before.Overview.Lag), Duration(j.o.Lag))
+		j.note("In the last %s the oldest rows moved: the oldest undelivered went from %s to %s.",
+			Duration(j.elapsed), Duration(j.in.Before.Overview.Age), Duration(j.o.Age))
 	}
 }
 

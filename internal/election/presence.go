@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,8 +68,16 @@ type Presence struct {
 	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types, table
 	desc Descriptor
 	// marks is the comment the statements carry: desc, with the types
-	// paused now (setPaused). The next statement on the session says it.
+	// paused now (SetPaused), yielded (ownership.go), with Sends stuck
+	// (SetStuck) and the last retention run (SetRetention). The next
+	// statement on the session says it.
 	marks atomic.Pointer[string]
+
+	mu        sync.Mutex // the state marks says
+	paused    []pass.PausedType
+	stuck     []StuckDescriptor
+	retention *RetentionDescriptor
+	own       *Ownership // nil: the relay claims no type (no Start)
 }
 
 // Descriptor is the comment the presence statements carry.
@@ -82,6 +92,39 @@ type Descriptor struct {
 	Process     int                `json:"process,omitempty"`
 	Since       time.Time          `json:"since"`
 	Paused      []PausedDescriptor `json:"paused,omitempty"`
+	// Yielded are the types it has a sender for and does not deliver:
+	// another app's live relays do (ownership.go).
+	Yielded []YieldDescriptor `json:"yielded,omitempty"`
+	// Stuck are, per type, its abandoned Sends still running (those that
+	// ignored their context), and since when the oldest runs.
+	Stuck []StuckDescriptor `json:"stuck,omitempty"`
+	// Retention is its last run of the retention job, when it ran one.
+	Retention *RetentionDescriptor `json:"retention,omitempty"`
+}
+
+// YieldDescriptor is a type yielded to another app, as presence says it.
+type YieldDescriptor struct {
+	Type  string    `json:"t"`
+	App   string    `json:"a"`
+	Since time.Time `json:"s"`
+}
+
+// StuckDescriptor is a type's abandoned Sends still running, as presence
+// says them: how many, and since when the oldest of them runs.
+type StuckDescriptor struct {
+	Type  string    `json:"t"`
+	Sends int       `json:"n"`
+	Since time.Time `json:"s"`
+}
+
+// RetentionDescriptor is the last run of the retention job on a replica.
+type RetentionDescriptor struct {
+	At      time.Time `json:"at"`           // when it ended
+	Deleted int64     `json:"n"`            // SENT rows it deleted
+	Err     string    `json:"e,omitempty"`  // why it failed, cut
+	Age     string    `json:"age"`          // the retention
+	Took    string    `json:"d,omitempty"`  // how long it ran
+	Total   int64     `json:"tn,omitempty"` // rows deleted by this replica since it started
 }
 
 // PausedDescriptor is a paused type as presence says it, in few bytes.
@@ -143,7 +186,57 @@ func (p *Presence) Mark() string { return *p.marks.Load() }
 // SetPaused makes the statements say the types paused now, with as much of
 // their reasons as fits presenceCommentMax (then only their names).
 func (p *Presence) SetPaused(paused []pass.PausedType) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paused = paused
+	p.remark()
+}
+
+// SetStuck makes the statements say the types whose abandoned Sends still
+// run, how many and since when.
+func (p *Presence) SetStuck(stuck []StuckDescriptor) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stuck = stuck
+	p.remark()
+}
+
+// SetRetention makes the statements say the last run of the retention job.
+func (p *Presence) SetRetention(r *RetentionDescriptor) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.retention = r
+	p.remark()
+}
+
+// SetOwnership makes the relay claim its types on the presence session
+// (ownership.go), and the statements say the types it yields.
+func (p *Presence) SetOwnership(o *Ownership) {
+	p.mu.Lock()
+	p.own = o
+	p.mu.Unlock()
+	o.OnChange(func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.remark()
+	})
+}
+
+// Ownership is the relay's claim on its types; nil without one.
+func (p *Presence) Ownership() *Ownership {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.own
+}
+
+// remark builds the comment the statements carry from the state (p.mu held).
+func (p *Presence) remark() {
 	d := p.desc
+	for _, y := range p.own.Yielded() {
+		d.Yielded = append(d.Yielded, YieldDescriptor{Type: y.Type, App: pass.Clip(y.App, pausedReasonMax), Since: y.Since.UTC().Truncate(time.Second)})
+	}
+	d.Stuck, d.Retention = p.stuck, p.retention
+	paused := p.paused
 	base := len(presenceComment(d))
 	for _, withReason := range []bool{true, false} {
 		d.Paused = nil
@@ -191,7 +284,10 @@ func ParseComment(query string) (Descriptor, bool) {
 }
 
 // Take takes the presence locks on conn, a session of this relay's own, and
-// returns its backend's pid.
+// returns its backend's pid. With an Ownership, it then claims the relay's
+// types on the session (ownership.go); a claim that fails is logged, and
+// tried again claimEvery later (Reclaim), the relay keeping its last
+// decision meanwhile.
 func (p *Presence) Take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
 	pid, ok, err := store.PresenceTakeStatement(ctx, conn, p.Mark(), p.args, presenceLease)
 	if err != nil {
@@ -200,7 +296,34 @@ func (p *Presence) Take(ctx context.Context, conn *pgx.Conn) (uint32, error) {
 	if !ok {
 		return pid, errors.New("relay: take the presence locks: an exclusive lock of a presence key is held elsewhere")
 	}
+	if own := p.Ownership(); own != nil {
+		if err := own.claim(ctx, conn, pid, p.Mark(), true); err != nil {
+			if ctx.Err() != nil || conn.IsClosed() {
+				return pid, err
+			}
+			own.logger.LogAttrs(ctx, slog.LevelError, "relay: could not claim this relay's types; it keeps its last decision and tries again",
+				slog.String("error", err.Error()))
+		}
+	}
 	return pid, nil
+}
+
+// Reclaim claims the relay's types again on conn, backend pid, when a claim
+// is due (a type yielded, or the last claim failed), and then says the
+// relay's state on the session (its keepalive). It reports whether it ran.
+func (p *Presence) Reclaim(ctx context.Context, conn *pgx.Conn, pid uint32) (bool, error) {
+	own := p.Ownership()
+	if own == nil || !own.due() {
+		return false, nil
+	}
+	if err := own.claim(ctx, conn, pid, p.Mark(), false); err != nil {
+		if ctx.Err() != nil || conn.IsClosed() {
+			return true, err
+		}
+		own.logger.LogAttrs(ctx, slog.LevelError, "relay: could not claim this relay's types; it keeps its last decision and tries again",
+			slog.String("error", err.Error()))
+	}
+	return true, p.Beat(ctx, conn, pid)
 }
 
 // ErrPresenceMoved says the presence session answered from another backend
@@ -231,6 +354,9 @@ func (p *Presence) Release(conn *pgx.Conn, pid uint32) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), UnlockTimeout)
 	defer cancel()
 	released, _ := store.PresenceReleaseStatement(ctx, conn, p.args, pid)
+	if own := p.Ownership(); own != nil && released {
+		own.release(ctx, conn, pid) // the session answers: its delivers keys too
+	}
 	return released
 }
 

@@ -7,6 +7,7 @@ var (
 	PurgeCutoffSQL = Statements.Positional("purgeCutoff", Data{})
 	ServerStateSQL = Statements.Positional("serverState", Data{})
 	LockHoldersSQL = Statements.Positional("lockHolders", Data{})
+	TableLocksSQL  = Statements.Positional("tableLocks", Data{})
 )
 
 // AdminSQL are the statements of relay.Admin for one table. A dead row is an

@@ -48,6 +48,7 @@ func SchemaSQL(table string) (string, error) {
 		ErrorIndex:   IndexName(name, "_outbox_error"),
 		RetryIndex:   IndexName(name, "_outbox_retry"),
 		KeyIndex:     IndexName(name, "_outbox_key"),
+		Registry:     RegistryName(id),
 	}) + "\n", nil // a script ends its last line
 }
 

@@ -24,6 +24,7 @@ import (
 //	sql/schedule.sql  the Scheduler's clock      schedule.go
 //	sql/presence.sql  presence, table indexes    presence.go
 //	sql/privileges.sql the relay's grants       privileges.go (the root's grants.go)
+//	sql/registry.sql  which app delivers a type  registry.go
 //
 // A file holds statements, each under a marker line
 //
@@ -157,6 +158,7 @@ type Data struct {
 
 	// The DDL's names (quoted) and literals; the election's lock functions.
 	OutboxIndex, PendingIndex, ErrorIndex, RetryIndex, KeyIndex string
+	Registry                                                    string // the table's registry of types (registry.go); "" when it has none
 	Function, Channel                                           string
 	Since                                                       string
 	Lock, Unlock                                                string

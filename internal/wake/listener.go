@@ -210,6 +210,13 @@ func (r *Listener) waitForWakeUps(ctx context.Context, conn *pgx.Conn, pid uint3
 	defer r.Own.Release()
 	last := time.Now() // the session's last statement
 	for {
+		// A type yielded to another app is claimed again every few seconds,
+		// so that this relay takes it over once that app's relays stop.
+		if ran, err := r.Presence.Reclaim(ctx, conn, pid); err != nil {
+			return err
+		} else if ran {
+			last = time.Now()
+		}
 		_ = conn.PgConn().Conn().SetReadDeadline(last.Add(lease.IdleHeartbeat))
 		if r.Own.Serve(ctx, conn, pid) { // a job handed over meanwhile (internal/election)
 			last = time.Now()

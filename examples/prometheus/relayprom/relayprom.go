@@ -15,6 +15,12 @@
 //	relay_send_duration_seconds{type}         histogram of Sender.Send's duration
 //	relay_pass_duration_seconds               histogram of a pass's duration, election included
 //	relay_lag_seconds                         gauge: age of the oldest deliverable row at the last pass
+//
+// The Observer sees what its own relay's passes did. What an alert needs —
+// per type, the age of the oldest message not yet delivered, the messages
+// waiting and dead, paused types, stuck Sends, the live relays — is read
+// from the table by a [TableCollector], and alerts.yml beside this file
+// pages on it (tested by promtool: alerts_test.yml).
 package relayprom
 
 import (

@@ -64,8 +64,9 @@ WHERE direction = 'OUT' AND status = 'SENT' AND sent_at < @cutoff AND {{template
 -- name: liveGroups @ceiling @error_width @backoff @cap
 -- The live rows by type and state (kind: 0 pending, 1 retrying and due, 2
 -- retrying in its backoff, 3 dead), each group with its first row (the
--- lowest id); and (kind 4) each type's candidates for the row that has
--- waited longest for the relays (waitHeads). The pending and dead branches
+-- lowest id); (kind 4) each type's candidates for the row that has waited
+-- longest for the relays (waitHeads); and (kind 5) its candidates for the
+-- oldest message not yet delivered, whatever it waits for (undeliveredHeads). The pending and dead branches
 -- repeat a partial index's predicate word for word (the pending and the error
 -- index of schema.sql), so they read that index and never the SENT history;
 -- the retrying rows are read (failing): their updated_at says when they are
@@ -81,10 +82,11 @@ WITH fr AS MATERIALIZED ({{template "failing" .}}
   SELECT type, CASE WHEN at > now() THEN 2 ELSE 1 END, count(*), min(id), min(at) FROM fr GROUP BY 1, 2
 ), lt AS (
   SELECT type FROM g WHERE kind = 0
-){{template "waitHeads" .}}
+){{template "waitHeads" .}}{{template "undeliveredHeads" .}}
 SELECT x.type, x.kind, x.n, x.at, h.id, coalesce(h.status, 'PENDING'), coalesce(h.attempts, 0), h.created_at,
   {{template "waitingSince" (.As "h")}}, {{template "retryAt" (.As "h")}}, left(coalesce(h.last_error, ''), @error_width)
-FROM (SELECT type, kind, n, at, head FROM g UNION ALL SELECT type, 4, NULL, NULL, id FROM wh) x
+FROM (SELECT type, kind, n, at, head FROM g UNION ALL SELECT type, 4, NULL, NULL, id FROM wh
+  UNION ALL SELECT type, 5, NULL, NULL, id FROM uh) x
 JOIN {{.Table}} h ON h.id = x.head
 ORDER BY x.type, x.kind, h.id
 
@@ -92,7 +94,7 @@ ORDER BY x.type, x.kind, h.id
 -- The failed rows below the ceiling, each with when it is retried
 -- (nextAttempt), through the error index's range below the ceiling.
 {{/* starts on a line of its own */}}
-  SELECT m.type, m.id, {{template "nextAttempt" (.As "m")}} AS at FROM {{.Table}} m
+  SELECT m.type, m.id, {{template "nextAttempt" (.As "m")}} AS at, {{template "waitingSince" (.As "m")}} AS since FROM {{.Table}} m
   WHERE m.direction = 'OUT' AND m.status = 'ERROR' AND (m.attempts < @ceiling OR m.attempts IS NULL)
 
 -- name: waitHeads
@@ -122,6 +124,30 @@ ORDER BY x.type, x.kind, h.id
     ORDER BY m.requeued_at, m.id LIMIT 1) x{{end}}
   UNION ALL
   (SELECT DISTINCT ON (type) type, id FROM fr WHERE at IS NULL OR at <= now() ORDER BY type, at NULLS FIRST, id)
+)
+
+-- name: undeliveredHeads
+-- Follows waitHeads: uh(type, id) are each type's candidates for its oldest
+-- message not yet delivered, whatever it waits for (the relays, a retry's
+-- backoff, a paused type, a failed row of its key): the pager's age. As in
+-- waitHeads, without the rows held back: the first pending row (by id) never
+-- re-queued, the re-queued one before it that waits since the earliest
+-- re-queue, and the failed row that waits since the earliest.
+{{/* starts with a comma, after waitHeads */}}, up AS (
+  SELECT lt.type, x.id FROM lt CROSS JOIN LATERAL (
+    SELECT m.id FROM {{.Table}} m
+    WHERE m.type >= lt.type AND m.type <= lt.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL){{if .Requeued}} AND m.requeued_at IS NULL{{end}}
+    ORDER BY m.type, m.id LIMIT 1) x
+), uh AS (
+  SELECT type, id FROM up{{if .Requeued}}
+  UNION ALL
+  SELECT lt.type, x.id FROM lt LEFT JOIN up ON up.type = lt.type CROSS JOIN LATERAL (
+    SELECT m.id FROM {{.Table}} m
+    WHERE m.type >= lt.type AND m.type <= lt.type AND m.direction = 'OUT' AND (m.status = 'PENDING' OR m.status IS NULL)
+      AND m.id < coalesce(up.id, 9223372036854775807) AND m.requeued_at IS NOT NULL
+    ORDER BY m.requeued_at, m.id LIMIT 1) x{{end}}
+  UNION ALL
+  (SELECT DISTINCT ON (type) type, id FROM fr ORDER BY type, since, id)
 )
 
 -- name: nextAttempt
@@ -363,3 +389,13 @@ JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1
   AND l.objid = (hashtext(k.key)::bigint & 4294967295)::oid
 LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 ORDER BY k.key, l.granted DESC, l.mode, a.backend_start, l.pid
+
+-- name: tableLocks @table
+-- The sessions that hold, or wait for, an ACCESS EXCLUSIVE lock on @table (a migration's LOCK TABLE, an ALTER
+-- TABLE): every read of the table waits behind them. relayctl status names them when it could not read.
+SELECT l.pid, l.granted, coalesce(a.application_name, ''), coalesce(a.usename::text, ''), coalesce(a.state, ''),
+  coalesce(left(a.query, 200), ''), a.xact_start, now()
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.mode = 'AccessExclusiveLock' AND l.relation = to_regclass(@table)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.pid <> pg_backend_pid()
+ORDER BY l.granted DESC, a.xact_start, l.pid

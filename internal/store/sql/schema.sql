@@ -35,6 +35,16 @@ DO $relay$ BEGIN
         ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS requeued_at timestamptz;
     END IF;
 END $relay$;
+-- which app delivers each type of the table (decision 0043): one row per type, written by a relay when it
+-- starts and when it takes a type over from an app whose relays have all stopped, never per pass. The tools
+-- tell one app's rows from another's by it while an app's relays are down. A JVM relay never writes it.
+CREATE TABLE IF NOT EXISTS {{.Registry}} (
+    type         text        PRIMARY KEY,
+    app          text        NOT NULL,
+    since        timestamptz NOT NULL DEFAULT now(),
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    max_attempts integer
+);
 -- the pass reads only the small live part of the table, however large the SENT history grows
 CREATE INDEX IF NOT EXISTS {{.OutboxIndex}} ON {{.Table}} (id)
     WHERE direction = 'OUT' AND status IN ('PENDING', 'ERROR');
