@@ -47,7 +47,9 @@ func (r *Relay) deliverable(q pass.Query) pass.Query {
 	if len(ys) == 0 {
 		return q
 	}
-	yielded := func(t string) bool { return slices.ContainsFunc(ys, func(y election.Yield) bool { return y.Type == t }) }
+	yielded := func(t string) bool {
+		return slices.ContainsFunc(ys, func(y election.Yield) bool { return y.Type == t })
+	}
 	d := q
 	d.Types, d.After, d.Width = nil, nil, nil
 	for i, t := range q.Types {
