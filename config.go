@@ -12,6 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -56,6 +57,11 @@ const (
 	// pauseAfterMax bounds PauseAfter: a type that fails this often in a row
 	// is sick, whatever the setting meant.
 	pauseAfterMax = 1_000
+	// pauseMaxMin is the shortest PauseMax: the first pause lasts this long.
+	pauseMaxMin = 5 * time.Second
+	// stuckSendsMaxMax bounds StuckSendsMax: each stuck Send holds a
+	// goroutine and its message.
+	stuckSendsMaxMax = 100_000
 )
 
 // Config configures a [Relay]. Build it with [DefaultConfig] or [ConfigFromEnv]
@@ -190,13 +196,27 @@ type Config struct {
 	// which is the message's fault): the type's rows are then neither
 	// selected nor sent, and keep their status and attempts, while the
 	// others go on (docs/decisions/0040-isolation.md). The pause lasts 5s,
-	// doubling with each pause in a row up to a minute; then one message of
-	// the type is sent as a probe, and its success resumes the type. A type
-	// whose abandoned Sends (those that ignored their context) still running
-	// reach Concurrency is paused too, until they return. 0 never pauses
-	// (neither on failures nor on abandoned Sends). At most 1000. Defaults
-	// to 5. Environment: RELAY_PAUSE_AFTER.
+	// doubling with each pause in a row up to PauseMax; then one message of
+	// the type is sent as a probe, each time of another key when it can, and
+	// its success resumes the type. 0 never pauses on failures. At most 1000.
+	// Defaults to 5. Environment: RELAY_PAUSE_AFTER.
 	PauseAfter int
+
+	// PauseMax is the longest pause of a type (PauseAfter): a dead destination
+	// gets one probe that often, and a destination that came back is
+	// delivered to again within about that much. Between 5s and 1h. Defaults
+	// to 10s. Environment: RELAY_PAUSE_MAX.
+	PauseMax time.Duration
+
+	// StuckSendsMax bounds the relay's stuck Sends: Sends that ignored their
+	// context past SendTimeout, which the relay gives up on (their messages
+	// fail with the context's cause) and whose goroutines run on, each with
+	// its message, until they return. A stuck Send holds its key: no other
+	// message of the key is sent until it returns; the type's other keys go
+	// on. At the bound, the type whose Send reached it is paused, and probed
+	// again only once fewer run; status is not OK while any runs. Between 1
+	// and 100,000. Defaults to 100. Environment: RELAY_STUCK_SENDS_MAX.
+	StuckSendsMax int
 
 	// Retention, above 0, makes the started relay purge the SENT rows of its
 	// own types delivered longer ago than Retention, as an elected job on
@@ -230,22 +250,24 @@ type Config struct {
 // DefaultConfig returns a Config with every default filled in.
 func DefaultConfig() Config {
 	return Config{
-		AppName:      appNameDefault,
-		Table:        TableDefault,
-		Enabled:      true,
-		ClusterLock:  true,
-		Interval:     intervalDefault,
-		BatchSize:    batchSizeDefault,
-		MaxAttempts:  MaxAttemptsDefault,
-		BatchBytes:   batchBytesDefault,
-		WakeOnCommit: wakeOnCommitDefault,
-		RetryBackoff: retryBackoffDefault,
-		SendTimeout:  sendTimeoutDefault,
-		Concurrency:  concurrencyDefault,
-		AsyncCommit:  asyncCommitDefault,
-		Partitions:   1,
-		PauseAfter:   pauseAfterDefault,
-		built:        true,
+		AppName:       appNameDefault,
+		Table:         TableDefault,
+		Enabled:       true,
+		ClusterLock:   true,
+		Interval:      intervalDefault,
+		BatchSize:     batchSizeDefault,
+		MaxAttempts:   MaxAttemptsDefault,
+		BatchBytes:    batchBytesDefault,
+		WakeOnCommit:  wakeOnCommitDefault,
+		RetryBackoff:  retryBackoffDefault,
+		SendTimeout:   sendTimeoutDefault,
+		Concurrency:   concurrencyDefault,
+		AsyncCommit:   asyncCommitDefault,
+		Partitions:    1,
+		PauseAfter:    pauseAfterDefault,
+		PauseMax:      pass.PauseMaxDefault,
+		StuckSendsMax: pass.StuckSendsMaxDefault,
+		built:         true,
 
 		RetentionSchedule: retentionScheduleDefault,
 	}
@@ -292,6 +314,12 @@ func (c *Config) validate() error {
 	}
 	if c.PauseAfter < 0 || c.PauseAfter > pauseAfterMax {
 		bad("PauseAfter", "must be between 0 (never pause) and %d, got %d", pauseAfterMax, c.PauseAfter)
+	}
+	if c.PauseMax < pauseMaxMin || c.PauseMax > time.Hour {
+		bad("PauseMax", "must be between %s and 1h, got %s", pauseMaxMin, c.PauseMax)
+	}
+	if c.StuckSendsMax < 1 || c.StuckSendsMax > stuckSendsMaxMax {
+		bad("StuckSendsMax", "must be between 1 and %d, got %d", stuckSendsMaxMax, c.StuckSendsMax)
 	}
 	if c.GroupOutcomes < 0 || c.GroupOutcomes > batchSizeMax {
 		bad("GroupOutcomes", "must be between 0 and %d, got %d", batchSizeMax, c.GroupOutcomes)
@@ -366,6 +394,8 @@ const (
 	envWakeOnCommit  = "RELAY_WAKE_ON_COMMIT"
 	envPartitions    = "RELAY_PARTITIONS"
 	envPauseAfter    = "RELAY_PAUSE_AFTER"
+	envPauseMax      = "RELAY_PAUSE_MAX"
+	envStuckSendsMax = "RELAY_STUCK_SENDS_MAX"
 	envRetention     = "RELAY_RETENTION"
 	envRetentionCron = "RELAY_RETENTION_SCHEDULE"
 )
@@ -398,6 +428,8 @@ func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	envVar(&e, envWakeOnCommit, &cfg.WakeOnCommit, strconv.ParseBool, "a boolean (use true or false)")
 	envVar(&e, envPartitions, &cfg.Partitions, strconv.Atoi, "an integer")
 	envVar(&e, envPauseAfter, &cfg.PauseAfter, strconv.Atoi, "an integer")
+	envVar(&e, envPauseMax, &cfg.PauseMax, time.ParseDuration, durationWant)
+	envVar(&e, envStuckSendsMax, &cfg.StuckSendsMax, strconv.Atoi, "an integer")
 	envVar(&e, envRetention, &cfg.Retention, parseAge, "a duration or a number of days (as in 30d, 720h)")
 	envVar(&e, envRetentionCron, &cfg.RetentionSchedule, parseString, "")
 	errs := e.errs
@@ -453,7 +485,8 @@ func envNames(err error) string {
 		"AppName": envAppName, "Table": envTable, "Interval": envInterval, "BatchSize": envBatchSize, "BatchBytes": envBatchBytes,
 		"MaxAttempts": envMaxAttempts, "RetryBackoff": envRetryBackoff, "SendTimeout": envSendTimeout,
 		"Concurrency": envConcurrency, "GroupOutcomes": envGroupOutcomes, "Partitions": envPartitions,
-		"PauseAfter": envPauseAfter, "Retention": envRetention, "RetentionSchedule": envRetentionCron,
+		"PauseAfter": envPauseAfter, "PauseMax": envPauseMax, "StuckSendsMax": envStuckSendsMax,
+		"Retention": envRetention, "RetentionSchedule": envRetentionCron,
 	}
 	var names []string
 	joined, ok := err.(interface{ Unwrap() []error })

@@ -163,8 +163,15 @@ func TestIsolation(t *testing.T) {
 				require.Equal(t, "x", paused[0].Type)
 				require.NotEmpty(t, paused[0].Reason)
 				if mode == "ignore" {
-					require.LessOrEqual(t, x.running.Load(), int32(2*cfg.Concurrency-1),
-						"abandoned x Sends still running: at most 2 × Concurrency - 1")
+					// Each stuck Send is a failure (its SendTimeout): x pauses
+					// after PauseAfter of them, with the Sends then in flight
+					// left to join them.
+					require.LessOrEqual(t, x.running.Load(), int32(cfg.PauseAfter+cfg.Concurrency-1),
+						"stuck x Sends still running: at most PauseAfter + Concurrency - 1")
+					stuck := r.Stats().Stuck
+					require.Len(t, stuck, 1, "Stats says which type has stuck Sends")
+					require.Equal(t, "x", stuck[0].Type)
+					require.Positive(t, stuck[0].Sends)
 				}
 				x.mu.Lock()
 				for _, at := range x.starts[callsBefore:] {

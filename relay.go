@@ -156,7 +156,14 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 	r.presence = election.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
 	r.presence.SetOwnership(election.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
 	r.runner = r.newRunner(byType)
-	said := func() { r.presence.SetPaused(r.runner.Lanes().Paused()) } // the session's next statement says it
+	said := func() { // the session's next statement says it
+		r.presence.SetPaused(r.runner.Lanes().Paused())
+		var stuck []election.StuckDescriptor
+		for _, s := range r.runner.Lanes().Stuck() {
+			stuck = append(stuck, election.StuckDescriptor{Type: s.Type, Sends: s.Sends, Since: s.Since})
+		}
+		r.presence.SetStuck(stuck)
+	}
 	r.runner.Lanes().OnChange(said)
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err

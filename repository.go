@@ -62,6 +62,7 @@ func (r *Relay) newRunner(senders map[string]Sender) *pass.Runner {
 	return pass.New(pass.Config{
 		Table: c.Table, BatchSize: c.BatchSize, MaxAttempts: c.MaxAttempts, GroupOutcomes: c.GroupOutcomes,
 		PauseAfter: c.PauseAfter, Concurrency: c.Concurrency, Workers: r.workers(), SendTimeout: c.SendTimeout, Interval: c.Interval,
+		PauseMax: c.PauseMax, StuckSendsMax: c.StuckSendsMax,
 	}, r.types, pass.Deps{Pool: r.pool, Outbox: outbox{r}, Senders: ss, Logger: r.logger, Report: r.report})
 }
 

@@ -73,10 +73,16 @@ type PausedType struct {
 }
 
 // stuckSends are this relay's abandoned Sends still running, per type, for
-// Stats.Stuck. The engine (internal/pass) counts them; until it says since
-// when, none is reported (the presence descriptor's "stuck", which Admin,
-// relayctl status and the metrics read, is set by Presence.SetStuck).
-func (r *Relay) stuckSends() []StuckSends { return nil }
+// Stats.Stuck (internal/pass, stuck.go); the presence descriptor's "stuck",
+// which Admin, relayctl status and the metrics read, says the same
+// (Presence.SetStuck).
+func (r *Relay) stuckSends() []StuckSends {
+	var st []StuckSends
+	for _, s := range r.runner.Lanes().Stuck() {
+		st = append(st, StuckSends{Type: s.Type, Sends: s.Sends, Since: s.Since})
+	}
+	return st
+}
 
 // pausedTypes is what the runner's lanes say is paused, as [PausedType].
 func pausedTypes(ps []pass.PausedType) []PausedType {

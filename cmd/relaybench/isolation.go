@@ -21,64 +21,113 @@ import (
 	"github.com/xadm/relay/internal/pgserver"
 )
 
-// The isolation scenario: one relay, types x and y, Concurrency 4, SendTimeout
-// 2s (-isolation-timeout). x's receiver is sick in one of three ways; y's
-// messages are written meanwhile at -isolation-rate for -isolation-duration,
-// each by Enqueue in its own transaction. It reports, per case, y's commit →
-// Send delays, then heals x and reports how long x's backlog took to drain,
-// how many x messages reached the receiver more than once, whether each key
-// kept its order, and the goroutines before and after x's stuck Sends returned.
+// The isolation scenario: one relay, sick types x… and healthy types y…,
+// Concurrency 4, SendTimeout 2s (-isolation-timeout). The sick types'
+// receivers are sick in one of the ways below; the healthy types' messages
+// are written meanwhile at -isolation-rate each for -isolation-duration, each
+// by Enqueue in its own transaction. It reports, per case, the healthy
+// types' commit → Send delays, then heals the sick types and reports how
+// long their backlog took to drain, how many of their messages reached the
+// receiver more than once, whether each key kept its order, and the
+// goroutines before and after the stuck Sends returned.
 //
 //	go run ./cmd/relaybench -scenarios isolation
 //
-// Cases: 40 keys of x whose receiver blocks until its context ends; 20 keys
-// of x whose receiver ignores its context for 20s; 200 keys of x that take 1s
-// each. Target (issue 34): y's worst delay ≤ 3s in each case; x all delivered
-// once it heals, none lost, per-key order kept; goroutines back (±30).
+// Target (issues 34 and 45): the healthy types' worst delay ≤ 3s in each
+// case; the sick types all delivered once they heal, none lost, per-key
+// order kept; goroutines back (±30).
 
 var (
-	isolationRate     = flag.Int("isolation-rate", 5, "y messages per second of the isolation scenario")
-	isolationDuration = flag.Duration("isolation-duration", 20*time.Second, "how long y is written in each isolation case")
+	isolationRate     = flag.Int("isolation-rate", 5, "messages per second of each healthy type of the isolation scenario")
+	isolationDuration = flag.Duration("isolation-duration", 20*time.Second, "how long the healthy types are written in each isolation case")
 	isolationTimeout  = flag.Duration("isolation-timeout", 2*time.Second, "SendTimeout of the isolation scenario")
+	isolationBatch    = flag.Int("isolation-batch", 100, "BatchSize of the isolation scenario (the backlogs are multiples of it)")
 )
 
-// isolationCase is one way x's receiver is sick.
+// isolationCase is one way the sick types' receivers are sick.
 type isolationCase struct {
 	name string
-	keys int
-	// send is x's receiver while sick; release ends the sickness of the
-	// Sends still in it (those that ignore their context).
-	send func(ctx context.Context, release <-chan struct{}) error
+	sick []sickType
+	// healthy is how many healthy types are written (y, or y0, y1, …).
+	healthy int
 }
 
-var isolationCases = []isolationCase{
-	{"x blocks until its context ends (40 keys)", 40, func(ctx context.Context, _ <-chan struct{}) error {
-		<-ctx.Done()
-		return context.Cause(ctx)
-	}},
-	{"x ignores its context for 20s (20 keys)", 20, func(_ context.Context, release <-chan struct{}) error {
+// sickType is one sick type: rows of how many keys it has waiting (rows,
+// spread over keys), and its receiver while sick; release ends the sickness
+// of the Sends still in it (those that ignore their context).
+type sickType struct {
+	rows, keys int
+	send       func(ctx context.Context, release <-chan struct{}) error
+}
+
+func hangs(ctx context.Context, _ <-chan struct{}) error {
+	<-ctx.Done()
+	return context.Cause(ctx)
+}
+
+func ignoresFor(d time.Duration) func(context.Context, <-chan struct{}) error {
+	return func(_ context.Context, release <-chan struct{}) error {
 		select {
-		case <-time.After(20 * time.Second):
+		case <-time.After(d):
 		case <-release:
 		}
-		return errors.New("answered after 20s")
-	}},
-	{"x takes 1s per message (200 keys)", 200, func(ctx context.Context, _ <-chan struct{}) error {
+		return errors.New("answered late")
+	}
+}
+
+func neverReturns(_ context.Context, release <-chan struct{}) error {
+	<-release // ignores its context, until the case ends
+	return errors.New("answered at last")
+}
+
+func takes(d time.Duration) func(context.Context, <-chan struct{}) error {
+	return func(ctx context.Context, _ <-chan struct{}) error {
 		select {
-		case <-time.After(time.Second):
+		case <-time.After(d):
 			return nil
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}
-	}},
+	}
+}
+
+func refuses(context.Context, <-chan struct{}) error { return errors.New("503 Service Unavailable") }
+
+// oneSick is a case of one sick type of rows rows over keys keys.
+func oneSick(name string, rows, keys int, send func(context.Context, <-chan struct{}) error) isolationCase {
+	return isolationCase{name: name, sick: []sickType{{rows: rows, keys: keys, send: send}}, healthy: 1}
+}
+
+func isolationCases() []isolationCase {
+	b := *isolationBatch
+	manySick := isolationCase{name: "10 of 12 types sick: 4 hang, 3 take 1s, 3 refuse (40 keys each); 2 healthy", healthy: 2}
+	for i := range 10 {
+		send := hangs
+		switch {
+		case i >= 7:
+			send = refuses
+		case i >= 4:
+			send = takes(time.Second)
+		}
+		manySick.sick = append(manySick.sick, sickType{rows: 40, keys: 40, send: send})
+	}
+	return []isolationCase{
+		oneSick("x blocks until its context ends (40 keys)", 40, 40, hangs),
+		oneSick("x ignores its context for 20s (20 keys)", 20, 20, ignoresFor(20*time.Second)),
+		oneSick("x takes 1s per message (200 keys)", 200, 200, takes(time.Second)),
+		oneSick(fmt.Sprintf("x takes 1s per message, backlog 10× BatchSize (%d rows)", 10*b), 10*b, 10*b, takes(time.Second)),
+		oneSick(fmt.Sprintf("x takes 1s per message, backlog 100× BatchSize (%d rows)", 100*b), 100*b, 100*b, takes(time.Second)),
+		oneSick("x's Sends never return, ignoring their context (300 keys)", 300, 300, neverReturns),
+		manySick,
+	}
 }
 
 func runIsolation(ctx context.Context, srv *pgserver.Server) error {
-	fmt.Printf("\nisolation: types x and y, Concurrency 4, SendTimeout %s; y at %d msg/s for %s while x is sick\n",
-		*isolationTimeout, *isolationRate, *isolationDuration)
+	fmt.Printf("\nisolation: sick types x… and healthy types y…, Concurrency 4, BatchSize %d, SendTimeout %s; each y at %d msg/s for %s while the x are sick\n",
+		*isolationBatch, *isolationTimeout, *isolationRate, *isolationDuration)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "case\ty sent\ty p50\ty p99\ty max\tx drained after heal\tx twice\tx order\tgoroutines start/end\tverdict\t")
-	for _, c := range isolationCases {
+	for _, c := range isolationCases() {
 		res, err := isolationOnce(ctx, srv.URL, c)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
@@ -90,7 +139,7 @@ func runIsolation(ctx context.Context, srv *pgserver.Server) error {
 			res.xDrain.Round(100*time.Millisecond), res.xLeft, res.xTwice, res.ordered, res.goroutinesStart, res.goroutinesEnd, verdictOf(ok))
 	}
 	w.Flush()
-	fmt.Println("target (issue 34): y's worst delay ≤ 3s; x all delivered after it heals, in order per key; goroutines back (±30)")
+	fmt.Println("target (issues 34, 45): the healthy types' worst delay ≤ 3s; the sick ones all delivered after they heal, in order per key; goroutines back (±30)")
 	return nil
 }
 
@@ -101,6 +150,18 @@ type isolationResult struct {
 	xLeft, xTwice                  int
 	ordered                        bool
 	goroutinesStart, goroutinesEnd int
+}
+
+// names are n types' names: prefix alone for one, prefix0, prefix1, … for more.
+func names(prefix string, n int) []string {
+	if n == 1 {
+		return []string{prefix}
+	}
+	ns := make([]string, n)
+	for i := range ns {
+		ns[i] = fmt.Sprint(prefix, i)
+	}
+	return ns
 }
 
 func isolationOnce(ctx context.Context, url string, c isolationCase) (isolationResult, error) {
@@ -120,9 +181,12 @@ func isolationOnce(ctx context.Context, url string, c isolationCase) (isolationR
 	if err := relay.CreateWakeTrigger(ctx, pool, table); err != nil {
 		return res, err
 	}
-	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (type, natural_key, payload) SELECT 'x', 'x' || g, '{}' FROM generate_series(1, $1) g",
-		c.keys); err != nil {
-		return res, err
+	xs, ys := names("x", len(c.sick)), names("y", c.healthy)
+	for i, st := range c.sick {
+		if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (type, natural_key, payload) SELECT $1, $1 || '-' || (g % $3), '{}' FROM generate_series(1, $2) g",
+			xs[i], st.rows, st.keys); err != nil {
+			return res, err
+		}
 	}
 	res.goroutinesStart = runtime.NumGoroutine()
 
@@ -130,35 +194,41 @@ func isolationOnce(ctx context.Context, url string, c isolationCase) (isolationR
 	release := make(chan struct{})
 	var xmu sync.Mutex
 	xGot := map[string][]int64{}
-	x := relay.SenderFunc("x", func(ctx context.Context, m relay.Message) error {
-		if !healed.Load() {
-			if err := c.send(ctx, release); err != nil {
-				return err
+	var senders []relay.Sender
+	for i, st := range c.sick {
+		senders = append(senders, relay.SenderFunc(xs[i], func(ctx context.Context, m relay.Message) error {
+			if !healed.Load() {
+				if err := st.send(ctx, release); err != nil {
+					return err
+				}
 			}
-		}
-		xmu.Lock()
-		xGot[m.Key] = append(xGot[m.Key], m.ID)
-		xmu.Unlock()
-		return nil
-	})
+			xmu.Lock()
+			xGot[m.Key] = append(xGot[m.Key], m.ID)
+			xmu.Unlock()
+			return nil
+		}))
+	}
 	var ymu sync.Mutex
 	committed := map[int64]time.Time{}
 	sentAt := map[int64]time.Time{}
-	y := relay.SenderFunc("y", func(_ context.Context, m relay.Message) error {
-		now := time.Now()
-		ymu.Lock()
-		if _, ok := sentAt[m.ID]; !ok {
-			sentAt[m.ID] = now
-		}
-		ymu.Unlock()
-		return nil
-	})
+	for _, y := range ys {
+		senders = append(senders, relay.SenderFunc(y, func(_ context.Context, m relay.Message) error {
+			now := time.Now()
+			ymu.Lock()
+			if _, ok := sentAt[m.ID]; !ok {
+				sentAt[m.ID] = now
+			}
+			ymu.Unlock()
+			return nil
+		}))
+	}
 	cfg := relay.DefaultConfig()
 	cfg.AppName, cfg.Table = "relaybench_isolation", table
 	cfg.Concurrency = 4
+	cfg.BatchSize = *isolationBatch
 	cfg.SendTimeout = *isolationTimeout
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	r, err := relay.New(pool, cfg, x, y)
+	r, err := relay.New(pool, cfg, senders...)
 	if err != nil {
 		return res, err
 	}
@@ -172,8 +242,8 @@ func isolationOnce(ctx context.Context, url string, c isolationCase) (isolationR
 		}
 	}()
 
-	// y, written at a steady rate while x is sick.
-	tick := time.NewTicker(time.Second / time.Duration(*isolationRate))
+	// The healthy types, written at a steady rate each while the x are sick.
+	tick := time.NewTicker(time.Second / time.Duration(*isolationRate*len(ys)))
 	end := time.After(*isolationDuration)
 write:
 	for i := 0; ; i++ {
@@ -184,11 +254,12 @@ write:
 			break write
 		case <-tick.C:
 		}
+		y := ys[i%len(ys)]
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return res, err
 		}
-		id, err := relay.Enqueue(ctx, tx, table, relay.Outgoing{Type: "y", Key: fmt.Sprint("y", i%50), Payload: []byte(`{}`)})
+		id, err := relay.Enqueue(ctx, tx, table, relay.Outgoing{Type: y, Key: fmt.Sprint(y, "-", i%50), Payload: []byte(`{}`)})
 		if err == nil {
 			err = tx.Commit(ctx)
 		}
@@ -224,13 +295,13 @@ write:
 	}
 	ymu.Unlock()
 
-	// x heals: how long until its backlog is delivered.
+	// The x heal: how long until their backlog is delivered.
 	healed.Store(true)
 	close(release)
 	healedAt := time.Now()
 	for {
 		var left int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE type = 'x' AND status <> 'SENT'").Scan(&left); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE type LIKE 'x%' AND status <> 'SENT'").Scan(&left); err != nil {
 			return res, err
 		}
 		res.xLeft, res.xDrain = left, time.Since(healedAt)
@@ -246,13 +317,17 @@ write:
 	xmu.Lock()
 	res.ordered = true
 	for _, ids := range xGot {
-		if len(ids) > 1 {
-			res.xTwice += len(ids) - 1
-		}
 		res.ordered = res.ordered && slices.IsSorted(ids)
+		seen := map[int64]bool{}
+		for _, id := range ids {
+			if seen[id] {
+				res.xTwice++
+			}
+			seen[id] = true
+		}
 	}
 	xmu.Unlock()
-	// The goroutines of x's sick Sends have all returned (release): give
+	// The goroutines of the x's sick Sends have all returned (release): give
 	// the runtime a moment to retire them.
 	for range 100 {
 		if res.goroutinesEnd = runtime.NumGoroutine(); res.goroutinesEnd <= res.goroutinesStart+30 {

@@ -35,14 +35,15 @@ type cursor struct {
 	behind    bool    // rows were left behind since the epoch began
 	epoch     int64   // the highest id when the epoch began
 	after     []int64 // by lane, where its next window starts
+	seen      []int64 // by lane, the highest id of it selected in this pass
 	lanesMore []bool  // by lane, its last window left rows out
 }
 
 func newCursor(drain bool, limit, lanes int) cursor {
 	c := cursor{drain: drain, limit: limit, more: true, first: true, fromStart: true, epoch: math.MinInt64,
-		after: make([]int64, lanes), lanesMore: make([]bool, lanes)}
+		after: make([]int64, lanes), seen: make([]int64, lanes), lanesMore: make([]bool, lanes)}
 	for i := range c.after {
-		c.after[i] = math.MinInt64
+		c.after[i], c.seen[i] = math.MinInt64, math.MinInt64
 	}
 	return c
 }
@@ -59,10 +60,13 @@ func (c *cursor) take(rows []store.Row) []store.Row {
 	return rows
 }
 
-// next is where the next select of lanes starts, and whether it starts an
-// epoch (then every lane starts from the start, and the rows left behind
-// are selected again).
-func (c *cursor) next(lanes []int) (after []int64, epoch bool) {
+// next is where the next select of lanes starts, whether it starts an epoch
+// (then every lane starts from the start, and the rows left behind are
+// selected again), and whether it goes over ids selected before in this pass
+// (rereads): each is in flight (its key busy), or its outcome is recorded
+// once the outcomes waiting to be written are (a grouped outcome's key is
+// done before its group is written).
+func (c *cursor) next(lanes []int) (after []int64, epoch, rereads bool) {
 	if epoch = c.fromStart; epoch {
 		for i := range c.after {
 			c.after[i], c.lanesMore[i] = math.MinInt64, false
@@ -72,8 +76,9 @@ func (c *cursor) next(lanes []int) (after []int64, epoch bool) {
 	after = make([]int64, len(lanes))
 	for i, l := range lanes {
 		after[i] = c.after[l]
+		rereads = rereads || c.after[l] < c.seen[l]
 	}
-	return after, epoch
+	return after, epoch, rereads
 }
 
 // selected moves the cursors of a select's lanes past its rows, and says
@@ -93,7 +98,9 @@ func (c *cursor) selected(lanes []int, f store.Batch, rows []store.Row, epoch, s
 		c.lanesMore[laneOf(typ)] = true
 	}
 	for i := range rows {
-		c.after[rows[i].Lane] = rows[i].ID // rows are in id order
+		l := rows[i].Lane
+		c.after[l] = rows[i].ID // rows are in id order
+		c.seen[l] = max(c.seen[l], rows[i].ID)
 	}
 	c.behind = c.behind || skipped
 	if !c.drain {
@@ -177,15 +184,21 @@ func (f *flight) queued() int {
 
 // next is the task to hand out: of the lanes with tasks queued, the one with
 // the fewest in flight; of those, the one served longest ago, then the one
-// whose task is the oldest. A slow lane (lanes.go) never takes the last of
-// workers while the relay has other lanes: that one is kept for them, so
-// that another type waits for no slow send. ok is false when no lane may
-// take a worker now.
-func (f *flight) next(lanes []*lane, workers int) (t task, ok bool) {
+// whose task is the oldest. The slow lanes (engine.share) together hold at
+// most slowCap workers: the rest are kept for the others, so that another
+// type waits for no slow send. ok is false when no lane may take a worker
+// now.
+func (f *flight) next(slow []bool, slowCap int) (t task, ok bool) {
+	slowInFlight := 0
+	for i := range f.lanes {
+		if slow[i] {
+			slowInFlight += f.lanes[i].inFlight
+		}
+	}
 	best := -1
 	for i := range f.lanes {
 		q := &f.lanes[i]
-		if len(q.queue) == 0 || len(lanes) > 1 && workers > 1 && q.inFlight >= workers-1 && lanes[i].slow.Load() {
+		if len(q.queue) == 0 || slow[i] && slowInFlight >= slowCap {
 			continue
 		}
 		if best < 0 {

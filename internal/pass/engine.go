@@ -45,6 +45,46 @@ type taskDone struct {
 	handedBack bool // the rest of the task went back to the engine (engine.back)
 }
 
+// share is which lanes count as slow now, and how many workers they may hold
+// together (decision 0040). A lane is slow when its last Send took slowSend
+// or more, a Send of it has run that long already, or it is paused or
+// probing. While some lanes are not slow, of W ≥ 2 workers they keep at least
+// one, and one per such lane with work (tasks queued or in flight, or a Send
+// delivered within recentWork) up to half of them; the slow lanes may hold
+// the rest. With one worker, lanes take turns.
+func (e *engine) share(fl *flight, now time.Time) (slow []bool, slowCap int) {
+	w := e.r.cfg.Workers
+	slow = e.slowBuf[:0]
+	for _, l := range e.lanes {
+		slow = append(slow, l.slow.Load() || laneState(l.st.Load()) != laneOpen)
+	}
+	e.slowBuf = slow
+	for _, k := range e.ws {
+		if l := k.lane.Load(); l >= 0 && k.turn.Load()&1 == 1 && k.sending() >= slowSend {
+			slow[l] = true
+		}
+	}
+	healthy, busy := 0, 0
+	for i, l := range e.lanes {
+		if slow[i] {
+			continue
+		}
+		healthy++
+		q := &fl.lanes[i]
+		if len(q.queue) > 0 || q.inFlight > 0 || now.UnixNano()-l.lastSent.Load() < int64(recentWork) {
+			busy++
+		}
+	}
+	if w < 2 || healthy == 0 {
+		return slow, w
+	}
+	return slow, w - min(max(busy, 1), (w+1)/2)
+}
+
+// recentWork is how long after its last delivered Send a lane counts as
+// having work, for its share of the workers (share).
+const recentWork = 10 * time.Second
+
 // closed is a channel that is always ready.
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
@@ -96,6 +136,8 @@ type engine struct {
 	blocked map[string]blockedRow
 	claimed []*lane // lanes whose probe this pass claimed
 
+	ws       []*worker // the workers started, for their running Sends (share)
+	slowBuf  []bool
 	work     chan task
 	idle     chan int // a worker is free, having finished a task of this lane (-1: none yet)
 	done     chan taskDone
@@ -230,6 +272,7 @@ func (e *engine) run() {
 		var send chan task
 		var next task
 		var woken, due <-chan struct{}
+		var recheck <-chan time.Time
 		if queued == 0 && c.more && !fl.waitDone {
 			// Nothing to send from the last select (its keys in flight, held
 			// or waiting out a backoff), and the next is due at once: after
@@ -250,11 +293,19 @@ func (e *engine) run() {
 				fl.workers++
 				fl.starting = true
 				e.workers.Add(1)
-				go e.worker()
+				k := e.newWorker()
+				e.ws = append(e.ws, k)
+				go k.start()
 			}
 			if fl.idle > 0 {
-				if t, ok := fl.next(e.lanes, e.r.cfg.Workers); ok {
+				slow, slowCap := e.share(fl, time.Now())
+				if t, ok := fl.next(slow, slowCap); ok {
 					send, next = e.work, t
+				} else {
+					// The slow lanes hold their share of the workers: look
+					// again once a Send may have crossed slowSend, or the
+					// healthy lanes' work gone quiet.
+					recheck = time.After(slowSend)
 				}
 			}
 		}
@@ -292,6 +343,7 @@ func (e *engine) run() {
 		case <-tick:
 			hungry = e.separable()
 		case <-due:
+		case <-recheck:
 		}
 	}
 	e.starving.Store(false)
@@ -375,14 +427,14 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time, hungry bool
 		c.stop()
 		return true
 	}
-	after, epoch := c.next(lanes)
+	after, epoch, rereads := c.next(lanes)
 	if epoch {
 		fl.moved = false
 	}
-	if epoch && !c.first && e.rec.flush() != nil {
-		// An epoch's select goes over ids selected before: each is in flight
-		// (its key is busy), or its outcome is recorded, once the group
-		// waiting to be written is.
+	if rereads && e.rec.flush() != nil {
+		// The select goes over ids selected before: each is in flight (its
+		// key is busy), or its outcome is recorded, once the group waiting
+		// to be written is.
 		return false
 	}
 	first := c.first
@@ -461,6 +513,9 @@ func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped, hel
 			continue
 		case e.r.held.waiting(m.ID, now):
 			e.block(m, false, false) // waits out its backoff; its later rows wait behind it
+			continue
+		case e.r.lanes.stuck.holds(m.Key):
+			e.block(m, false, false) // a Send of its key was given up and still runs (stuck.go)
 			continue
 		case m.Held != store.NotHeld:
 			// An older live row of its key is missing from the batch.

@@ -269,7 +269,7 @@ func TestCursor(t *testing.T) {
 	laneOf := func(typ string) int { return map[string]int{"x": 0, "y": 1}[typ] }
 	both := []int{0, 1}
 	c := newCursor(true, 0, 2)
-	after, epoch := c.next(both)
+	after, epoch, _ := c.next(both)
 	require.Equal(t, []int64{math.MinInt64, math.MinInt64}, after)
 	require.True(t, epoch, "a pass begins with an epoch")
 	require.True(t, c.first)
@@ -280,17 +280,19 @@ func TestCursor(t *testing.T) {
 	require.True(t, c.more)
 	require.False(t, c.first)
 	require.Equal(t, int64(40), c.epoch, "the epoch's highest id, for the selects that follow")
-	after, epoch = c.next(both)
+	after, epoch, rereads := c.next(both)
 	require.Equal(t, []int64{3, math.MinInt64}, after)
 	require.False(t, epoch)
+	require.False(t, rereads, "on past the rows selected")
 
 	// Short, but rows were left behind: a new epoch, every lane from the start.
 	c.selected(both, store.Batch{}, append(rows(0, 4), rows(1, 5)...), false, true, laneOf)
 	require.True(t, c.more)
 	require.True(t, c.fromStart)
-	after, epoch = c.next([]int{1})
+	after, epoch, rereads = c.next([]int{1})
 	require.Equal(t, []int64{math.MinInt64}, after)
 	require.True(t, epoch)
+	require.True(t, rereads, "an epoch goes over ids selected before")
 	require.Equal(t, []int64{math.MinInt64, math.MinInt64}, c.after, "an epoch starts every lane from the start")
 
 	c.selected([]int{1}, store.Batch{Epoch: 50}, rows(1, 5), true, false, laneOf) // nothing left behind since: the pass ends
@@ -314,7 +316,7 @@ func TestCursor(t *testing.T) {
 	cut.next([]int{0})
 	cut.selected([]int{0}, store.Batch{Cut: true}, cut.take(rows(0, 1, 2)), true, false, laneOf)
 	require.True(t, cut.more, "a direct pass cut by BatchBytes goes on past it")
-	after, _ = cut.next([]int{0})
+	after, _, _ = cut.next([]int{0})
 	require.Equal(t, []int64{2}, after)
 	cut.selected([]int{0}, store.Batch{More: []string{"x"}}, cut.take(rows(0, 3, 4, 5, 6)), false, false, laneOf)
 	require.False(t, cut.more, "until its limit")

@@ -48,24 +48,23 @@ type world struct {
 	next  int64
 	types []string // the relay's
 
-	health      map[string]health  // by type
-	delivered   map[int64]bool     // Sends that returned nil
-	inFlight    map[string]int64   // key → the id in a Send
-	broken      []string           // what broke the rule, as it happened
-	sends       int                // Sends started
-	lanes       func() []*lane     // the relay's, to end pauses as time passes
-	trail       []string           // the last events, for a failure's message
-	partsOf     func(string) int   // a key's partition
-	late        map[string]int64   // key → its row whose transaction has not committed
-	keys        []string           // the keys rows are written for
-	requeued    int                // rows re-queued
-	clock       int                // counts selects and re-queues, in the order they happen
-	picked      map[int64]int      // id → the clock of the last select that returned it
-	revived     map[int64]int      // id → the clock of its last re-queue
-	passSelects int                // selects of the pass running
-	lateRows    int                // rows committed late
-	hook        func(w *world)     // called at each Send, under mu: more events
-	stepEvent   func(w *world) int // the events between passes
+	health      map[string]health // by type
+	delivered   map[int64]bool    // Sends that returned nil
+	inFlight    map[string]int64  // key → the id in a Send
+	broken      []string          // what broke the rule, as it happened
+	sends       int               // Sends started
+	lanes       func() []*lane    // the relay's, to end pauses as time passes
+	trail       []string          // the last events, for a failure's message
+	late        map[string]int64  // key → its row whose transaction has not committed
+	keys        []string          // the keys rows are written for
+	requeued    int               // rows re-queued
+	clock       int               // counts selects and re-queues, in the order they happen
+	picked      map[int64]int     // id → the clock of the first select that returned it since its last outcome
+	revived     map[int64]int     // id → the clock of its last re-queue
+	passSelects int               // selects of the pass running
+	group       int               // outcomes written in groups of this many (GroupOutcomes); 0: each at once
+	lateRows    int               // rows committed late
+	hook        func(w *world)    // called at each Send, under mu: more events
 }
 
 // health is a type's destination: it refuses everything (down), or one key
@@ -198,6 +197,9 @@ func (w *world) send(m store.Row) error {
 	if id, ok := w.inFlight[m.Key]; ok {
 		w.broken = append(w.broken, fmt.Sprintf("row %d sent while row %d of key %s is in flight", m.ID, id, m.Key))
 	}
+	if w.delivered[m.ID] {
+		w.broken = append(w.broken, fmt.Sprintf("row %d sent again, though delivered and its outcome recorded or on its way", m.ID))
+	}
 	for _, o := range w.rows {
 		// A row re-queued after m was selected rejoins its key's order
 		// from the next select on (decision 0041): m may go first.
@@ -274,20 +276,43 @@ func (t worldTable) States(context.Context, store.Querier, []int64) (map[int64]s
 func (t worldTable) ErrWidth() int { return 0 }
 func (t worldTable) Relearn()      {}
 
-// worldOutcomes records outcomes into the world at once.
+// worldOutcomes records outcomes into the world at once, or, with a group
+// size, as GroupOutcomes does: they wait, their keys done, until the group
+// is full or the engine flushes it.
 type worldOutcomes struct {
-	rc *recorder
-	w  *world
+	rc    *recorder
+	w     *world
+	group int
+	mu    *sync.Mutex
+	held  *[]delivery
 }
 
 func (s worldOutcomes) ready(context.Context) error           { return s.rc.errorOf() }
 func (s worldOutcomes) hold(context.Context, *heldConn) error { return nil }
-func (s worldOutcomes) flush() error                          { return s.rc.errorOf() }
-func (s worldOutcomes) close() error                          { return s.rc.errorOf() }
+func (s worldOutcomes) flush() error                          { s.write(nil, true); return s.rc.errorOf() }
+func (s worldOutcomes) close() error                          { return s.flush() }
 
 func (s worldOutcomes) add(ds []delivery, _ *heldConn) error {
+	s.write(ds, false)
+	return s.rc.errorOf()
+}
+
+// write writes ds, or adds them to the group, and writes the group when it
+// is full or all is set. One write at a time, so that a flush returns once
+// every outcome given before it is written (as groupedOutcomes' flushing).
+func (s worldOutcomes) write(ds []delivery, all bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	*s.held = append(*s.held, ds...)
+	var out []delivery
+	if all || len(*s.held) >= s.group {
+		out, *s.held = *s.held, nil
+	}
+	if len(out) == 0 {
+		return
+	}
 	s.w.mu.Lock()
-	for _, d := range ds {
+	for _, d := range out {
 		r := s.w.rows[d.m.ID]
 		s.w.note("outcome %d %v", d.m.ID, d.out)
 		delete(s.w.picked, d.m.ID)
@@ -300,8 +325,7 @@ func (s worldOutcomes) add(ds []delivery, _ *heldConn) error {
 		r.updated = s.w.t.now
 	}
 	s.w.mu.Unlock()
-	s.rc.report(ds)
-	return s.rc.errorOf()
+	s.rc.report(out)
 }
 
 // partition is a key's partition of n, as the model computes it.
@@ -346,6 +370,9 @@ func keyOrderRun(t *testing.T, seed uint64) (ok bool) {
 	}
 	if rng.IntN(3) == 0 {
 		w.t.partitions = 2 + rng.IntN(3)
+	}
+	if rng.IntN(2) == 0 {
+		w.group = 2 + rng.IntN(6)
 	}
 	for i := range 3 + rng.IntN(8) {
 		w.keys = append(w.keys, fmt.Sprintf("k%d", i))
@@ -403,8 +430,8 @@ func keyOrderRun(t *testing.T, seed uint64) (ok bool) {
 		broken := w.broken
 		w.mu.Unlock()
 		if len(broken) > 0 {
-			t.Errorf("seed %d (types %d, concurrency %d, batch %d, bytes %d, pauseAfter %d, backoff %s, partitions %d, keyed %v): step %d of %d, after %d sends: %s\nlast events:\n%s",
-				seed, len(types), concurrency, w.t.batch, w.t.batchBytes, cfg.PauseAfter, w.t.backoff, w.t.partitions, keyed,
+			t.Errorf("seed %d (types %d, concurrency %d, batch %d, bytes %d, pauseAfter %d, backoff %s, partitions %d, keyed %v, groups %d): step %d of %d, after %d sends: %s\nlast events:\n%s",
+				seed, len(types), concurrency, w.t.batch, w.t.batchBytes, cfg.PauseAfter, w.t.backoff, w.t.partitions, keyed, w.group,
 				step, steps, w.sends, broken[0], strings.Join(w.trail[max(0, len(w.trail)-150):], "\n"))
 			return false
 		}
@@ -461,7 +488,7 @@ func runWorld(r *Runner, w *world, o Opts) Result {
 	ctx := context.Background()
 	e := r.newEngine(ctx, o, worldTable{w})
 	e.rec = &recorder{r: r, ctx: ctx, res: &e.res, pipeline: outcomePipeline}
-	e.rec.outcomeStrategy = worldOutcomes{rc: e.rec, w: w}
+	e.rec.outcomeStrategy = worldOutcomes{rc: e.rec, w: w, group: w.group, mu: new(sync.Mutex), held: new([]delivery)}
 	e.run()
 	return e.res
 }

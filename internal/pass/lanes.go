@@ -1,6 +1,7 @@
 package pass
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,9 +13,9 @@ import (
 // This file is isolation between message types (decision 0040). Each type
 // the relay has a sender for is a lane, whose health outlives passes: open,
 // paused until a time, or probing. A lane whose Sends fail PauseAfter times
-// in a row, or whose abandoned Sends still running reach Concurrency, is
-// paused: its rows are neither selected nor sent, and keep their status and
-// attempts. When the pause ends, one of its messages is sent as a probe; its
+// in a row, or whose stuck Send makes the relay reach its bound of them
+// (stuck.go), is paused: its rows are neither selected nor sent, and keep
+// their status and attempts. When the pause ends, one of its messages is sent as a probe; its
 // success opens the lane, its failure pauses it again, for twice as long. The
 // engine (engine.go) shares its workers fairly between the lanes that have
 // work, and leaves the paused ones out of its selects.
@@ -29,15 +30,19 @@ const (
 )
 
 // How long a pause lasts: pauseFirst, doubling with each pause in a row, up
-// to pauseMax.
+// to Config.PauseMax (PauseMaxDefault): a dead destination gets a probe that
+// often, and one that came back is found within it.
 const (
-	pauseFirst = 5 * time.Second
-	pauseMax   = time.Minute
+	pauseFirst      = 5 * time.Second
+	PauseMaxDefault = 10 * time.Second
 )
 
-// slowSend is how long a Send must take for its lane to count as slow: a
-// slow lane leaves one worker to the others (flight.next), so that they wait
-// for no send of it.
+// StuckSendsMaxDefault is the default of Config.StuckSendsMax (stuck.go).
+const StuckSendsMaxDefault = 100
+
+// slowSend is how long a Send must take, or have run, for its lane to count
+// as slow: the slow lanes leave the others their share of the workers
+// (engine.share), so that they wait for no send of them.
 const slowSend = 100 * time.Millisecond
 
 // took notes how long one of l's Sends took.
@@ -50,14 +55,15 @@ func (l *lane) took(d time.Duration) {
 // lane is one message type's health, shared by the relay's passes.
 type lane struct {
 	typ        string
-	index      int   // in lanes.all
-	pauseAfter int   // Config.PauseAfter; 0: never
-	abandonMax int32 // Sends abandoned and still running at which the lane pauses
+	index      int // in lanes.all
+	pauseAfter int // Config.PauseAfter; 0: never
+	pauseMax   time.Duration
 	owner      *Lanes
 
-	st        atomic.Int32 // state, for readers that take no lock
-	abandoned atomic.Int32 // Sends given up that have not returned yet
-	slow      atomic.Bool  // its last Send took slowSend or more: it may not take the last worker
+	st       atomic.Int32 // state, for readers that take no lock
+	stuck    atomic.Int32 // its Sends given up that have not returned yet (stuck.go)
+	slow     atomic.Bool  // its last Send took slowSend or more
+	lastSent atomic.Int64 // when a Send of it last succeeded, in UnixNano: a lane with recent work keeps its share of the workers
 
 	mu       sync.Mutex
 	state    laneState
@@ -72,6 +78,8 @@ type lane struct {
 	since   time.Time
 	until   time.Time
 	reason  string
+	// stuckSince is since when it has had stuck Sends without a break.
+	stuckSince time.Time
 }
 
 // Lanes are a relay's lanes, one per type, in the order of its types.
@@ -79,14 +87,16 @@ type Lanes struct {
 	all    []*lane
 	byType map[string]*lane
 	logger *slog.Logger
+	stuck  *stuckSends
 	// changed, when set, is told that a lane paused or opened.
 	changed atomic.Pointer[func()]
 }
 
 func newLanes(types []string, cfg Config, logger *slog.Logger) *Lanes {
-	ls := &Lanes{byType: make(map[string]*lane, len(types)), logger: logger}
+	ls := &Lanes{byType: make(map[string]*lane, len(types)), logger: logger,
+		stuck: newStuckSends(cmp.Or(cfg.StuckSendsMax, StuckSendsMaxDefault), logger)}
 	for i, typ := range types {
-		l := &lane{typ: typ, index: i, pauseAfter: cfg.PauseAfter, abandonMax: int32(max(cfg.Concurrency, 1)), owner: ls}
+		l := &lane{typ: typ, index: i, pauseAfter: cfg.PauseAfter, pauseMax: cmp.Or(cfg.PauseMax, PauseMaxDefault), owner: ls}
 		ls.all = append(ls.all, l)
 		ls.byType[typ] = l
 	}
@@ -94,15 +104,15 @@ func newLanes(types []string, cfg Config, logger *slog.Logger) *Lanes {
 }
 
 // dispatchable reports whether l's rows may be selected and sent now, and
-// whether the next one goes as a probe. A pause that ended, with fewer
-// abandoned Sends running than the bound, turns into probing here.
+// whether the next one goes as a probe. A pause that ended, while the relay
+// runs fewer stuck Sends than its bound, turns into probing here.
 func (l *lane) dispatchable(now time.Time) (ok, probe bool) {
 	if laneState(l.st.Load()) == laneOpen {
 		return true, false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.state == lanePaused && !now.Before(l.until) && l.abandoned.Load() < l.abandonMax {
+	if l.state == lanePaused && !now.Before(l.until) && !l.owner.stuck.full() {
 		l.set(laneProbing)
 	}
 	switch l.state {
@@ -168,6 +178,9 @@ func (l *lane) observe(out Outcome, permanent bool, err error, key string) {
 		return
 	}
 	healthy := out == OutcomeSent || permanent
+	if out == OutcomeSent {
+		l.lastSent.Store(time.Now().UnixNano())
+	}
 	l.mu.Lock()
 	if healthy && l.state == laneOpen && l.failures == 0 {
 		l.mu.Unlock()
@@ -195,24 +208,36 @@ func (l *lane) observe(out Outcome, permanent bool, err error, key string) {
 	l.said(opened, paused)
 }
 
-// abandon counts a Send given up while it runs on; at abandonMax of them the
-// lane pauses, instead of leaving more goroutines behind.
-func (l *lane) abandon() {
-	n := l.abandoned.Add(1)
-	if n < l.abandonMax || l.pauseAfter == 0 {
-		return
+// abandoned counts one of l's Sends given up while it runs on (add), or
+// one that returned at last.
+func (l *lane) abandoned(add bool) {
+	l.mu.Lock()
+	switch n := l.stuck.Load(); {
+	case add && n == 0:
+		l.stuckSince = time.Now()
+		l.stuck.Add(1)
+	case add:
+		l.stuck.Add(1)
+	default:
+		l.stuck.Add(-1)
 	}
+	l.mu.Unlock()
+	if f := l.owner.changed.Load(); f != nil {
+		(*f)()
+	}
+}
+
+// pauseStuck pauses l, unless it is paused: the relay runs its bound of
+// stuck Sends (stuck.go).
+func (l *lane) pauseStuck(reason string) {
 	l.mu.Lock()
 	paused := l.state != lanePaused
 	if paused {
-		l.pauseLocked(time.Now(), fmt.Sprintf("%d sends ignored their context and still run", n))
+		l.pauseLocked(time.Now(), reason)
 	}
 	l.mu.Unlock()
 	l.said(false, paused)
 }
-
-// returned says that an abandoned Send returned at last.
-func (l *lane) returned() { l.abandoned.Add(-1) }
 
 // pauseLocked pauses l (l.mu held).
 func (l *lane) pauseLocked(now time.Time, reason string) {
@@ -220,8 +245,8 @@ func (l *lane) pauseLocked(now time.Time, reason string) {
 		l.since = now
 	}
 	l.pauses++
-	d := pauseMax
-	if l.pauses <= 8 && pauseFirst<<(l.pauses-1) < pauseMax {
+	d := l.pauseMax
+	if l.pauses <= 8 && pauseFirst<<(l.pauses-1) < d {
 		d = pauseFirst << (l.pauses - 1)
 	}
 	l.set(lanePaused)
@@ -237,7 +262,7 @@ func (l *lane) said(opened, paused bool) {
 		l.owner.logger.LogAttrs(context.Background(), slog.LevelWarn,
 			"relay: type paused: its messages wait, untouched, while the other types go on; one is sent as a probe at resumes_at",
 			slog.String("type", l.typ), slog.String("reason", p.Reason), slog.Time("resumes_at", p.Until),
-			slog.Int("abandoned_running", int(l.abandoned.Load())))
+			slog.Int("stuck_sends", int(l.stuck.Load())))
 	} else if opened {
 		l.owner.logger.LogAttrs(context.Background(), slog.LevelInfo, "relay: type resumed: a message was delivered",
 			slog.String("type", l.typ))
@@ -295,5 +320,18 @@ type PausedType struct {
 }
 
 // OnChange has f told, from the goroutine that saw it, each time a lane
-// pauses or opens.
+// pauses or opens, or its stuck Sends change.
 func (ls *Lanes) OnChange(f func()) { ls.changed.Store(&f) }
+
+// Stuck lists the lanes with stuck Sends now (stuck.go).
+func (ls *Lanes) Stuck() []StuckType {
+	var st []StuckType
+	for _, l := range ls.all {
+		l.mu.Lock()
+		if n := l.stuck.Load(); n > 0 {
+			st = append(st, StuckType{Type: l.typ, Sends: int(n), Since: l.stuckSince})
+		}
+		l.mu.Unlock()
+	}
+	return st
+}

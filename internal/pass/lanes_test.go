@@ -252,10 +252,60 @@ func TestLanesProbe(t *testing.T) {
 	require.Equal(t, 6, x.count(), "every x message sent once the lane opened (failed first: %d)", failedFirst)
 }
 
-// TestLanesAbandonedSendsPauseTheLane: x's Sends ignore their context. At
-// Concurrency of them abandoned and still running, x is paused instead of
-// leaving more behind; it probes again only once they returned.
-func TestLanesAbandonedSendsPauseTheLane(t *testing.T) {
+// TestStuckSendsHoldOnlyTheirKeys: with one worker, key x0's Send ignores
+// its context and never returns (until the test lets it). It is given up at
+// its SendTimeout and counted stuck: x0's next message waits behind it, never
+// two of a key in flight, while x's other keys are all delivered. Once the
+// Send returns, x0 goes on.
+func TestStuckSendsHoldOnlyTheirKeys(t *testing.T) {
+	table := newMemTable(100)
+	first := table.add("x", "x0")[0]
+	table.add("x", keysOf("x", 5)...)
+	second := table.add("x", "x0")[0]
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var sent []string
+	x := senderFunc{"x", func(_ context.Context, m store.Row) error {
+		if m.ID == first {
+			<-release // ignores its context
+		}
+		mu.Lock()
+		sent = append(sent, m.Key)
+		mu.Unlock()
+		return nil
+	}}
+	r := laneRelay(t, 1, func(c *Config) { c.SendTimeout = 20 * time.Millisecond }, x)
+	res := runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, true)
+	require.NoError(t, res.Err)
+	require.Equal(t, 5, res.Sent, "x's other keys, past the stuck one")
+	require.Equal(t, 1, res.Failed, "x0's first message failed with its context's cause")
+	status, _ := table.status(second)
+	require.Empty(t, status, "x0's next message waits behind the stuck Send")
+	st := r.lanes.Stuck()
+	require.Len(t, st, 1)
+	require.Equal(t, "x", st[0].Type)
+	require.Equal(t, 1, st[0].Sends)
+	require.False(t, st[0].Since.IsZero())
+	require.Empty(t, r.lanes.Paused(), "one stuck Send costs its key, not its type")
+
+	res = runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, true)
+	require.NoError(t, res.Err)
+	require.Zero(t, res.Processed(), "x0 waits while its Send still runs")
+
+	close(release)
+	waitFor(t, "the stuck Send returned, and counted back", func() bool { return len(r.lanes.Stuck()) == 0 })
+	res = runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, true)
+	require.NoError(t, res.Err)
+	require.Equal(t, 2, res.Sent, "x0's first message again, then its second")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, "x0", sent[len(sent)-1])
+}
+
+// TestStuckSendsBound: every Send of x ignores its context. At the relay's
+// bound of stuck Sends (StuckSendsMax) x is paused instead of leaving more
+// behind, and says why; it probes again only once fewer run.
+func TestStuckSendsBound(t *testing.T) {
 	table := newMemTable(100)
 	table.add("x", keysOf("x", 10)...)
 	table.add("y", keysOf("y", 3)...)
@@ -268,27 +318,26 @@ func TestLanesAbandonedSendsPauseTheLane(t *testing.T) {
 		return nil
 	}}
 	y := &gatedSender{typ: "y"}
-	r := laneRelay(t, 2, func(c *Config) { c.SendTimeout = 20 * time.Millisecond }, x, y)
+	r := laneRelay(t, 2, func(c *Config) { c.SendTimeout = 20 * time.Millisecond; c.StuckSendsMax = 3 }, x, y)
 	l := r.lanes.byType["x"]
 	res := runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
 	require.NoError(t, res.Err)
 	require.Equal(t, 3, res.Sent, "y's keys")
-	// At Concurrency abandoned x is paused; only the Sends already in flight
-	// can join them.
-	require.GreaterOrEqual(t, l.abandoned.Load(), int32(2))
-	require.LessOrEqual(t, l.abandoned.Load(), int32(2*2-1), "no more x Sends left behind than 2 × Concurrency - 1")
+	// At the bound x is paused; only the Sends already in flight can join them.
+	require.GreaterOrEqual(t, l.stuck.Load(), int32(3))
+	require.LessOrEqual(t, l.stuck.Load(), int32(3+2-1), "no more x Sends left behind than the bound and the workers in flight")
 	p, ok := l.pausedType()
 	require.True(t, ok)
-	require.Contains(t, p.Reason, "sends ignored their context and still run")
+	require.Contains(t, p.Reason, "Sends ignored their context and still run, the relay's bound (StuckSendsMax)")
 
 	l.mu.Lock()
 	l.until = time.Now().Add(-time.Millisecond) // the pause is over, but they still run
 	l.mu.Unlock()
 	ok, _ = l.dispatchable(time.Now())
-	require.False(t, ok)
+	require.False(t, ok, "no probe while the relay runs its bound")
 	close(release)
-	waitFor(t, "the abandoned Sends returned, and counted back", func() bool {
-		return running.Load() == 0 && l.abandoned.Load() == 0
+	waitFor(t, "the stuck Sends returned, and counted back", func() bool {
+		return running.Load() == 0 && l.stuck.Load() == 0 && len(r.lanes.Stuck()) == 0
 	})
 	ok, probe := l.dispatchable(time.Now())
 	require.True(t, ok)

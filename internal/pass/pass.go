@@ -26,6 +26,11 @@ type Config struct {
 	Workers     int
 	SendTimeout time.Duration
 	Interval    time.Duration
+	// PauseMax is the longest pause of a type (0: PauseMaxDefault).
+	PauseMax time.Duration
+	// StuckSendsMax bounds the relay's stuck Sends (0: StuckSendsMaxDefault;
+	// stuck.go).
+	StuckSendsMax int
 }
 
 // Sender delivers the messages of one type: the adopter's Sender, behind the

@@ -97,8 +97,15 @@ func (r *Runner) sendBatch(ctx context.Context, s BatchSender, ms []store.Row) [
 		}
 		r.deps.Logger.LogAttrs(ctx, slog.LevelError, "relay: batch sender did not return after its context ended; abandoned",
 			slog.String("type", ms[0].Type), slog.Int("messages", len(ms)))
-		l.abandon()
-		go func() { <-done; l.returned() }()
+		for _, m := range ms {
+			r.lanes.stuck.add(l, m.Key) // its key waits until the call returns
+		}
+		go func() {
+			<-done
+			for _, m := range ms {
+				r.lanes.stuck.done(l, m.Key)
+			}
+		}()
 		return all(context.Cause(sctx))
 	}
 }

@@ -39,6 +39,7 @@ type worker struct {
 
 	born    time.Time    // when the worker started: since counts from it, on the monotonic clock
 	since   atomic.Int64 // when the running Send started, past born
+	lane    atomic.Int32 // the lane of the running Send, -1 when none runs (engine.share)
 	overdue *time.Timer  // fires at the running Send's SendTimeout (watch)
 	unwatch func()
 
@@ -65,8 +66,15 @@ type place struct {
 // errSenderExited is the outcome of a Send that ended its goroutine.
 var errSenderExited = errors.New("sender ended its goroutine (runtime.Goexit, as t.FailNow does) instead of returning")
 
-func (e *engine) worker() {
+// newWorker is a worker of e, not started yet (start).
+func (e *engine) newWorker() *worker {
 	k := &worker{e: e}
+	k.lane.Store(-1)
+	return k
+}
+
+// start runs k until the pass ends.
+func (k *worker) start() {
 	k.unwatch = k.watch()
 	k.run(nil)
 }
@@ -257,6 +265,7 @@ func (k *worker) send(m *store.Row) (kept bool, err error) {
 	k.running = running{turn: turn, cancel: cancel}
 	k.mu.Unlock()
 	k.since.Store(int64(start.Sub(k.born)))
+	k.lane.Store(int32(m.Lane))
 	k.turn.Store(turn)
 	k.overdue.Reset(r.cfg.SendTimeout)
 	returned := false
@@ -267,10 +276,13 @@ func (k *worker) send(m *store.Row) (kept bool, err error) {
 	}()
 	err = s.Send(ctx, msg)
 	returned = true
+	if k.turn.Load() == turn {
+		k.lane.Store(-1)
+	}
 	if !k.turn.CompareAndSwap(turn, turn+1) {
 		// Given up: the worker, and its overdue timer, are another
 		// goroutine's now.
-		l.returned()
+		r.lanes.stuck.done(l, msg.Key)
 		return false, err
 	}
 	// The timer is left set: firing for a Send that returned, it does
@@ -326,7 +338,7 @@ func (k *worker) giveUp(turn uint64) {
 	m := k.at.m
 	k.e.r.deps.Logger.LogAttrs(k.e.ctx, slog.LevelError, "relay: sender did not return after its context ended; abandoned",
 		slog.Int64("id", m.ID), slog.String("type", m.Type))
-	k.e.lanes[m.Lane].abandon()
+	k.e.r.lanes.stuck.add(k.e.lanes[m.Lane], m.Key) // its key waits until it returns
 	k.takeOver(context.Cause(k.at.ctx))
 }
 

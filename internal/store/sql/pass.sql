@@ -115,13 +115,15 @@ ORDER BY m.id
 
 -- name: failedOf
 -- The failed rows of a lane's window whose attempts match .Attempts, that
--- wait out no backoff.
+-- wait out no backoff. "e.id + 0": sorted after they are read, so that no
+-- plan reads them in id order through the live rows' index, the dead history
+-- with them, hoping to stop early.
 {{/* starts on a line of its own */}}
       UNION ALL
       (SELECT e.id FROM (SELECT m.id FROM {{.Table}} m
         WHERE m.type = ty.type AND m.direction = 'OUT' AND m.status = 'ERROR' AND {{.Attempts}} AND m.id > ty.after{{template "inPartitions" .}}
           AND NOT {{template "waiting" (.As "m")}}
-        OFFSET 0) e ORDER BY e.id LIMIT ty.width + 1)
+        OFFSET 0) e ORDER BY e.id + 0 LIMIT ty.width + 1)
 
 -- name: failedBehind
 -- Whether a live failed row of a selected lane lies behind its cursor (failed
