@@ -186,7 +186,7 @@ func TestBrowserRequeueIsDelivered(t *testing.T) {
 	require.EqualValues(t, http.StatusOK, status, "redirected back to the dead rows")
 	require.Equal(t, "Re-queued 1 dead row(s): the next pass delivers them.", text(t, ctx, "#flash"))
 	st, attempts := w.status(t, dead)
-	require.Equal(t, "PENDING", st)
+	require.Equal(t, "ERROR", st, "re-queued: a failed row with 0 attempts, due at once")
 	require.Zero(t, attempts)
 	require.Len(t, w.logs.Lines("re-queued dead rows", "who=admin", fmt.Sprintf("id=%d", dead), "requeued=1"), 1)
 

@@ -205,7 +205,7 @@ func TestActionsAndAuthorization(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Equal(t, "./dead?done=requeued&n=1&s=0", resp.Header.Get("Location"))
 	st, attempts := w.status(t, dead)
-	require.Equal(t, "PENDING", st)
+	require.Equal(t, "ERROR", st, "re-queued: a failed row with 0 attempts, due at once")
 	require.Zero(t, attempts)
 	require.Len(t, w.logs.Lines("re-queued dead rows", "who=admin", "action=requeue", "requeued=1", "id="+itoa(dead)), 1)
 	code, body = admin.get("/dead?done=requeued&n=1&s=0")

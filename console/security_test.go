@@ -73,8 +73,9 @@ func TestRoles(t *testing.T) {
 	token = acting.token("/")
 	resp, body := acting.post("/requeue", url.Values{"s": {"0"}, "id": {itoa(dead)}, "token": {token}, "confirm": {"1"}}, "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
-	st, _ = w.status(t, dead)
-	require.Equal(t, "PENDING", st)
+	st, attempts := w.status(t, dead)
+	require.Equal(t, "ERROR", st)
+	require.Zero(t, attempts, "re-queued")
 	require.Empty(t, w.logs.Lines(plantedPassword))
 }
 

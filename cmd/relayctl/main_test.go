@@ -408,8 +408,8 @@ func TestRequeue(t *testing.T) {
 	code, stdout, _ = w.ctl(t, ctx, "requeue", "--all", "--all-types")
 	require.Equal(t, exitOK, code, "nothing to re-queue: nothing to confirm")
 	require.Contains(t, stdout, "nothing re-queued")
-	require.Equal(t, 5, w.count(t, "status = 'PENDING' AND attempts = 0"))
-	require.Equal(t, 5, w.count(t, "status = 'PENDING' AND requeued_at IS NOT NULL"), "a re-queue says when")
+	require.Equal(t, 5, w.count(t, "status = 'ERROR' AND attempts = 0"), "re-queued: failed rows with 0 attempts, due at once")
+	require.Equal(t, 5, w.count(t, "status = 'ERROR' AND requeued_at IS NOT NULL"), "a re-queue says when")
 }
 
 func TestPurge(t *testing.T) {

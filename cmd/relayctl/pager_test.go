@@ -248,7 +248,7 @@ func TestPagerOtherAppsRelaysDown(t *testing.T) {
 	code, stdout, stderr = w.ctl(t, ctx, "requeue", "--all", "--types", "invoice", "--yes")
 	require.Equal(t, exitError, code, stdout+stderr)
 	require.Contains(t, stdout+stderr, "gives \"invoice\" to app")
-	require.Equal(t, 1, w.count(t, "type = 'invoice' AND status = 'ERROR'"), "B's dead row untouched")
+	require.Equal(t, 1, w.count(t, "type = 'invoice' AND status = 'ERROR' AND attempts > 0"), "B's dead row untouched")
 	code, stdout, stderr = w.ctl(t, ctx, "purge", "--older-than", "0", "--all-types", "--yes")
 	require.Equal(t, exitOK, code, stdout+stderr)
 	require.Contains(t, stderr, `but "invoice", another app's by the registry of types (app "`+cfgB.AppName+`")`)
@@ -259,7 +259,7 @@ func TestPagerOtherAppsRelaysDown(t *testing.T) {
 	code, stdout, stderr = w.ctl(t, ctx, "requeue", "--id", fmt.Sprint(bid), "--other-app", cfgB.AppName, "--yes")
 	require.Equal(t, exitOK, code, stdout+stderr)
 	require.Contains(t, stderr, fmt.Sprintf("rows of app %q", cfgB.AppName))
-	require.Equal(t, 0, w.count(t, "type = 'invoice' AND status = 'ERROR'"))
+	require.Equal(t, 1, w.count(t, "type = 'invoice' AND status = 'ERROR' AND attempts = 0"), "re-queued: failed with 0 attempts")
 
 	// B's own status pages for its backlog while its relays are down.
 	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0", "--app", cfgB.AppName)

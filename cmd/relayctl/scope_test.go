@@ -75,7 +75,7 @@ func TestAnotherAppsLiveRows(t *testing.T) {
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stderr, `every type (all apps' rows) but "tb", served by live relays of app "`+cfgB.AppName+`"`)
 	require.Contains(t, stdout, "re-queued 1 dead row(s)")
-	require.Equal(t, 1, w.count(t, "type = 'ta' AND status = 'PENDING'"))
+	require.Equal(t, 1, w.count(t, "type = 'ta' AND status = 'ERROR' AND attempts = 0"), "re-queued: failed with 0 attempts")
 	untouched(t)
 
 	// status of A counts none of B's rows and names them.

@@ -31,9 +31,13 @@ WHERE {{template "dead"}} AND id = ANY(@ids::bigint[]) ORDER BY id
 
 -- name: requeue
 -- Re-queue touches only rows dead at the moment of the statement; no pass
--- reads them, so it never races a delivery. With the optional requeued_at
--- column (.Requeued), it says since when the row waits again.
-UPDATE {{.Table}} SET status = 'PENDING', attempts = 0, updated_at = now(){{if .Requeued}}, requeued_at = now(){{end}} WHERE {{template "dead"}}
+-- reads them, so it never races a delivery. A re-queued row is a failed row
+-- with 0 attempts, due at once (sql/pass.sql, waiting): live and failed, it
+-- holds its key's later messages until it is delivered, also behind a pass's
+-- cursor (decision 0041); its last_error keeps the failure that killed it.
+-- With the optional requeued_at column (.Requeued), it says since when the
+-- row waits again.
+UPDATE {{.Table}} SET status = 'ERROR', attempts = 0, updated_at = now(){{if .Requeued}}, requeued_at = now(){{end}} WHERE {{template "dead"}}
 
 -- name: scope
 -- The Admin's scope (Admin.Scope): a NULL @scope is every type; the types
@@ -153,9 +157,10 @@ ORDER BY x.type, x.kind, h.id
 -- name: nextAttempt
 -- When failed row .Alias is tried again: its last attempt (updated_at) plus
 -- its backoff step, RetryBackoff (@backoff seconds) doubling per attempt,
--- capped at @cap seconds, as the pass's "waiting" reads it. NULL when its
--- updated_at is: such a row does not wait.
-{{.Alias}}.updated_at + make_interval(secs => least(@backoff::float8 * power(2::float8, least(greatest(coalesce({{.Alias}}.attempts, 0), 1) - 1, 40)), @cap::float8))
+-- capped at @cap seconds, as the pass's "waiting" reads it; a re-queued row
+-- (0 attempts) at once, since its re-queue. NULL when its updated_at is: such
+-- a row does not wait.
+{{.Alias}}.updated_at + CASE WHEN {{.Alias}}.attempts = 0 THEN interval '0' ELSE make_interval(secs => least(@backoff::float8 * power(2::float8, least(greatest(coalesce({{.Alias}}.attempts, 0), 1) - 1, 40)), @cap::float8)) END
 
 -- name: retryAt
 -- nextAttempt of .Alias if it is a failed row below the ceiling, else NULL.
