@@ -161,8 +161,8 @@ func run(ctx context.Context, out io.Writer) (delivered []string, err error) {
 	deliver := func(_ context.Context, m relay.Message) error {
 		mu.Lock()
 		delivered = append(delivered, m.Type+" "+m.Key)
-		mu.Unlock()
 		fmt.Fprintf(out, "  delivered %-5s %-8s %s\n", m.Type, m.Key, m.Payload)
+		mu.Unlock()
 		arrived <- struct{}{}
 		return nil
 	}
@@ -190,11 +190,15 @@ func run(ctx context.Context, out io.Writer) (delivered []string, err error) {
 	want := 0
 	for _, o := range orders {
 		if err := PlaceOrder(ctx, db, o.order, o.lines); err != nil {
+			mu.Lock() // the relay's senders print beside this loop
 			fmt.Fprintf(out, "%s refused, rolled back with its messages: %v\n", o.order.ID, err)
+			mu.Unlock()
 			continue
 		}
 		want += 1 + len(o.lines)
+		mu.Lock()
 		fmt.Fprintf(out, "%s placed: %d messages\n", o.order.ID, 1+len(o.lines))
+		mu.Unlock()
 	}
 
 	wait := time.NewTimer(30 * time.Second)
@@ -203,6 +207,8 @@ func run(ctx context.Context, out io.Writer) (delivered []string, err error) {
 		select {
 		case <-arrived:
 		case <-wait.C:
+			mu.Lock()
+			defer mu.Unlock()
 			return nil, fmt.Errorf("the relay delivered %d of %d messages in 30s", len(delivered), want)
 		case <-ctx.Done():
 			return nil, ctx.Err()
