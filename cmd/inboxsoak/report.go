@@ -399,11 +399,20 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "  pauses      the relays paused order %d times, ledger %d times; the pause fault paused order in %d of %d,\n",
 		r.pauses[typeOrder], r.pauses[typeLedger], r.pausedByFault(), len(r.pauseFaults))
 	fmt.Fprintf(w, "              and of its bursts' %d ledger messages %d were applied while order failed\n", burst, applied)
-	var outcomes []string
-	for o, n := range r.answers {
-		outcomes = append(outcomes, fmt.Sprintf("%s %d", o, n))
+	// The inbox's outcomes always, then any other status.
+	outcomes := []string{
+		fmt.Sprintf("applied %d", r.answers["applied"]),
+		fmt.Sprintf("duplicate %d", r.answers["duplicate"]),
+		fmt.Sprintf("stale %d", r.answers["stale"]),
 	}
-	slices.Sort(outcomes)
+	var others []string
+	for o, n := range r.answers {
+		if o != "applied" && o != "duplicate" && o != "stale" {
+			others = append(others, fmt.Sprintf("%s %d", o, n))
+		}
+	}
+	slices.Sort(others)
+	outcomes = append(outcomes, others...)
 	fmt.Fprintf(w, "  deliveries  %d answers for %d messages: %s\n", sum(r.answers), r.delivered, strings.Join(outcomes, ", "))
 	fmt.Fprintf(w, "              %d re-deliveries by the relay, each dropped by the inbox (duplicate, stale) or retried after a failure\n", r.again)
 	for _, d := range r.details {
