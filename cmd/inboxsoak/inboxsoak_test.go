@@ -20,11 +20,14 @@ func TestMain(m *testing.M) {
 	os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL"))
 }
 
-// TestInboxSoak is a short soak: 12 seconds of messages for 300 keys, a fault
-// every 1.2 seconds (each of the five at least twice), the inbox's records
-// purged after 2 seconds so that late re-deliveries meet the stale-drop too.
-// Every message's effect must be applied exactly once, every key must end on
-// its newest message, none may be lost. go run ./cmd/inboxsoak runs longer.
+// TestInboxSoak is a short soak: 18 seconds of messages of both types for 300
+// keys, a fault every 1.2 seconds (each of the seven at least once, order
+// paused by 2 seconds of 503s while 150 ledger messages drain), order's inbox
+// records purged after a second so that late re-deliveries meet the
+// stale-drop too. Every message's effect must be applied exactly once, in
+// each key's id order, every order key must end on its newest message, every
+// ledger key on the sum of its amounts, none may be lost or dropped as stale.
+// go run ./cmd/inboxsoak runs longer.
 func TestInboxSoak(t *testing.T) {
 	receiver, err := pgserver.Start(context.Background(), "")
 	if err != nil {
@@ -32,11 +35,13 @@ func TestInboxSoak(t *testing.T) {
 	}
 	defer receiver.Stop()
 	o := options{
-		duration:    12 * time.Second,
+		duration:    18 * time.Second,
 		rate:        150,
 		keys:        300,
 		replicas:    3,
 		faultEvery:  1200 * time.Millisecond,
+		failFor:     2 * time.Second,
+		burst:       150,
 		drain:       90 * time.Second,
 		purgeAge:    time.Second,
 		answerDelay: 5 * time.Millisecond,
@@ -54,9 +59,13 @@ func TestInboxSoak(t *testing.T) {
 		t.Fatalf("the soak failed:\n%s\nprogress:\n%s", out.String(), progress.String())
 	}
 	// The faults did what they are for: the relay delivered again, and the
-	// inbox answered without applying.
+	// inbox answered without applying; the receiver failed, and order
+	// paused while ledger went on; keys got both types.
 	if rep.again == 0 || rep.answers["duplicate"]+rep.answers["stale"] == 0 {
 		t.Fatalf("no re-delivery reached the inbox:\n%s", out.String())
+	}
+	if rep.answers["503"] == 0 || rep.pauses[typeOrder] == 0 || rep.burst == 0 || rep.shared == 0 {
+		t.Fatalf("no 503, no pause of order, no burst of ledger or no key of both types:\n%s", out.String())
 	}
 }
 

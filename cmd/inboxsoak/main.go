@@ -1,28 +1,54 @@
 // Command inboxsoak proves the relay and the inbox together, end to end,
-// under faults: a producer writes messages for a few hundred keys to an
-// outbox in one PostgreSQL; relay replicas (processes of their own, under the
-// election) deliver them by HTTP, through a proxy, to a receiver (a process
-// of its own) built on the inbox, which applies each to a second PostgreSQL:
-// one row per effect, and each key's state. Meanwhile it injects, in turn:
+// under faults: a producer writes messages of two types for a few hundred
+// keys to an outbox in one PostgreSQL; relay replicas (processes of their
+// own, under the election) deliver them by HTTP, through a proxy, to a
+// receiver (a process of its own) built on two inboxes, which applies each
+// to a second PostgreSQL:
+//
+//   - order (PUT /order/{key}) carries a key's whole state: the receiver
+//     keeps each key's newest, with the inbox's stale-drop;
+//   - ledger (PUT /ledger/{key}) carries an amount: the receiver adds it to
+//     its key's sum, with the inbox's KeepStale, so that every message must
+//     take effect exactly once and none may be dropped as stale.
+//
+// Of the -keys keys, order writes the first two thirds and ledger the last
+// two: the middle third gets both, and a key's order is one across its
+// types. Meanwhile it injects, in turn:
 //
 //   - the elected relay killed -9 mid-send, and a new replica started;
+//   - order paused while ledger drains: the receiver answers 503 to order for
+//     -fail-for (3s), long enough for the relays to pause the type (after
+//     PauseAfter, 5, failures in a row; RetryBackoff is 0), and a burst of
+//     -burst ledger messages is written midway, which drains meanwhile but
+//     for its keys whose older order messages wait;
 //   - the receiver killed -9 after its commit and before its answer;
 //   - the connections between the relays and the receiver cut silently (no
 //     FIN), what the relays sent on them delivered to the receiver later;
+//   - the receiver failing: it answers 503 to every type for -fail-for;
 //   - the receiver's database restarted (an immediate shutdown);
 //   - a failover: the elected relay stopped gracefully, another takes over.
 //
-// Then it drains and checks: every message's effect exactly once, every
-// key's final state its newest message, none lost, every row SENT, each
-// fault injected. Beside them it counts the relay's re-deliveries, which
-// still happen: the inbox answers them as duplicates or stale.
+// Then it drains and checks: every message's effect exactly once; no order
+// break: each key's effects, both types together, applied in id order (the
+// receiver takes a key's row before it records an effect, so the effects'
+// sequence is the order they were applied in); no order message answered
+// stale without ever being applied; every order key's final state its
+// newest message and every ledger key's sum the sum of its amounts; every
+// row SENT; each fault injected, and the pause fault seen to pause order
+// (the relays' "type paused" log lines). Beside them it counts the relay's
+// re-deliveries, which still happen: the inbox answers them as duplicates or
+// stale. On a failure it prints the timeline of the keys concerned: each
+// message's write, row, effect and answers.
 //
 //	go run ./cmd/inboxsoak                      # 60s of faults
+//	go run ./cmd/inboxsoak -duration 90s -log /tmp/soak.log -trace
 //	go run ./cmd/inboxsoak -duration 10m -rate 300 -fault-every 2s
 //
-// With -purge-age the receiver's Scheduler purges the inbox's records older
-// than that every second, so that a late re-delivery finds no record and the
-// stale-drop alone keeps it from being applied again.
+// With -purge-age the receiver's Scheduler purges order's inbox records
+// older than that every second, so that a late re-delivery finds no record
+// and the stale-drop alone keeps it from being applied again. Ledger's are
+// never purged: with KeepStale its records alone keep a message to one
+// effect.
 //
 // The outbox's PostgreSQL is DATABASE_URL if set, else a local cluster; the
 // receiver's is always a local cluster of its own, which it restarts. It
@@ -42,6 +68,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/xadm/relay"
 	"github.com/xadm/relay/internal/pgserver"
 )
 
@@ -52,6 +79,8 @@ type options struct {
 	keys        int
 	replicas    int
 	faultEvery  time.Duration
+	failFor     time.Duration
+	burst       int
 	drain       time.Duration
 	purgeAge    time.Duration
 	answerDelay time.Duration
@@ -69,6 +98,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.keys, "keys", 300, "distinct natural keys the producer writes")
 	fs.IntVar(&o.replicas, "replicas", 3, "relay replicas, each a process (1-8)")
 	fs.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "time between two faults (at least 200ms)")
+	fs.DurationVar(&o.failFor, "fail-for", 3*time.Second, "how long the receiver answers 503 in the faults that fail it (at least 500ms)")
+	fs.IntVar(&o.burst, "burst", 300, "ledger messages written while order is paused, in one transaction")
 	fs.DurationVar(&o.drain, "drain", 90*time.Second, "the most to wait, after writing stops, for every message to be applied")
 	fs.DurationVar(&o.purgeAge, "purge-age", 0, "purge the inbox's records older than this every second; 0 never")
 	fs.DurationVar(&o.answerDelay, "answer-delay", 5*time.Millisecond, "what the receiver does between its commit and its answer (at most 1s)")
@@ -90,6 +121,8 @@ func parseFlags(args []string) (options, error) {
 	check(o.keys >= 1, "-keys must be at least 1, got %d", o.keys)
 	check(o.replicas >= 1 && o.replicas <= 8, "-replicas must be between 1 and 8, got %d", o.replicas)
 	check(o.faultEvery >= 200*time.Millisecond, "-fault-every must be at least 200ms, got %s", o.faultEvery)
+	check(o.failFor >= 500*time.Millisecond && o.failFor <= time.Minute, "-fail-for must be in [500ms, 1m], got %s", o.failFor)
+	check(o.burst >= 0 && o.burst <= relay.EnqueueManyMax, "-burst must be between 0 and %d, got %d", relay.EnqueueManyMax, o.burst)
 	check(o.drain > 0 && o.drain <= 10*time.Minute, "-drain must be in (0, 10m], got %s", o.drain)
 	check(o.purgeAge >= 0, "-purge-age must not be negative, got %s", o.purgeAge)
 	check(o.answerDelay >= 0 && o.answerDelay <= time.Second, "-answer-delay must be in [0, 1s], got %s", o.answerDelay)

@@ -25,9 +25,6 @@ import (
 	"github.com/xadm/relay/internal/pgserver"
 )
 
-// msgType is the one message type the soak writes and its replicas deliver.
-const msgType = "soak"
-
 // The faults, injected in turn.
 const (
 	faultRelayKill    = "relay killed -9 mid-send"
@@ -35,9 +32,13 @@ const (
 	faultCut          = "connections to the receiver cut silently"
 	faultDBRestart    = "receiver's database restarted"
 	faultFailover     = "failover: the elected relay stopped, another takes over"
+	faultPause        = "order paused (503s) while a burst of ledger drains"
+	faultFailing      = "receiver failing (503s) for every type"
 )
 
-var faultKinds = []string{faultRelayKill, faultReceiverKill, faultCut, faultDBRestart, faultFailover}
+// faultKinds are the faults in the order injected; the two that fail the
+// receiver on purpose lie apart.
+var faultKinds = []string{faultRelayKill, faultPause, faultReceiverKill, faultCut, faultFailing, faultDBRestart, faultFailover}
 
 // soak is one run: the two databases, the relay replicas and the receiver
 // (child processes), the proxy between them, the producer and the faults.
@@ -47,28 +48,41 @@ type soak struct {
 	receiver *pgserver.Server
 	out      io.Writer // progress lines; io.Discard when quiet
 
-	id                         string
-	table, app                 string // the outbox and the election
-	inboxTable, effects, state string // the receiver's tables
-	admin                      *pgxpool.Pool
-	rdb                        *pgxpool.Pool // the receiver's database, for the checks
-	relayAdmin                 *relay.Admin
-	proxy                      *cutProxy
-	receiverAddr               string
-	logs                       *tail
+	id                      string
+	table, app              string // the outbox and the election
+	orderInbox, ledgerInbox string // the receiver's inboxes: order's (stale-drop) and ledger's (KeepStale)
+	effects, keys           string // the receiver's tables, quoted: one row per effect, one per key
+	ks                      keySpace
+	admin                   *pgxpool.Pool
+	rdb                     *pgxpool.Pool // the receiver's database, for the checks
+	relayAdmin              *relay.Admin
+	proxy                   *cutProxy
+	receiverAddr            string
+	logs                    *tail
 
-	mu       sync.Mutex
-	relays   map[string]*proc
-	replicas int // replicas started so far, for their names
-	rc       *proc
-	written  map[int64]string
-	newest   map[string]int64
-	writeErr int
-	faults   map[string]int
-	cutConns int
-	released int
-	answers  map[string]map[string]int // outcome → Idempotency-Key → answers
-	history  map[string][]string       // Idempotency-Key → its first answers, for a failure's report
+	mu          sync.Mutex
+	relays      map[string]*proc
+	replicas    int // replicas started so far, for their names
+	rc          *proc
+	written     map[int64]message
+	newest      map[string]int64 // per key, its newest order message
+	sums        map[string]int64 // per key, the sum of its ledger amounts
+	burst       int              // ledger messages the pause faults wrote
+	writeErr    int
+	faults      map[string]int
+	pauses      map[string]int // per type, the pauses the relays logged
+	pauseFaults []pauseFault
+	cutConns    int
+	released    int
+	answers     map[string]map[string]int // outcome → Idempotency-Key → answers
+	history     map[string][]string       // Idempotency-Key → its first answers, for a failure's report
+}
+
+// pauseFault is what one injection of faultPause did.
+type pauseFault struct {
+	paused  bool // the relays paused order meanwhile
+	burst   int  // ledger messages written during it
+	applied int  // of them, applied before order's 503s ended; -1 unknown
 }
 
 // proc is a child process.
@@ -93,16 +107,20 @@ func newSoak(ctx context.Context, o options, producer, receiver *pgserver.Server
 	s := &soak{
 		o: o, producer: producer, receiver: receiver, out: out, id: id,
 		table: "soak_" + id, app: "inboxsoak_" + id,
-		inboxTable: "inbox_" + id,
-		effects:    pgx.Identifier{"effects_" + id}.Sanitize(),
-		state:      pgx.Identifier{"state_" + id}.Sanitize(),
-		logs:       newTail(64 << 10),
-		relays:     map[string]*proc{},
-		written:    map[int64]string{},
-		newest:     map[string]int64{},
-		faults:     map[string]int{},
-		answers:    map[string]map[string]int{},
-		history:    map[string][]string{},
+		orderInbox:  "inbox_order_" + id,
+		ledgerInbox: "inbox_ledger_" + id,
+		effects:     pgx.Identifier{"effects_" + id}.Sanitize(),
+		keys:        pgx.Identifier{"keys_" + id}.Sanitize(),
+		ks:          keySpace{n: o.keys},
+		logs:        newTail(64 << 10),
+		relays:      map[string]*proc{},
+		written:     map[int64]message{},
+		newest:      map[string]int64{},
+		sums:        map[string]int64{},
+		faults:      map[string]int{},
+		pauses:      map[string]int{},
+		answers:     map[string]map[string]int{},
+		history:     map[string][]string{},
 	}
 	var err error
 	if s.admin, err = pgxpool.New(ctx, producer.URL); err != nil {
@@ -148,11 +166,17 @@ func (s *soak) createTables(ctx context.Context) error {
 	if err := relay.CreateTable(ctx, s.admin, s.table); err != nil {
 		return err
 	}
-	if err := inbox.CreateTable(ctx, s.rdb, s.inboxTable); err != nil {
-		return err
+	for _, t := range []string{s.orderInbox, s.ledgerInbox} {
+		if err := inbox.CreateTable(ctx, s.rdb, t); err != nil {
+			return err
+		}
 	}
-	_, err := s.rdb.Exec(ctx, "CREATE TABLE "+s.effects+" (message_id bigint NOT NULL, message_key text NOT NULL); "+
-		"CREATE TABLE "+s.state+" (message_key text PRIMARY KEY, message_id bigint NOT NULL)")
+	// seq is the order in which a key's effects were applied (the receiver
+	// takes the key's row before it draws one); applied_at the time.
+	_, err := s.rdb.Exec(ctx, "CREATE TABLE "+s.effects+" (seq bigserial PRIMARY KEY, message_id bigint NOT NULL, "+
+		"message_key text NOT NULL, type text NOT NULL, amount bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp()); "+
+		"CREATE TABLE "+s.keys+" (message_key text PRIMARY KEY, order_id bigint, "+
+		"ledger_sum bigint NOT NULL DEFAULT 0, ledger_count bigint NOT NULL DEFAULT 0)")
 	return err
 }
 
@@ -182,8 +206,9 @@ func (s *soak) close() {
 }
 
 // start starts a child and a goroutine that closes its done when it exits.
-func (s *soak) start(cfg childConfig, stdout io.Writer) (*proc, error) {
-	cmd, stdin, err := startChild(cfg, stdout, s.logs.prefixed(cfg.Name))
+// Its stderr goes to the logs' tail, each line to observe too if not nil.
+func (s *soak) start(cfg childConfig, stdout io.Writer, observe func(line string)) (*proc, error) {
+	cmd, stdin, err := startChild(cfg, stdout, s.logs.prefixed(cfg.Name, observe))
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", cfg.Name, err)
 	}
@@ -226,7 +251,7 @@ func (s *soak) startRelay() error {
 	name := fmt.Sprintf("inboxsoak-%s-r%d", s.id, s.replicas)
 	s.mu.Unlock()
 	p, err := s.start(childConfig{Role: "relay", Name: name, ProducerURL: s.producer.URL,
-		Table: s.table, App: s.app, Destination: s.proxy.URL(), Trace: s.o.trace}, io.Discard)
+		Table: s.table, App: s.app, Destination: s.proxy.URL(), Trace: s.o.trace}, io.Discard, s.observeRelay)
 	if err != nil {
 		return err
 	}
@@ -248,7 +273,8 @@ func (s *soak) startReceiver(ctx context.Context) error {
 		s.countAnswer(l)
 	}}
 	p, err := s.start(childConfig{Role: "receiver", Name: "inboxsoak-" + s.id + "-receiver", ReceiverURL: s.receiver.URL,
-		Addr: s.receiverAddr, Inbox: s.inboxTable, Effects: s.effects, State: s.state, PurgeAge: s.o.purgeAge, AnswerDelay: s.o.answerDelay, Trace: s.o.trace}, lines)
+		Addr: s.receiverAddr, OrderInbox: s.orderInbox, LedgerInbox: s.ledgerInbox, Effects: s.effects, Keys: s.keys,
+		PurgeAge: s.o.purgeAge, AnswerDelay: s.o.answerDelay, Trace: s.o.trace}, lines, nil)
 	if err != nil {
 		return err
 	}
@@ -267,7 +293,31 @@ func (s *soak) startReceiver(ctx context.Context) error {
 	}
 }
 
-// countAnswer counts a line of the receiver: "<outcome> <key> <replica>".
+// observeRelay counts the pauses a relay logs: its lines at Warn and above
+// reach the soak, and a pause is one ("relay: type paused: …" type=order).
+func (s *soak) observeRelay(l string) {
+	if !strings.Contains(l, `msg="relay: type paused`) {
+		return
+	}
+	_, typ, ok := strings.Cut(l, " type=")
+	if !ok {
+		return
+	}
+	typ, _, _ = strings.Cut(typ, " ")
+	s.mu.Lock()
+	s.pauses[typ]++
+	s.mu.Unlock()
+}
+
+// pausesOf returns how many pauses of typ the relays logged so far.
+func (s *soak) pausesOf(typ string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pauses[typ]
+}
+
+// countAnswer counts a line of the receiver: "<outcome> <Idempotency-Key>
+// <replica> <type>".
 func (s *soak) countAnswer(l string) {
 	f := strings.Fields(l)
 	if len(f) < 2 {
@@ -326,7 +376,8 @@ func (s *soak) run(ctx context.Context) (*report, error) {
 	return rep, nil
 }
 
-// produce writes messages at the rate, for random keys, until ctx ends.
+// produce writes messages at the rate, each of either type at random, for
+// random keys of its type, until ctx ends.
 func (s *soak) produce(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(s.o.seed, 1))
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -340,22 +391,61 @@ func (s *soak) produce(ctx context.Context) {
 		}
 		due := int(time.Since(start).Seconds() * float64(s.o.rate))
 		for ; n < due && ctx.Err() == nil; n++ {
-			key := fmt.Sprintf("k%d", rng.IntN(s.o.keys))
+			m, payload := newMessage(rng, s.ks, msgTypes[rng.IntN(len(msgTypes))], n)
 			// Not ctx: an Enqueue cut short by the end of writing may have
 			// committed, and its message would be one the soak does not know.
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			id, err := relay.Enqueue(wctx, s.admin, s.table, relay.Outgoing{Type: msgType, Key: key, Payload: fmt.Appendf(nil, `{"n": %d}`, n)})
+			id, err := relay.Enqueue(wctx, s.admin, s.table, relay.Outgoing{Type: m.typ, Key: m.key, Payload: payload})
 			cancel()
 			s.mu.Lock()
 			if err != nil {
 				s.writeErr++
 			} else {
-				s.written[id] = key
-				s.newest[key] = max(s.newest[key], id)
+				s.wroteLocked(id, m)
 			}
 			s.mu.Unlock()
 		}
 	}
+}
+
+// wroteLocked notes message id, committed (s.mu held).
+func (s *soak) wroteLocked(id int64, m message) {
+	s.written[id] = m
+	switch m.typ {
+	case typeOrder:
+		s.newest[m.key] = max(s.newest[m.key], id)
+	case typeLedger:
+		s.sums[m.key] += m.amount
+	}
+}
+
+// writeBurst writes the pause fault's burst of ledger messages, in one
+// transaction (EnqueueMany), and returns their ids.
+func (s *soak) writeBurst(ctx context.Context, rng *rand.Rand) []int64 {
+	if s.o.burst == 0 {
+		return nil
+	}
+	ms := make([]message, s.o.burst)
+	out := make([]relay.Outgoing, s.o.burst)
+	for i := range ms {
+		var payload []byte
+		ms[i], payload = newMessage(rng, s.ks, typeLedger, -1-i)
+		out[i] = relay.Outgoing{Type: typeLedger, Key: ms[i].key, Payload: payload}
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	ids, err := relay.EnqueueMany(wctx, s.admin, s.table, out)
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.writeErr++
+		return nil
+	}
+	for i, id := range ids {
+		s.wroteLocked(id, ms[i])
+	}
+	s.burst += len(ids)
+	return ids
 }
 
 // injectFaults injects one fault every faultEvery, in turn, until ctx ends.
@@ -363,6 +453,7 @@ func (s *soak) injectFaults(ctx context.Context) error {
 	t := time.NewTicker(s.o.faultEvery)
 	defer t.Stop()
 	next := int(s.o.seed % uint64(len(faultKinds)))
+	rng := rand.New(rand.NewPCG(s.o.seed, 2)) // the bursts' keys and amounts
 	for {
 		select {
 		case <-ctx.Done():
@@ -373,7 +464,7 @@ func (s *soak) injectFaults(ctx context.Context) error {
 		s.released += s.proxy.Release()
 		kind := faultKinds[next%len(faultKinds)]
 		next++
-		if err := s.inject(ctx, kind); err != nil {
+		if err := s.inject(ctx, kind, rng); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -386,8 +477,16 @@ func (s *soak) injectFaults(ctx context.Context) error {
 	}
 }
 
-func (s *soak) inject(ctx context.Context, kind string) error {
+func (s *soak) inject(ctx context.Context, kind string, rng *rand.Rand) error {
 	switch kind {
+	case faultPause:
+		return s.pauseOrder(ctx, rng)
+	case faultFailing:
+		if err := s.fail(ctx, "all"); err != nil {
+			return err
+		}
+		sleep(ctx, s.o.failFor)
+		return nil
 	case faultRelayKill, faultFailover:
 		p := s.elected(ctx)
 		if p == nil {
@@ -440,6 +539,63 @@ func (s *soak) inject(ctx context.Context, kind string) error {
 	return fmt.Errorf("unknown fault %q", kind)
 }
 
+// pauseOrder injects faultPause: the receiver answers 503 to order for
+// failFor. Once the relays paused order and order's messages piled up for
+// half of failFor, a burst of ledger messages is written, which drains
+// meanwhile, but for its keys whose older order messages wait.
+func (s *soak) pauseOrder(ctx context.Context, rng *rand.Rand) error {
+	before := s.pausesOf(typeOrder)
+	begin := time.Now()
+	end := begin.Add(s.o.failFor)
+	if err := s.fail(ctx, typeOrder); err != nil {
+		return err
+	}
+	for s.pausesOf(typeOrder) == before && time.Now().Before(end) && ctx.Err() == nil {
+		sleep(ctx, 20*time.Millisecond)
+	}
+	sleep(ctx, time.Until(begin.Add(s.o.failFor/2)))
+	ids := s.writeBurst(ctx, rng)
+	sleep(ctx, time.Until(end))
+	pf := pauseFault{paused: s.pausesOf(typeOrder) > before, burst: len(ids), applied: -1}
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = s.rdb.QueryRow(qctx, "SELECT count(DISTINCT message_id) FROM "+s.effects+" WHERE message_id = ANY($1)", ids).Scan(&pf.applied)
+	s.mu.Lock()
+	s.pauseFaults = append(s.pauseFaults, pf)
+	s.mu.Unlock()
+	return nil
+}
+
+// fail makes the receiver answer 503 to typ ("all": every type) for failFor.
+func (s *soak) fail(ctx context.Context, typ string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		"http://"+s.receiverAddr+"/fail?type="+typ+"&for="+s.o.failFor.String(), nil)
+	if err != nil {
+		return err
+	}
+	req.Close = true // no idle connection left behind
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("the receiver refused to fail: %s %s", resp.Status, b)
+	}
+	return nil
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 // elected returns the replica that holds the election, or any replica when
 // none does at this moment (between two passes).
 func (s *soak) elected(ctx context.Context) *proc {
@@ -458,13 +614,17 @@ func (s *soak) elected(ctx context.Context) *proc {
 }
 
 // waitDrained waits until every row is SENT and every message has an
-// effect, or the drain's limit passes.
+// effect, or the drain's limit passes, or every row is SENT and no message
+// took effect for 5s: the rest never will (every held request of the cuts
+// was released before the drain).
 func (s *soak) waitDrained(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.o.drain)
 	defer cancel()
 	s.mu.Lock()
 	written := len(s.written)
 	s.mu.Unlock()
+	const still = 5 * time.Second
+	last, since := -1, time.Now()
 	for {
 		var pending, applied int
 		err := s.admin.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{s.table}.Sanitize()+" WHERE status <> 'SENT'").Scan(&pending)
@@ -474,6 +634,11 @@ func (s *soak) waitDrained(ctx context.Context) error {
 		if err == nil && pending == 0 && applied >= written {
 			s.progress("drained: every row SENT, %d messages applied", applied)
 			return nil
+		}
+		if err != nil || pending > 0 || applied != last {
+			last, since = applied, time.Now()
+		} else if time.Since(since) >= still {
+			return fmt.Errorf("every row SENT, but only %d of %d messages applied, none in the last %s", applied, written, still)
 		}
 		select {
 		case <-ctx.Done():
@@ -518,8 +683,13 @@ type tail struct {
 
 func newTail(n int) *tail { return &tail{max: n} }
 
-func (t *tail) prefixed(name string) io.Writer {
+// prefixed returns a writer whose lines the tail keeps, each prefixed with
+// name, and gives to observe too if not nil.
+func (t *tail) prefixed(name string, observe func(line string)) io.Writer {
 	return &lineWriter{line: func(l string) {
+		if observe != nil {
+			observe(l)
+		}
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		line := name + ": " + l + "\n"

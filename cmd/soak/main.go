@@ -1,8 +1,9 @@
 // Command soak runs several replicas of one app's relay against one outbox
 // table while a producer writes messages and a fault injector kills the
 // replicas' database sessions at random (the election's holder and others),
-// then drains and reports what the destination saw: rows written, delivered,
-// duplicates with their cause, and lost rows, which must be none.
+// and the receiver fails for seconds at a time, then drains and reports what
+// the destination saw: rows written, delivered, duplicates with their cause,
+// order breaks and lost rows, which must be none.
 //
 //	go run ./cmd/soak -duration 60s -replicas 4 -rate 200
 //
@@ -15,8 +16,9 @@
 // It is bounded: it writes and injects faults for -duration (at most 30m),
 // then drains for at most -drain, stops the replicas with a bounded context
 // and prints the report. It exits 1 when a row was lost (written, never
-// delivered) or left undelivered, a duplicate has no fault to explain it, or a
-// stopped replica left the election held; 2 when it could not run.
+// delivered) or left undelivered, a duplicate has no fault to explain it, a
+// key's order was broken, or a stopped replica left the election held; 2
+// when it could not run.
 //
 // A duplicate is explained when the previous delivery of the message was in
 // flight at a fault on the replica that made it: the fault came within -window
@@ -26,13 +28,26 @@
 // faults and every duplicate is unexplained: the guard must deliver each row
 // exactly once.
 //
+// The producer writes two types, order and ledger, each to a path of its own
+// on the receiver; of the -keys keys, order writes the first two thirds and
+// ledger the last two, so that the middle third gets both. Every
+// -outage-every (8s) the receiver fails for -outage-for (3s), answering 503
+// to order alone (ledger drains meanwhile), to ledger alone, then to both,
+// in turn: the replicas pause the failing types (PauseAfter 5, the default)
+// and resume them with a probe. MaxAttempts is a million: no message may die
+// of an outage. The run fails when the outages paused no type.
+//
 // With -partitions N (Config.Partitions) the replicas deliver at once, each
 // the keys of the partitions it holds; a fault on the election's holder is
 // then one on any member's session. Either way the receiver checks each
-// key's order: a message that arrives after a later one of its key is a
-// failure, faults or not.
+// key's order, across both types: a message received after a later one of
+// its key is a failure, faults or not, unless it is a re-delivery of a
+// message received before (at-least-once re-delivers what was in flight at a
+// fault; its first delivery kept the order).
 //
 //	go run ./cmd/soak -duration 60s -replicas 4 -partitions 16 -roll-every 5s
+//
+// go test ./cmd/soak runs a short soak (TestSoak).
 package main
 
 import (
@@ -56,6 +71,8 @@ type options struct {
 	rate        int
 	killEvery   time.Duration
 	rollEvery   time.Duration
+	outageEvery time.Duration
+	outageFor   time.Duration
 	concurrency int
 	batch       int
 	interval    time.Duration
@@ -78,6 +95,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.rate, "rate", 200, "messages written per second (1-5000)")
 	fs.DurationVar(&o.killEvery, "kill-every", 2*time.Second, "mean time between two killed sessions; 0 injects no fault")
 	fs.DurationVar(&o.rollEvery, "roll-every", 0, "also restart one replica (graceful Stop, fresh pool) this often; 0 never")
+	fs.DurationVar(&o.outageEvery, "outage-every", 8*time.Second, "make the receiver fail (503) this often, in turn order, ledger, then both; 0 never")
+	fs.DurationVar(&o.outageFor, "outage-for", 3*time.Second, "how long each outage of the receiver lasts")
 	fs.IntVar(&o.concurrency, "concurrency", 2, "Config.Concurrency of each replica")
 	fs.IntVar(&o.batch, "batch", 50, "Config.BatchSize of each replica")
 	fs.DurationVar(&o.interval, "interval", 50*time.Millisecond, "Config.Interval of each replica")
@@ -104,6 +123,8 @@ func parseFlags(args []string) (options, error) {
 	check(o.rate >= 1 && o.rate <= 5000, "-rate must be between 1 and 5000, got %d", o.rate)
 	check(o.killEvery == 0 || o.killEvery >= 50*time.Millisecond, "-kill-every must be 0 or at least 50ms, got %s", o.killEvery)
 	check(o.rollEvery == 0 || o.rollEvery >= 100*time.Millisecond, "-roll-every must be 0 or at least 100ms, got %s", o.rollEvery)
+	check(o.outageEvery == 0 || o.outageEvery >= 100*time.Millisecond, "-outage-every must be 0 or at least 100ms, got %s", o.outageEvery)
+	check(o.outageFor > 0 && o.outageFor <= time.Minute, "-outage-for must be in (0, 1m], got %s", o.outageFor)
 	check(o.concurrency >= 1 && o.concurrency <= 64, "-concurrency must be between 1 and 64, got %d", o.concurrency)
 	check(o.batch >= 1 && o.batch <= 1000, "-batch must be between 1 and 1000, got %d", o.batch)
 	check(o.interval > 0 && o.interval <= time.Minute, "-interval must be in (0, 1m], got %s", o.interval)
@@ -148,22 +169,25 @@ func run(o options) int {
 	}
 	defer srv.Stop()
 
-	s, err := newSoak(ctx, o, srv)
+	rep, err := soakOn(ctx, o, srv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		return 2
 	}
-	defer s.close()
-	rep, err := s.run(ctx)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "soak:", err)
-		if rep == nil {
-			return 2
-		}
-	}
 	rep.print(os.Stdout)
-	if !rep.ok() || err != nil {
+	if !rep.ok() {
 		return 1
 	}
 	return 0
+}
+
+// soakOn runs one soak on srv and returns its report; an error says it
+// could not run.
+func soakOn(ctx context.Context, o options, srv *pgserver.Server) (*report, error) {
+	s, err := newSoak(ctx, o, srv)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	return s.run(ctx)
 }

@@ -44,12 +44,18 @@ type report struct {
 	duplicates  int
 	causes      map[string]int
 	unexplained []string
-	disorders   []string // a key's message received after a later one of the same key
-	lost        []int64  // rows never received
-	notSent     int      // rows not SENT at the end
+	byType      map[string]int // rows written, per type
+	shared      int            // keys written with both types
+	disorders   []string       // a key's message received after a later one of the same key, across types
+	lost        []int64        // rows never received
+	notSent     int            // rows not SENT at the end
 	dead        int
 
 	faults   []fault
+	outages  []outage
+	refused  map[string]int // per type, requests the receiver answered 503
+	paused   map[string]int // per type, the pauses the replicas logged
+	resumed  map[string]int // per type, the resumes the replicas logged
 	rolls    int
 	lockLeft []string
 	stats    relay.Stats // summed over every replica that ran
@@ -57,34 +63,57 @@ type report struct {
 	messages map[string]int
 }
 
+// ok reports whether the run passes: nothing lost or left unsent, every
+// duplicate explained, no key's order broken, no lock left, and, when the
+// receiver failed on purpose, some type paused by it.
 func (r *report) ok() bool {
 	return len(r.lost) == 0 && r.notSent == 0 && len(r.unexplained) == 0 && len(r.lockLeft) == 0 && len(r.disorders) == 0 &&
-		r.electionFree && r.notInTable == 0 && r.strangers == 0
+		r.electionFree && r.notInTable == 0 && r.strangers == 0 && (len(r.outages) == 0 || sumOf(r.paused) > 0)
+}
+
+func sumOf(m map[string]int) (n int) {
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 func (s *soak) report(ctx context.Context) (*report, error) {
-	rep := &report{o: s.o, serverKind: s.srv.Kind, causes: map[string]int{}, faults: s.faults.all()}
+	rep := &report{o: s.o, serverKind: s.srv.Kind, causes: map[string]int{}, faults: s.faults.all(),
+		outages: s.outages.all(), refused: s.rc.refusals(), byType: map[string]int{}}
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rows, err := s.admin.Query(qctx, "SELECT id, status, attempts FROM "+pgx.Identifier{s.table}.Sanitize()+" ORDER BY id")
+	rows, err := s.admin.Query(qctx, "SELECT id, type, natural_key, status, attempts FROM "+pgx.Identifier{s.table}.Sanitize()+" ORDER BY id")
 	if err != nil {
 		return nil, fmt.Errorf("read the table: %w", err)
 	}
 	type rowState struct {
+		typ, key string
 		status   string
 		attempts int
 	}
 	table := map[int64]rowState{}
+	typesOf := map[string]map[string]bool{}
 	var ids []int64
 	var id int64
 	var st rowState
-	_, err = pgx.ForEachRow(rows, []any{&id, &st.status, &st.attempts}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &st.typ, &st.key, &st.status, &st.attempts}, func() error {
 		table[id] = st
 		ids = append(ids, id)
+		rep.byType[st.typ]++
+		if typesOf[st.key] == nil {
+			typesOf[st.key] = map[string]bool{}
+		}
+		typesOf[st.key][st.typ] = true
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the table: %w", err)
+	}
+	for _, types := range typesOf {
+		if len(types) > 1 {
+			rep.shared++
+		}
 	}
 
 	s.mu.Lock()
@@ -113,7 +142,7 @@ func (s *soak) report(ctx context.Context) (*report, error) {
 		st := table[id]
 		if st.status != "SENT" {
 			rep.notSent++
-			if st.status == "ERROR" && st.attempts >= relay.MaxAttemptsDefault {
+			if st.status == "ERROR" && st.attempts >= maxAttempts {
 				rep.dead++
 			}
 		}
@@ -145,6 +174,8 @@ func (s *soak) report(ctx context.Context) (*report, error) {
 	s.sink.mu.Lock()
 	rep.levels = cloneMap(s.sink.levels)
 	rep.messages = cloneMap(s.sink.messages)
+	rep.paused = cloneMap(s.sink.paused)
+	rep.resumed = cloneMap(s.sink.resumed)
 	s.sink.mu.Unlock()
 	return rep, nil
 }
@@ -206,9 +237,11 @@ func (s *soak) classify(id int64, prev, next delivery, faults []fault) (cause, d
 }
 
 // disorders lists the deliveries that came after a later message of the same
-// key had been received: a key's order broken. A message delivered again is
-// not one, as long as no later message of its key came in between: its
-// previous outcome was not recorded, so the key's next message waited.
+// key had been received, whatever the two messages' types: a key's order
+// broken. A message delivered again after it was received once is not one:
+// at-least-once re-delivers what was in flight at a fault (a deposed
+// replica's late request, an outcome not recorded), and its first delivery
+// kept the key's order.
 func disorders(got map[int64][]delivery) []string {
 	var all []delivery
 	for _, ds := range got {
@@ -216,15 +249,18 @@ func disorders(got map[int64][]delivery) []string {
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
 	highest := map[string]delivery{}
+	received := map[int64]bool{}
 	var out []string
 	for _, d := range all {
+		again := received[d.id]
+		received[d.id] = true
 		h, ok := highest[d.key]
 		switch {
 		case !ok || d.id > h.id:
 			highest[d.key] = d
-		case d.id < h.id:
-			out = append(out, fmt.Sprintf("key %q: message %d from replica %d at %s, after message %d from replica %d at %s",
-				d.key, d.id, d.replica, d.at.Format("15:04:05.000"), h.id, h.replica, h.at.Format("15:04:05.000")))
+		case d.id < h.id && !again:
+			out = append(out, fmt.Sprintf("key %q: %s %d from replica %d at %s, after %s %d from replica %d at %s",
+				d.key, d.typ, d.id, d.replica, d.at.Format("15:04:05.000"), h.typ, h.id, h.replica, h.at.Format("15:04:05.000")))
 		}
 	}
 	return out
@@ -254,7 +290,9 @@ func (r *report) print(w io.Writer) {
 	p("relay soak: %s of writes at %d/s, %d replicas (Concurrency %d, BatchSize %d, Interval %s%s), %s, seed %d, %s server",
 		r.took.Round(time.Millisecond), r.o.rate, r.o.replicas, r.o.concurrency, r.o.batch, r.o.interval, lock, faults, r.o.seed, r.serverKind)
 	p("")
-	p("rows written            %6d  (producer committed %d, failed transactions %d)", r.written, r.committed, r.writeErrors)
+	p("rows written            %6d  (order %d, ledger %d; producer committed %d, failed transactions %d)",
+		r.written, r.byType[typeOrder], r.byType[typeLedger], r.committed, r.writeErrors)
+	p("keys                    %6d  of both types (-keys %d: order the first two thirds, ledger the last two)", r.shared, r.o.keys)
 	p("rows delivered          %6d  (requests accepted by the receiver: %d)", r.delivered, r.requests)
 	p("duplicates              %6d", r.duplicates)
 	causes := make([]string, 0, len(r.causes))
@@ -273,7 +311,7 @@ func (r *report) print(w io.Writer) {
 		}
 		p("    %s", u)
 	}
-	p("out of key order        %6d  (received after a later message of its key: must be 0)", len(r.disorders))
+	p("out of key order        %6d  (received after a later message of its key, either type, not as a re-delivery: must be 0)", len(r.disorders))
 	for i, d := range r.disorders {
 		if i == 10 {
 			p("    … and %d more", len(r.disorders)-10)
@@ -310,6 +348,18 @@ func (r *report) print(w io.Writer) {
 		len(r.faults), holder, len(r.faults)-holder, strings.Join(states, ", "))
 	if r.o.rollEvery > 0 {
 		p("replica restarts        %6d", r.rolls)
+	}
+	byTypes := map[string]int{}
+	for _, o := range r.outages {
+		byTypes[strings.Join(o.types, "+")]++
+	}
+	p("receiver outages        %6d  (503 for %s each: order %d, ledger %d, both %d; requests answered 503: order %d, ledger %d)",
+		len(r.outages), r.o.outageFor, byTypes[typeOrder], byTypes[typeLedger], byTypes[typeOrder+"+"+typeLedger],
+		r.refused[typeOrder], r.refused[typeLedger])
+	p("types paused            order %d, ledger %d; resumed: order %d, ledger %d",
+		r.paused[typeOrder], r.paused[typeLedger], r.resumed[typeOrder], r.resumed[typeLedger])
+	if len(r.outages) > 0 && sumOf(r.paused) == 0 {
+		p("                        the outages paused no type: must be at least one (a longer -outage-for)")
 	}
 	p("passes                  elected %d, coalesced %d, failed %d",
 		r.stats.PassesElected, r.stats.PassesCoalesced, r.messages[msgPassFailed])

@@ -21,9 +21,6 @@ import (
 	"github.com/xadm/relay/internal/pgserver"
 )
 
-// msgType is the one message type the soak writes and its replicas deliver.
-const msgType = "soak"
-
 // soak is one run: a table, a receiver, the replicas, the producer and the
 // fault injector.
 type soak struct {
@@ -39,6 +36,7 @@ type soak struct {
 	sink    *logSink
 	logFile *os.File
 	faults  faultLog
+	outages outageLog
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -137,15 +135,19 @@ func (s *soak) startReplica(ctx context.Context, idx int) (*replica, error) {
 		return nil, err
 	}
 	rp.pool = pool
-	hs, err := relay.NewHTTPSender(relay.HTTPSenderConfig{
-		Type:   msgType,
-		URL:    relay.URLWithKey(s.rc.URL + "/m"),
-		Client: s.client,
-		Header: http.Header{"Soak-Replica": {strconv.Itoa(idx)}},
-	})
-	if err != nil {
-		pool.Close()
-		return nil, err
+	var senders []relay.Sender
+	for _, typ := range msgTypes {
+		hs, err := relay.NewHTTPSender(relay.HTTPSenderConfig{
+			Type:   typ,
+			URL:    relay.URLWithKey(s.rc.URL + "/" + typ),
+			Client: s.client,
+			Header: http.Header{"Soak-Replica": {strconv.Itoa(idx)}},
+		})
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		senders = append(senders, &recordingSender{next: hs, replica: idx, log: &s.sends})
 	}
 	cfg := relay.DefaultConfig()
 	cfg.AppName = s.app
@@ -154,11 +156,15 @@ func (s *soak) startReplica(ctx context.Context, idx int) (*replica, error) {
 	cfg.BatchSize = s.o.batch
 	cfg.Concurrency = s.o.concurrency
 	cfg.RetryBackoff = 100 * time.Millisecond
+	cfg.MaxAttempts = maxAttempts
+	// The default, said: a type whose Sends fail 5 times in a row pauses for
+	// 5s, then a probe resumes it. The receiver's outages pause a type.
+	cfg.PauseAfter = 5
 	cfg.SendTimeout = 5 * time.Second
 	cfg.ClusterLock = s.o.clusterLock
 	cfg.Partitions = s.o.partitions
 	cfg.Logger = slog.New(s.sink.handler(idx))
-	r, err := relay.New(pool, cfg, &recordingSender{next: hs, replica: idx, log: &s.sends})
+	r, err := relay.New(pool, cfg, senders...)
 	if err == nil {
 		err = r.Start(ctx)
 	}
@@ -215,6 +221,9 @@ func (s *soak) run(ctx context.Context) (*report, error) {
 	if s.o.rollEvery > 0 {
 		wg.Go(func() { s.roll(work) })
 	}
+	if s.o.outageEvery > 0 {
+		wg.Go(func() { s.failReceiver(work) })
+	}
 	s.progress(work, start, &wg)
 	wg.Wait()
 	writeEnd := time.Now()
@@ -264,8 +273,8 @@ func (s *soak) progress(ctx context.Context, start time.Time, wg *sync.WaitGroup
 				continue
 			}
 			distinct, total := s.rc.counts()
-			fmt.Fprintf(os.Stderr, "soak: %3.0fs written %d, delivered %d, requests %d, faults %d, rolls %d\n",
-				time.Since(start).Seconds(), len(s.writtenIDs()), distinct, total, s.faults.len(), s.rollCount())
+			fmt.Fprintf(os.Stderr, "soak: %3.0fs written %d, delivered %d, requests %d, faults %d, outages %d, rolls %d\n",
+				time.Since(start).Seconds(), len(s.writtenIDs()), distinct, total, s.faults.len(), s.outages.len(), s.rollCount())
 		}
 	}
 }
@@ -283,7 +292,8 @@ func (s *soak) rollCount() int {
 }
 
 // produce writes messages at the rate until ctx ends, as a service would: each
-// batch of messages due in one transaction, with relay.Enqueue.
+// batch of messages due in one transaction, with relay.Enqueue, each message
+// of either type at random, for a random key of its type.
 func (s *soak) produce(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(s.o.seed, 2))
 	start := time.Now()
@@ -305,9 +315,10 @@ func (s *soak) produce(ctx context.Context) {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		err := pgx.BeginFunc(wctx, s.admin, func(tx pgx.Tx) error {
 			for range due {
-				key := fmt.Sprintf("order-%d", rng.IntN(s.o.keys))
+				typ := msgTypes[rng.IntN(len(msgTypes))]
+				key := keyOf(rng, s.o.keys, typ)
 				id, err := relay.Enqueue(wctx, tx, s.table, relay.Outgoing{
-					Type: msgType, Key: key, Payload: fmt.Appendf(nil, `{"order": %q, "n": %d}`, key, n+len(ids)),
+					Type: typ, Key: key, Payload: fmt.Appendf(nil, `{"key": %q, "n": %d}`, key, n+len(ids)),
 				})
 				if err != nil {
 					return err
@@ -449,6 +460,58 @@ func (s *soak) killOne(ctx context.Context, holder bool, pick uint64) (f fault, 
 	return f, killed, nil
 }
 
+// maxAttempts is every replica's MaxAttempts: the receiver's outages are
+// expected, and no message may die of them.
+const maxAttempts = 1_000_000
+
+// outage is one time the receiver failed on purpose.
+type outage struct {
+	at    time.Time
+	types []string
+}
+
+type outageLog struct {
+	mu      sync.Mutex
+	outages []outage
+}
+
+func (l *outageLog) add(o outage) {
+	l.mu.Lock()
+	l.outages = append(l.outages, o)
+	l.mu.Unlock()
+}
+
+func (l *outageLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.outages)
+}
+
+func (l *outageLog) all() []outage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]outage(nil), l.outages...)
+}
+
+// failReceiver makes the receiver fail for outageFor every outageEvery, in
+// turn order alone (ledger drains meanwhile), ledger alone, then both, so
+// that types pause and resume.
+func (s *soak) failReceiver(ctx context.Context) {
+	t := time.NewTicker(s.o.outageEvery)
+	defer t.Stop()
+	turns := [][]string{{typeOrder}, {typeLedger}, msgTypes}
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		types := turns[i%len(turns)]
+		s.rc.fail(types, s.o.outageFor)
+		s.outages.add(outage{at: time.Now(), types: types})
+	}
+}
+
 // roll restarts one replica at a time, every rollEvery, as a rolling deploy does.
 func (s *soak) roll(ctx context.Context) {
 	t := time.NewTicker(s.o.rollEvery)
@@ -550,7 +613,7 @@ type evKey struct {
 
 // logSink counts the replicas' log records and keeps those that explain a
 // duplicate: the relay says when an outcome was not recorded and when a send
-// was cut short.
+// was cut short. It counts each type's pauses and resumes too.
 type logSink struct {
 	next slog.Handler // the -log file, or nil
 
@@ -558,6 +621,8 @@ type logSink struct {
 	levels   map[slog.Level]int
 	messages map[string]int
 	evidence map[evKey][]evidence
+	paused   map[string]int // per type
+	resumed  map[string]int // per type
 }
 
 // Messages of the relay's log that explain a duplicate.
@@ -566,10 +631,13 @@ const (
 	msgInterrupted = "relay: send interrupted"
 	msgStale       = "relay: outcome not recorded: the row changed while it was sent"
 	msgPassFailed  = "relay: pass failed"
+	msgPaused      = "relay: type paused"  // the start of the message
+	msgResumed     = "relay: type resumed" // the start of the message
 )
 
 func newLogSink(next slog.Handler) *logSink {
-	return &logSink{next: next, levels: map[slog.Level]int{}, messages: map[string]int{}, evidence: map[evKey][]evidence{}}
+	return &logSink{next: next, levels: map[slog.Level]int{}, messages: map[string]int{}, evidence: map[evKey][]evidence{},
+		paused: map[string]int{}, resumed: map[string]int{}}
 }
 
 func (l *logSink) handler(replica int) slog.Handler {
@@ -585,6 +653,18 @@ func (l *logSink) observe(replica int, r slog.Record) {
 	defer l.mu.Unlock()
 	l.levels[r.Level]++
 	l.messages[r.Message]++
+	if count := l.paused; strings.HasPrefix(r.Message, msgPaused) || strings.HasPrefix(r.Message, msgResumed) {
+		if strings.HasPrefix(r.Message, msgResumed) {
+			count = l.resumed
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "type" {
+				count[a.Value.String()]++
+				return false
+			}
+			return true
+		})
+	}
 	switch r.Message {
 	case msgNotRecorded, msgInterrupted, msgStale:
 		r.Attrs(func(a slog.Attr) bool {
