@@ -62,12 +62,13 @@ func (c *cursor) take(rows []store.Row) []store.Row {
 
 // next is where the next select of lanes starts, whether it starts an epoch
 // (then every lane starts from the start, and the rows left behind are
-// selected again), and whether it goes over ids selected before in this pass
+// selected again; a select for new rows only, !epochOK, starts none but the
+// pass's first), and whether it goes over ids selected before in this pass
 // (rereads): each is in flight (its key busy), or its outcome is recorded
 // once the outcomes waiting to be written are (a grouped outcome's key is
 // done before its group is written).
-func (c *cursor) next(lanes []int) (after []int64, epoch, rereads bool) {
-	if epoch = c.fromStart; epoch {
+func (c *cursor) next(lanes []int, epochOK bool) (after []int64, epoch, rereads bool) {
+	if epoch = c.fromStart && (epochOK || c.first); epoch {
 		for i := range c.after {
 			c.after[i], c.lanesMore[i] = math.MinInt64, false
 		}
@@ -124,7 +125,8 @@ func (c *cursor) drop(lane int) {
 // woken starts selecting again, after a pass's last window, for rows a
 // wake-up says were committed since: past each lane's cursor, or from the
 // start when rows were left behind. Without drain (one batch) it does
-// nothing.
+// nothing. (Separable lanes select for such rows at once, beside the
+// queues: engine.selectBatch's hungry select.)
 func (c *cursor) woken() {
 	if c.drain {
 		c.more, c.fromStart = true, c.behind

@@ -103,15 +103,16 @@ const tasksPerWorker = 4
 // is never selected as still pending.
 //
 // The workers are shared fairly between the lanes that have work: the next
-// task goes to the lane with the fewest in flight, and when a lane waits with
-// none in flight, a worker hands back the rest of its task at its next key
-// (preempt). A paused lane's tasks are dropped, and its type is left out of
-// the selects; so, when the table has the key index, is a lane that saw a
-// failure in this pass, and, while some lanes have work queued, a select from
-// the start for the others (the hungry ones) comes at a wake-up or every
-// Interval. A select that leaves types out holds a row back behind an earlier
-// live row of its key of those types: a key's messages keep their order
-// across types (sql/pass.sql, heldByOthers).
+// task goes to the lane with the fewest in flight, slow lanes keep to their
+// share (share), and when a lane waits with none in flight, or slow lanes
+// hold more than their share while another has work queued, a worker hands
+// back the rest of its task at its next key (preempt). A paused lane's tasks
+// are dropped, and its type is left out of the selects; so, when the table
+// has the key index, is a lane that saw a failure in this pass, and, while
+// some lanes have work queued, a select past their cursors for the others
+// (the hungry ones) comes at a wake-up or every Interval. Whatever a select
+// leaves out, a row is held back while an older live row of its key is
+// missing from the batch (sql/pass.sql, held; decision 0041).
 //
 // A batch stops being followed by another when it comes back short, after
 // drainMax, on halt, or when an outcome could not be recorded. Memory is
@@ -141,8 +142,10 @@ type engine struct {
 	work     chan task
 	idle     chan int // a worker is free, having finished a task of this lane (-1: none yet)
 	done     chan taskDone
-	back     chan task   // the rest of a task a worker handed back
-	starving atomic.Bool // a lane waits for a worker with none in flight: the next to finish a key hands back its task's rest
+	back     chan task     // the rest of a task a worker handed back
+	starving atomic.Bool   // a lane waits for a worker with none in flight: the next to finish a key hands back its task's rest
+	slowNow  []atomic.Bool // by lane, it counts as slow now (overShare)
+	excess   atomic.Int32  // how many workers of slow lanes are to hand back their task's rest (overShare)
 	stop     chan struct{}
 	stopped  sync.Once
 	leaseOut sync.Once // the first to see the lease run out says so
@@ -173,6 +176,7 @@ func (r *Runner) newEngine(ctx context.Context, o Opts, src Outbox) *engine {
 	return &engine{
 		r: r, src: src, ctx: ctx, o: o,
 		lanes:   r.lanes.all,
+		slowNow: make([]atomic.Bool, len(r.lanes.all)),
 		work:    make(chan task),
 		idle:    make(chan int, r.cfg.Workers),
 		blocked: make(map[string]blockedRow),
@@ -252,7 +256,7 @@ func (e *engine) run() {
 		if queued == 0 && c.more && !fl.waitDone && !e.selectBatch(&c, fl, start, false) {
 			break
 		}
-		if hungry && queued > 0 && !e.halted() {
+		if hungry && !e.halted() && (queued == 0 || e.separable()) {
 			hungry = false
 			if !e.selectBatch(&c, fl, start, true) {
 				break
@@ -279,7 +283,7 @@ func (e *engine) run() {
 			// whatever the workers have said meanwhile.
 			due = closed
 		}
-		if fl.inFlight() > 0 && !e.halted() && (!c.more || queued > 0 && e.separable()) {
+		if fl.inFlight() > 0 && !e.halted() && due == nil && (e.separable() || !c.more) {
 			woken = e.o.Wake // a commit notified meanwhile: select again beside the writes
 		}
 		if queued > 0 {
@@ -312,6 +316,7 @@ func (e *engine) run() {
 		// Said before the hand-off, as it will be after it: the worker that
 		// takes next then finds it at its first key, whoever runs first.
 		e.starving.Store(fl.starving(e.r.cfg.Workers) || send != nil && fl.starvingAfter(next, e.r.cfg.Workers))
+		e.overShare(fl)
 		select {
 		case send <- next:
 			fl.handed(next)
@@ -335,10 +340,10 @@ func (e *engine) run() {
 			fl.requeue(t)
 		case <-woken:
 			e.res.Woken = true
-			if queued == 0 {
-				c.woken()
-			} else {
+			if e.separable() {
 				hungry = true
+			} else {
+				c.woken()
 			}
 		case <-tick:
 			hungry = e.separable()
@@ -347,6 +352,7 @@ func (e *engine) run() {
 		}
 	}
 	e.starving.Store(false)
+	e.excess.Store(0)
 	close(e.work)
 	for ; fl.tasks > 0; fl.tasks-- {
 		<-e.done
@@ -405,10 +411,12 @@ func (e *engine) selection(c *cursor, fl *flight, hungry bool) (lanes []int, typ
 	return lanes, types, width, later, true
 }
 
-// selectBatch selects the next windows of the lanes that can send (with
-// hungry, of those with nothing queued, while others have work queued: rows
-// written since their last select would otherwise wait for the others'
-// queues to drain) and queues their tasks. It returns false when the pass
+// selectBatch selects the next windows of the lanes that can send and
+// queues their tasks. With hungry (a wake-up, or every Interval while some
+// lanes have work queued) it selects, past their cursors, for the lanes with
+// nothing queued, and never starts an epoch: rows written since their last
+// select would otherwise wait for the others' queues to drain, or for a key
+// in flight to be done. It returns false when the pass
 // must end: the select failed, or the server is read-only (the failure is
 // kept).
 func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time, hungry bool) bool {
@@ -419,7 +427,7 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time, hungry bool
 		}
 		return true
 	}
-	if c.fromStart && !c.first && !fl.moved && fl.inFlight() == 0 {
+	if !hungry && c.fromStart && !c.first && !fl.moved && fl.inFlight() == 0 {
 		// Nothing was sent or done since the last epoch began, and nothing
 		// is in flight: the next would find the same rows (held behind rows
 		// a type's window did not reach, a probe's key passed over), until
@@ -427,7 +435,7 @@ func (e *engine) selectBatch(c *cursor, fl *flight, start time.Time, hungry bool
 		c.stop()
 		return true
 	}
-	after, epoch, rereads := c.next(lanes)
+	after, epoch, rereads := c.next(lanes, !hungry)
 	if epoch {
 		fl.moved = false
 	}
@@ -600,7 +608,7 @@ func (e *engine) deliverRounds(t task, w *writer) (failed bool, stopped []*store
 		if e.halted() {
 			return failed, stopped, nil
 		}
-		if e.lanes[t.lane].paused() || round > 0 && e.preempt() {
+		if e.lanes[t.lane].paused() || round > 0 && e.preempt(t.lane) {
 			for k, g := range t.groups {
 				if next[k] < len(g) {
 					rest = append(rest, g[next[k]:])
@@ -643,10 +651,47 @@ func (e *engine) deliverRounds(t task, w *writer) (failed bool, stopped []*store
 	}
 }
 
-// preempt reports whether this worker is the one to hand back the rest of
-// its task, for a lane that waits with no worker.
-func (e *engine) preempt() bool {
-	return e.starving.Load() && e.starving.CompareAndSwap(true, false)
+// preempt reports whether this worker, at a key of lane, is one to hand
+// back the rest of its task: for a lane that waits with no worker, or, when
+// lane is slow, because the slow lanes hold more than their share of the
+// workers while another lane has work queued (overShare).
+func (e *engine) preempt(lane int) bool {
+	if e.starving.Load() && e.starving.CompareAndSwap(true, false) {
+		return true
+	}
+	if !e.slowNow[lane].Load() {
+		return false
+	}
+	for n := e.excess.Load(); n > 0; n = e.excess.Load() {
+		if e.excess.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+	return false
+}
+
+// overShare says, for preempt, which lanes are slow now, and by how many
+// workers the slow lanes exceed their share (engine.share) while a lane that
+// is not slow has tasks queued: that many of their workers hand back the rest
+// of their task at their next key, instead of going on with a slow lane's
+// next Send (a Send that was fast when it was handed out may hang since).
+func (e *engine) overShare(fl *flight) {
+	slow, slowCap := e.share(fl, time.Now())
+	waiting, held := false, 0
+	for i := range fl.lanes {
+		e.slowNow[i].Store(slow[i])
+		switch {
+		case slow[i]:
+			held += fl.lanes[i].inFlight
+		case len(fl.lanes[i].queue) > 0:
+			waiting = true
+		}
+	}
+	excess := int32(0)
+	if waiting {
+		excess = int32(max(held-slowCap, 0))
+	}
+	e.excess.Store(excess)
 }
 
 // deliverMany sends ms through one SendBatch call.

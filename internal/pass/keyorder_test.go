@@ -63,6 +63,7 @@ type world struct {
 	revived     map[int64]int     // id → the clock of its last re-queue
 	passSelects int               // selects of the pass running
 	group       int               // outcomes written in groups of this many (GroupOutcomes); 0: each at once
+	wake        chan struct{}     // the pass\'s wake-ups (Opts.Wake)
 	lateRows    int               // rows committed late
 	hook        func(w *world)    // called at each Send, under mu: more events
 }
@@ -102,13 +103,24 @@ func (w *world) insert(typ, key string, late bool) {
 	w.t.rows = append(w.t.rows, r)
 	if late {
 		w.late[key] = r.id
+	} else {
+		w.notify()
 	}
 	w.note("insert %d %s/%s late=%v", r.id, typ, key, late)
+}
+
+// notify wakes the pass, as a commit's NOTIFY does (Opts.Wake).
+func (w *world) notify() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }
 
 func (w *world) commit(id int64) {
 	r := w.rows[id]
 	r.visible = true
+	w.notify()
 	delete(w.late, r.key)
 	w.lateRows++
 	w.note("commit %d", id)
@@ -362,7 +374,7 @@ func keyOrderRun(t *testing.T, seed uint64) (ok bool) {
 	types := []string{"a", "b", "c"}[:1+rng.IntN(3)]
 	w := &world{rng: rng, rows: map[int64]*modelRow{}, types: types,
 		health: map[string]health{}, delivered: map[int64]bool{}, inFlight: map[string]int64{}, late: map[string]int64{},
-		picked: map[int64]int{}, revived: map[int64]int{}}
+		picked: map[int64]int{}, revived: map[int64]int{}, wake: make(chan struct{}, 1)}
 	w.t = modelTable{now: time.Unix(1_000_000, 0), batch: 2 + rng.IntN(7), batchBytes: 20 + rng.IntN(200),
 		maxAttempts: 2 + rng.IntN(4), partition: partition}
 	if rng.IntN(2) == 0 {
@@ -379,7 +391,7 @@ func keyOrderRun(t *testing.T, seed uint64) (ok bool) {
 	}
 	concurrency := 1 + rng.IntN(4)
 	cfg := Config{Concurrency: concurrency, Workers: concurrency, BatchSize: w.t.batch, MaxAttempts: w.t.maxAttempts,
-		PauseAfter: rng.IntN(4), SendTimeout: time.Hour, Interval: time.Hour}
+		PauseAfter: rng.IntN(4), SendTimeout: time.Hour, Interval: time.Duration(1+rng.IntN(50)) * time.Millisecond}
 	senders := map[string]Sender{}
 	for _, typ := range types {
 		senders[typ] = worldSender{w: w, typ: typ}
@@ -405,6 +417,9 @@ func keyOrderRun(t *testing.T, seed uint64) (ok bool) {
 	keyed := rng.IntN(4) != 0
 	pass := func(drain bool) {
 		o := Opts{Drain: drain, DrainFor: time.Hour, Keyed: keyed}
+		if drain && rng.IntN(2) == 0 {
+			o.Wake = w.wake
+		}
 		if w.t.partitions > 0 {
 			for p := range w.t.partitions {
 				if rng.IntN(2) == 0 {

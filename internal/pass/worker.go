@@ -102,7 +102,7 @@ func (k *worker) run(given *delivery) {
 		if f, _ := k.settle(*given, false); f {
 			failed = append(failed, at.m.Lane)
 		}
-		if !k.finish(at.t, at.g+1, failed, stopped) {
+		if !k.finish(at.t, at.g+1, failed, stopped, true) {
 			return
 		}
 		last = at.t.lane
@@ -121,7 +121,7 @@ func (k *worker) run(given *delivery) {
 				k.w = nil
 			}
 		}
-		if !k.finish(t, 0, nil, nil) {
+		if !k.finish(t, 0, nil, nil, false) {
 			return
 		}
 		last = t.lane
@@ -133,9 +133,11 @@ func (k *worker) run(given *delivery) {
 // the lanes that saw a failure and the messages its keys stopped at, once
 // their outcomes are recorded. It hands the rest of the task back to the
 // engine before a key when t's lane paused, or, after its first key, when
-// another lane waits for a worker. It returns false when the goroutine was
-// given up in a Send.
-func (k *worker) finish(t task, g int, failed []int, stopped []*store.Row) bool {
+// another lane waits for a worker; with yield (it takes the place of a
+// goroutine given up in a Send), at once, so that the engine chooses who
+// the worker serves next knowing the lane is slow. It returns false when the
+// goroutine was given up in a Send.
+func (k *worker) finish(t task, g int, failed []int, stopped []*store.Row, yield bool) bool {
 	e := k.e
 	var rest []group
 	switch {
@@ -150,7 +152,7 @@ func (k *worker) finish(t task, g int, failed []int, stopped []*store.Row) bool 
 	default:
 		k.at.t = t
 		for first := g; g < len(t.groups) && !e.halted(); g++ {
-			if e.lanes[t.lane].paused() || g > first && e.preempt() {
+			if e.lanes[t.lane].paused() || yield && g == first || g > first && e.preempt(t.lane) {
 				rest = t.groups[g:]
 				break
 			}
