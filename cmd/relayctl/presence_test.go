@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -230,4 +231,58 @@ func TestStatusPausedType(t *testing.T) {
 	require.Contains(t, p.Reason, "503 Service Unavailable")
 	require.False(t, p.Until.IsZero(), "when it is probed")
 	require.Equal(t, 4, w.count(t, "type = 'order' AND status <> 'SENT' AND attempts < 3"), "pausing is not failing: nothing died")
+}
+
+// TestStatusStuckSend is issue 45's last case: Concurrency 1, and one Send
+// (key "order-1") that ignores its context and never returns. The relay
+// gives it up at SendTimeout: the type's other keys are still delivered,
+// the stuck key's next message waits behind it, and status is not OK: the
+// first line names the stuck Send, the words say which type, on which
+// replica, since when and what to do.
+func TestStatusStuckSend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := setup(t)
+	cfg := w.cfg
+	cfg.Concurrency, cfg.Interval, cfg.SendTimeout, cfg.RetryBackoff = 1, 50*time.Millisecond, 100*time.Millisecond, 0
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // after Stop: the stuck goroutine returns
+	var stuckCalls atomic.Int32
+	r, err := relay.New(w.pool, cfg,
+		relay.SenderFunc("order", func(_ context.Context, m relay.Message) error {
+			if m.Key == "order-1" {
+				stuckCalls.Add(1)
+				<-release // ignores its context
+			}
+			return nil
+		}))
+	require.NoError(t, err)
+	w.rows(t, "order", 1, "PENDING", 0, 0)                                                     // order-1's first message: stuck
+	w.exec(t, `INSERT INTO %s (type, natural_key, payload) VALUES ('order', 'order-1', '{}')`) // its second: waits
+	w.rows(t, "order", 6, "PENDING", 0, 0)                                                     // order-1..6 again: order-1's third, and five other keys
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+
+	require.Eventually(t, func() bool { return w.count(t, "natural_key <> 'order-1' AND status = 'SENT'") == 5 }, 20*time.Second, 10*time.Millisecond,
+		"the type's other keys are delivered past the stuck Send, with one worker")
+	require.Eventually(t, func() bool {
+		reps, err := w.admin(t).Replicas(ctx)
+		require.NoError(t, err)
+		return len(reps) == 1 && len(reps[0].Stuck) == 1
+	}, 20*time.Second, 20*time.Millisecond, "presence says the stuck Send")
+	require.Equal(t, int32(1), stuckCalls.Load(), "the stuck key's next messages wait behind it: no second Send of order-1")
+	require.Zero(t, w.count(t, "natural_key = 'order-1' AND status = 'SENT'"))
+
+	code, stdout, stderr := w.ctl(t, ctx, "status", "--sample", "0")
+	require.Equal(t, statusWarning, code, stdout+stderr)
+	require.Regexp(t, `^WARNING: 1 stuck Send\(s\) of order: a Sender ignores its context\n`, stdout)
+	require.Regexp(t, `1 Send\(s\) of "order" on replica \S+, the oldest since \d\d:\d\dZ`, stdout)
+	require.Contains(t, stdout, "The Sender must return when its context ends")
+	require.Contains(t, stdout, "'order stuck'=1;;;0", "perfdata")
+	require.Contains(t, stdout, "stuck Sends since", "the type's line names the cause")
+
+	code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0", "--json")
+	require.Equal(t, statusWarning, code)
+	require.Contains(t, stdout, `"verdict": "stuck"`)
+	require.Contains(t, stdout, `"cause": "stuck-sends"`)
 }

@@ -97,9 +97,9 @@ func (j *judge) typeStates() []TypeState {
 			}
 		}
 		switch {
-		case t.Age >= c:
-			s.State = StateCritical
-		case t.Age >= w:
+		case t.Age >= c || s.Stuck > 0 && s.Paused && strings.Contains(pauseReason(j.in.Now.Replicas, t.Type), stuckReason):
+			s.State = StateCritical // late, or nothing of it is sent while its stuck Sends run (stuckVerdict)
+		case t.Age >= w || s.Stuck > 0:
 			s.State = StateWarning
 		}
 		if s.Waiting > 0 {
@@ -246,6 +246,55 @@ func (j *judge) overlapVerdict() {
 	j.d.State = StateWarning
 }
 
+// stuckVerdict makes an OK, DEAD or OVERLAP verdict STUCK while a relay has
+// Sends that ignored their context and still run: WARNING, CRITICAL when
+// their type is paused for them (StuckSendsMax reached: nothing of it is
+// sent). A Sender that does not return is a defect an operator must see
+// before the bound stops the type; each stuck Send holds its key.
+func (j *judge) stuckVerdict() {
+	var parts []string
+	critical := false
+	for _, r := range j.in.Now.Replicas {
+		for _, k := range r.Stuck {
+			bound := ""
+			if strings.Contains(pauseReason([]relay.Replica{r}, k.Type), stuckReason) {
+				critical = true
+				bound = ", the relay's bound (StuckSendsMax): the type is paused until fewer run"
+			}
+			parts = append(parts, fmt.Sprintf("%d Send(s) of %q on replica %s, the oldest since %s%s",
+				k.Sends, k.Type, r.ID, clock(k.Since), bound))
+		}
+	}
+	if len(parts) == 0 {
+		return
+	}
+	text := fmt.Sprintf("Sends ignored their context past SendTimeout and still run: %s. Each holds its key's later "+
+		"messages (per-key order) while the type's other keys go on. The Sender must return when its context ends: fix it "+
+		"(docs/operations.md, \"Stuck Sends\"); restarting the replica ends them, and their messages are sent again.",
+		strings.Join(parts, "; "))
+	state := StateWarning
+	if critical {
+		state = StateCritical
+	}
+	if j.d.Verdict != OK && j.d.Verdict != Dead && j.d.Verdict != Overlap {
+		j.note("%s", text) // stalled or paused: CRITICAL already
+		return
+	}
+	j.notes = append([]string{j.lead}, j.notes...)
+	j.set(Stuck, CauseStuckSends, text)
+	j.d.State = state
+}
+
+// stuckReason is in the reason of a type paused because its stuck Sends
+// reached StuckSendsMax (internal/pass/stuck.go), within presence's 80 bytes.
+const stuckReason = "ignored their context and still run"
+
+// pauseReason is why a replica of reps paused typ; "" when none did.
+func pauseReason(reps []relay.Replica, typ string) string {
+	p, _, _ := pauseOf(reps, typ)
+	return p.Reason
+}
+
 type overlap struct {
 	typ, text string
 }
@@ -339,6 +388,15 @@ func (j *judge) firstLine(states []TypeState) string {
 		if len(o) > 1 {
 			what += fmt.Sprintf("; %d more type(s)", len(o)-1)
 		}
+	case Stuck:
+		n, types := 0, []string{}
+		for _, s := range states {
+			if s.Stuck > 0 {
+				n += s.Stuck
+				types = append(types, s.Type)
+			}
+		}
+		what = fmt.Sprintf("%d stuck Send(s) of %s: a Sender ignores its context", n, strings.Join(types, ", "))
 	case Dead:
 		what = fmt.Sprintf("%s dead message(s) wait for an operator", Count(j.o.Dead))
 		var parts []string

@@ -1,6 +1,7 @@
 package diagnose_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,44 @@ func TestAgeVerdict(t *testing.T) {
 			require.Equal(t, tc.state, d.State, d.Summary)
 			require.Equal(t, tc.verdict, d.Verdict, d.Summary)
 			require.Equal(t, tc.first, d.FirstLine())
+		})
+	}
+
+	// Stuck Sends: WARNING however young the rows, CRITICAL once their type
+	// is paused for them (StuckSendsMax); a late type's CRITICAL still wins
+	// over a WARNING of stuck Sends.
+	stuck := func(age time.Duration, paused bool) diagnose.Input {
+		in := look(aged(retrying("order", 3, 7, 2, now.Add(time.Minute)), age))
+		r := relayLive
+		r.Stuck = []relay.StuckSends{{Type: "order", Sends: 2, Since: now.Add(-time.Minute)}}
+		if paused {
+			r.Paused = []relay.PausedType{{Type: "order", Reason: "100 Sends ignored their context and still run, the relay's bound (StuckSendsMax)",
+				Since: now.Add(-time.Minute), Until: now.Add(time.Second)}}
+		}
+		in.Now.Replicas = []relay.Replica{r}
+		return in
+	}
+	for _, tc := range []struct {
+		name    string
+		in      diagnose.Input
+		state   string
+		verdict diagnose.Verdict
+	}{
+		{"StuckYoung", stuck(time.Second, false), "WARNING", diagnose.Stuck},
+		{"StuckAtTheBound", stuck(time.Second, true), "CRITICAL", diagnose.Stuck},
+		{"StuckAndLate", stuck(16*time.Minute, false), "CRITICAL", diagnose.Late},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := diagnose.Diagnose(tc.in)
+			require.Equal(t, tc.state, d.State, d.Summary)
+			require.Equal(t, tc.verdict, d.Verdict, d.Summary)
+			i := slices.IndexFunc(d.Types, func(s diagnose.TypeState) bool { return s.Type == "order" })
+			require.Equal(t, tc.state, d.Types[i].State, "the type's row")
+			require.Contains(t, d.Summary, `2 Send(s) of "order" on replica 1a2b3c4d`)
+			require.Contains(t, d.Summary, "The Sender must return when its context ends")
+			if tc.verdict == diagnose.Stuck {
+				require.Equal(t, tc.state+": 2 stuck Send(s) of order: a Sender ignores its context", d.FirstLine())
+			}
 		})
 	}
 

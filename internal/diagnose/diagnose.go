@@ -61,6 +61,7 @@ const (
 	Paused  Verdict = "paused"  // an operator's pause holds the election
 	Stalled Verdict = "stalled" // rows wait and nothing delivers them
 	Late    Verdict = "late"    // a type's oldest message not yet delivered is older than its threshold (WARNING or CRITICAL)
+	Stuck   Verdict = "stuck"   // Sends ignored their context and still run (WARNING; CRITICAL once their type paused for them)
 	Overlap Verdict = "overlap" // two apps have a sender for one type on the table (WARNING)
 	Dead    Verdict = "dead"    // dead rows need an operator, whatever else waits
 	OK      Verdict = "ok"      // delivering, waiting out retries, or nothing waits
@@ -82,7 +83,7 @@ func (v Verdict) State() string {
 	switch v {
 	case OK:
 		return StateOK
-	case Dead, Overlap:
+	case Dead, Overlap, Stuck:
 		return StateWarning
 	}
 	return StateCritical
@@ -104,6 +105,7 @@ const (
 	CauseNoRelay     = "no-relay-elected" // nobody takes the election (presence unknown)
 	CauseLate        = "late"             // a type's oldest message not yet delivered is older than its threshold
 	CauseOverlap     = "overlap"          // two apps have a sender for one type on the table
+	CauseStuckSends  = "stuck-sends"      // a relay's Sends ignored their context and still run
 
 	// With presence (Look.PresenceKnown):
 	CauseUnserved       = "type-unserved"        // rows of a type no live relay of the app has a sender for
@@ -176,6 +178,7 @@ func Diagnose(in Input) Diagnosis {
 		}
 	}
 	j.overlapVerdict()
+	j.stuckVerdict()
 	j.ageVerdict(d.Types)
 	d.firstLine = j.firstLine(d.Types)
 	d.Lead, d.Notes = j.lead, j.notes
