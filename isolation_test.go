@@ -211,3 +211,90 @@ func TestIsolation(t *testing.T) {
 		})
 	}
 }
+
+// TestOneBadKeyDoesNotHoldItsType is issue 45's probe case, from outside:
+// x's destination is down (every Send fails fast) and x is paused, into its
+// longest pause after a good key's probe failed; then the destination
+// answers for nine keys of ten, and the tenth, whose rows have the lowest
+// ids (the next probe's first candidate), keeps failing for good. The nine keys are all delivered within the longest
+// pause (PauseMax) plus a margin of the heal, whatever the probe picks, with
+// RetryBackoff 0 and with the default: a probe asks about the destination,
+// not about one key. The bad key's rows die alone, each at MaxAttempts.
+func TestOneBadKeyDoesNotHoldItsType(t *testing.T) {
+	t.Parallel()
+	for _, backoff := range []string{"0", "default"} {
+		t.Run("RetryBackoff="+backoff, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t)
+			cfg := b.cfg
+			cfg.Interval, cfg.MaxAttempts = relay.DefaultConfig().Interval, 3
+			if backoff == "default" {
+				cfg.RetryBackoff = relay.DefaultConfig().RetryBackoff
+			}
+			var down atomic.Bool
+			down.Store(true)
+			var mu sync.Mutex
+			sent := map[string]int{}
+			lastFailed := ""
+			x := relay.SenderFunc("x", func(_ context.Context, m relay.Message) error {
+				if down.Load() || m.Key == "x-bad" {
+					mu.Lock()
+					lastFailed = m.Key
+					mu.Unlock()
+					return errors.New("PUT http://x/" + m.Key + ": 503 Service Unavailable")
+				}
+				mu.Lock()
+				sent[m.Key]++
+				mu.Unlock()
+				return nil
+			})
+			bad := b.insert(t, "x", "x-bad", "x-bad")
+			var good []string
+			for i := range 9 {
+				good = append(good, fmt.Sprint("x", i), fmt.Sprint("x", i))
+			}
+			b.insert(t, "x", good...)
+			r, err := relay.New(newPool(t, 8), cfg, x)
+			require.NoError(t, err)
+			require.NoError(t, r.Start(ctx))
+			defer func() { require.NoError(t, r.Stop(ctx)) }()
+
+			// Into the longest pause, after a probe of a good key failed:
+			// the next probe's first candidate is then the bad key.
+			require.Eventually(t, func() bool {
+				p := r.Stats().Paused
+				mu.Lock()
+				defer mu.Unlock()
+				return len(p) == 1 && time.Until(p[0].Until) > cfg.PauseMax*3/4 && lastFailed != "x-bad" && lastFailed != ""
+			}, time.Minute, 10*time.Millisecond, "x paused for PauseMax, after a good key's probe failed")
+			healed := time.Now()
+			down.Store(false)
+			require.Eventually(t, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(sent) == 9
+			}, time.Minute, 10*time.Millisecond, "the nine keys delivered")
+			took := time.Since(healed)
+			require.Less(t, took, cfg.PauseMax+5*time.Second, "resumed within the longest pause and a margin")
+			require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(good) }, time.Minute, 10*time.Millisecond)
+			mu.Lock()
+			for k, n := range sent {
+				require.Equal(t, 2, n, "key %s: each message once", k)
+			}
+			mu.Unlock()
+
+			// The bad key's rows die alone, the first before the second (its
+			// order), each after MaxAttempts Sends.
+			require.Eventually(t, func() bool { return b.deadCount(t, cfg.MaxAttempts) == 2 }, 2*time.Minute, 20*time.Millisecond,
+				"the bad key's rows dead")
+			for _, id := range bad {
+				s := b.state(t, id)
+				require.Equal(t, "ERROR", s.Status)
+				require.Equal(t, cfg.MaxAttempts, s.Attempts)
+				require.Contains(t, *s.LastError, "503 Service Unavailable")
+			}
+			t.Logf("RetryBackoff %s: the nine keys delivered %s after the heal", backoff, took.Round(time.Millisecond))
+		})
+	}
+}

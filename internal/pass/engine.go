@@ -733,7 +733,7 @@ func (r *Runner) outcomeOf(ctx context.Context, m *store.Row, err error, took ti
 		d.out = OutcomeFailed
 	}
 	l := r.lanes.all[m.Lane]
-	l.observe(d.out, permanent, err, m.Key) // the type's health (lanes.go)
+	l.observe(d.out, permanent, err, m.Key, took, r.cfg.SendTimeout/2) // the type's health (lanes.go)
 	l.took(took)
 	return d
 }

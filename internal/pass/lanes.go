@@ -15,8 +15,10 @@ import (
 // paused until a time, or probing. A lane whose Sends fail PauseAfter times
 // in a row, or whose stuck Send makes the relay reach its bound of them
 // (stuck.go), is paused: its rows are neither selected nor sent, and keep
-// their status and attempts. When the pause ends, one of its messages is sent as a probe; its
-// success opens the lane, its failure pauses it again, for twice as long. The
+// their status and attempts. When the pause ends, one of its messages is sent as a probe, of
+// another key than the last failed probe's; its success opens the lane, its failure pauses it
+// again, for twice as long (up to PauseMax) — unless it failed fast and was the pause's first:
+// then another key's probe goes at once, so that one bad key costs its type no pause. The
 // engine (engine.go) shares its workers fairly between the lanes that have
 // work, and leaves the paused ones out of its selects.
 
@@ -75,9 +77,15 @@ type lane struct {
 	// one bad key does not keep its type paused.
 	avoid   string
 	avoided bool
-	since   time.Time
-	until   time.Time
-	reason  string
+	// second says the pause's first probe failed fast (the destination
+	// answered, or refused): another key's probe goes at once, and only its
+	// failure pauses the lane again, with failed's reason. One bad key then
+	// costs its type no pause beyond the one it was in.
+	second bool
+	failed string
+	since  time.Time
+	until  time.Time
+	reason string
 	// stuckSince is since when it has had stuck Sends without a break.
 	stuckSince time.Time
 }
@@ -151,14 +159,23 @@ func (l *lane) claimProbe(key string) bool {
 }
 
 // passEnded is told at the end of each pass: a probing lane whose pass
-// passed its last probe's key over and found no other probes that key next.
+// passed its last probe's key over and found no other probes that key next;
+// for a second probe that found no other key, the first's failure pauses
+// the lane.
 func (l *lane) passEnded() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	paused := false
 	if l.state == laneProbing && !l.probe && l.avoided {
-		l.avoid = ""
+		if l.second {
+			l.second, paused = false, true
+			l.pauseLocked(time.Now(), l.failed)
+		} else {
+			l.avoid = ""
+		}
 	}
 	l.avoided = false
+	l.mu.Unlock()
+	l.said(false, paused)
 }
 
 // releaseProbe gives the claim back when the probe was not sent (its pass
@@ -169,11 +186,12 @@ func (l *lane) releaseProbe() {
 	l.probe = false
 }
 
-// observe takes the outcome of a Send of a message of key into l's health:
-// a success (or a Permanent refusal: the receiver answered) opens the lane,
-// a failure counts, and pauses it after pauseAfter in a row, or at once for a
-// probe.
-func (l *lane) observe(out Outcome, permanent bool, err error, key string) {
+// observe takes the outcome of a Send of a message of key, which took took,
+// into l's health: a success (or a Permanent refusal: the receiver answered)
+// opens the lane, a failure counts, and pauses it after pauseAfter in a row;
+// a probe's failure pauses it at once, unless it is the pause's first and
+// was fast (below slowProbe): then another key's probe goes first.
+func (l *lane) observe(out Outcome, permanent bool, err error, key string, took, slowProbe time.Duration) {
 	if l == nil {
 		return
 	}
@@ -192,10 +210,19 @@ func (l *lane) observe(out Outcome, permanent bool, err error, key string) {
 	case healthy:
 		opened = l.state != laneOpen
 		l.set(laneOpen)
-		l.failures, l.pauses, l.probe, l.avoid = 0, 0, false, ""
+		l.failures, l.pauses, l.probe, l.avoid, l.second = 0, 0, false, "", false
+	case l.state == laneProbing && !l.second && took < slowProbe:
+		l.failures++
+		l.second, l.probe, l.avoid = true, false, key
+		l.failed = "the probe failed: " + ErrorText(err, 200)
 	case l.state == laneProbing:
 		l.failures++
-		l.pauseLocked(now, "the probe failed: "+ErrorText(err, 200))
+		reason := "the probe failed: " + ErrorText(err, 200)
+		if l.second {
+			reason = "the probes of two keys failed, the last: " + ErrorText(err, 200)
+		}
+		l.second = false
+		l.pauseLocked(now, reason)
 		l.avoid, paused = key, true
 	case l.state == laneOpen:
 		l.failures++

@@ -85,8 +85,9 @@ type gatedSender struct {
 	gate chan struct{}
 	fail func(m store.Row) error
 
-	mu   sync.Mutex
-	sent []store.Row
+	mu    sync.Mutex
+	sent  []store.Row
+	tried []string // the keys of every Send past the gate, in order
 }
 
 func (s *gatedSender) Type() string { return s.typ }
@@ -99,6 +100,9 @@ func (s *gatedSender) Send(ctx context.Context, m store.Row) error {
 			return ctx.Err()
 		}
 	}
+	s.mu.Lock()
+	s.tried = append(s.tried, m.Key)
+	s.mu.Unlock()
 	if s.fail != nil {
 		if err := s.fail(m); err != nil {
 			return err
@@ -234,9 +238,17 @@ func TestLanesProbe(t *testing.T) {
 	res = runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
 	require.NoError(t, res.Err)
 	require.Equal(t, 1, res.Failed, "one probe, and it failed")
+	require.Equal(t, laneProbing, laneState(l.st.Load()), "it failed fast: another key's probe goes first")
+	res = runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour}, false)
+	require.NoError(t, res.Err)
+	require.Equal(t, 1, res.Failed, "the second probe, and it failed too")
 	p, _ := l.pausedType()
 	require.WithinDuration(t, time.Now().Add(2*pauseFirst), p.Until, time.Second, "the second pause lasts twice as long")
-	require.Contains(t, p.Reason, "the probe failed: connection refused")
+	require.Contains(t, p.Reason, "the probes of two keys failed, the last: connection refused")
+	x.mu.Lock()
+	probes := x.tried[len(x.tried)-2:]
+	x.mu.Unlock()
+	require.NotEqual(t, probes[0], probes[1], "two keys asked")
 
 	mu.Lock()
 	down = false
