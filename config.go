@@ -145,8 +145,10 @@ type Config struct {
 	// messages per worker beyond the one in flight. 1 records each outcome in
 	// its own short transaction (at most 8 waiting per worker), as decision
 	// 0035 describes. Above 1, up to that many outcomes are recorded in one
-	// statement, at most 100ms after the first of them: a crash re-delivers at
-	// most GroupOutcomes messages, at most 100ms' worth. Whichever is chosen,
+	// statement, at most 100ms after the first of them, a full group while
+	// the workers go on sending: a crash re-delivers at most 2 × GroupOutcomes
+	// messages in groups (and 8 per worker on their way to the group), at
+	// most 100ms and one write's worth. Whichever is chosen,
 	// each row is fenced on the state the pass read, and a failure still marks
 	// only its own row. Defaults to 0. Environment: RELAY_GROUP_OUTCOMES.
 	GroupOutcomes int

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
@@ -249,4 +250,55 @@ func TestSlowObserverDelaysOnlyItsWorker(t *testing.T) {
 			require.Equal(t, 10, b.countStatus(t, "SENT"))
 		})
 	}
+}
+
+// TestGroupOutcomesWrittenBehind is decision 0037's bound for GroupOutcomes
+// N > 1: a full group is written while the worker goes on sending, and the
+// next full group waits for that write, so at most 2N sent messages have
+// their outcomes unwritten in groups (a crash re-delivers them), beside the
+// worker's writer's pipeline (8, as before) and its Send in flight. The test
+// holds a lock on the first row: the first group's write waits for it, and
+// the worker sends 2N messages and at most those 9 more, then waits too (the
+// tree before, which wrote a full group before the next send, stopped at
+// N + 9: the Eventually fails on it). Released, every message is
+// recorded once.
+func TestGroupOutcomesWrittenBehind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	const n, pipeline = 10, 8
+	var keys []string
+	for i := range 5 * n {
+		keys = append(keys, fmt.Sprint("k", i))
+	}
+	ids := b.insert(t, "t", keys...)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT 1 FROM "+pgx.Identifier{b.table}.Sanitize()+" WHERE id = $1 FOR UPDATE", ids[0])
+	require.NoError(t, err)
+
+	cfg := b.cfg
+	cfg.GroupOutcomes, cfg.Concurrency = n, 1
+	var sends atomic.Int32
+	r := b.newRelay(t, cfg, relay.SenderFunc("t", func(context.Context, relay.Message) error {
+		sends.Add(1)
+		return nil
+	}))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx)
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return sends.Load() >= 2*n }, 20*time.Second, time.Millisecond,
+		"the worker sends the next group while the first is written")
+	time.Sleep(300 * time.Millisecond) // time for a send past the bound, and for the group timer (100ms)
+	require.LessOrEqual(t, sends.Load(), int32(2*n+pipeline+1),
+		"no more than two groups unwritten, the worker's writer's pipeline and its Send in flight")
+	require.Zero(t, b.countStatus(t, "SENT"), "the first group's write waits for the lock")
+
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-done)
+	require.Equal(t, 5*n, b.countStatus(t, "SENT"))
+	require.EqualValues(t, 5*n, sends.Load(), "each message once")
 }

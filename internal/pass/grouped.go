@@ -3,6 +3,7 @@ package pass
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -10,14 +11,18 @@ import (
 // > 1), on a connection it holds from before the pass's first send. A group
 // is written when it is full, before a select that goes over ids selected
 // before, at the pass's end, and at most outcomeGroupDelay after its first
-// outcome: a crash re-delivers at most size messages, never more than that
-// much time's worth.
+// outcome. A full group is written behind the workers, who go on sending
+// while it is on its way, and the next full group waits for that write: a
+// crash re-delivers at most two groups' messages (2 × size, decision 0037),
+// never more than outcomeGroupDelay and one write's worth of time.
 type groupedOutcomes struct {
 	rc   *recorder
 	size int
 
-	flushing sync.Mutex // one group write at a time, so the last flush waits for a timer's
-	conn     heldConn   // the connection the groups are written on
+	flushing sync.Mutex    // guards conn
+	behind   chan struct{} // holds a token while a full group is written behind the workers (writeBehind)
+	conn     heldConn      // the connection the groups are written on
+	held     atomic.Bool   // conn was held by ready
 
 	mu      sync.Mutex
 	pending []delivery
@@ -25,11 +30,16 @@ type groupedOutcomes struct {
 }
 
 // ready holds, before the pass's first send, the connection the groups will
-// be written on.
+// be written on. Once it is held it returns at once, without waiting for a
+// group being written on it (the writes keep it, or fail the pass).
 func (g *groupedOutcomes) ready(ctx context.Context) error {
+	if g.held.Load() {
+		return g.rc.errorOf()
+	}
 	g.flushing.Lock()
 	defer g.flushing.Unlock()
 	_, err := g.conn.get(ctx)
+	g.held.Store(err == nil)
 	return g.rc.keep(err)
 }
 
@@ -48,7 +58,7 @@ func (g *groupedOutcomes) add(ds []delivery, _ *heldConn) error {
 		}
 		g.mu.Unlock()
 		if full {
-			if err := g.flush(); err != nil {
+			if err := g.writeBehind(); err != nil {
 				return err
 			}
 		} else if err := g.rc.errorOf(); err != nil {
@@ -58,29 +68,55 @@ func (g *groupedOutcomes) add(ds []delivery, _ *heldConn) error {
 	return nil
 }
 
-// flush records the pending group, if any.
-func (g *groupedOutcomes) flush() error {
-	recorded, err := g.write()
-	g.rc.report(recorded) // once no lock is held
-	return g.rc.keep(err)
+// writeBehind writes the pending group in the background, once the last
+// group written so has been: the worker goes on sending meanwhile. It
+// returns the pass's failure, if a write failed.
+func (g *groupedOutcomes) writeBehind() error {
+	g.behind <- struct{}{}
+	if err := g.rc.errorOf(); err != nil {
+		<-g.behind
+		return err
+	}
+	group := g.take()
+	go func() {
+		defer func() { <-g.behind }()
+		_ = g.writeGroup(group) // its failure is kept: the next add returns it
+	}()
+	return nil
 }
 
-func (g *groupedOutcomes) write() ([]delivery, error) {
-	g.flushing.Lock()
-	defer g.flushing.Unlock()
+// flush records every outcome added so far: it waits for a group written
+// behind the workers, then writes the pending one.
+func (g *groupedOutcomes) flush() error {
+	g.behind <- struct{}{}
+	defer func() { <-g.behind }()
+	return g.writeGroup(g.take())
+}
+
+// take empties the pending group and returns it.
+func (g *groupedOutcomes) take() []delivery {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	group := g.pending
 	g.pending = nil
 	if g.timer != nil {
 		g.timer.Stop()
 		g.timer = nil
 	}
-	g.mu.Unlock()
+	return group
+}
+
+// writeGroup records group, if it has any outcome, and reports it.
+func (g *groupedOutcomes) writeGroup(group []delivery) error {
 	if len(group) == 0 {
-		return nil, nil
+		return g.rc.errorOf()
 	}
-	defer g.rc.waiting.add(-len(group))
-	return g.rc.write(group, &g.conn)
+	g.flushing.Lock()
+	recorded, err := g.rc.write(group, &g.conn)
+	g.flushing.Unlock()
+	g.rc.waiting.add(-len(group))
+	g.rc.report(recorded) // once no lock is held
+	return g.rc.keep(err)
 }
 
 // close flushes the last group and gives the connection back.
