@@ -35,8 +35,8 @@ type soak struct {
 	sends   sendLog
 	sink    *logSink
 	logFile *os.File
-	faults  faultLog
-	outages outageLog
+	faults  eventLog[fault]
+	outages eventLog[outage]
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -348,27 +348,29 @@ type fault struct {
 	state      string // pg_stat_activity.state when it was killed
 }
 
-type faultLog struct {
+// eventLog is a list of events the soak's goroutines add to while the
+// report reads it: its faults, its outages.
+type eventLog[T any] struct {
 	mu     sync.Mutex
-	faults []fault
+	events []T
 }
 
-func (l *faultLog) add(f fault) {
+func (l *eventLog[T]) add(e T) {
 	l.mu.Lock()
-	l.faults = append(l.faults, f)
+	l.events = append(l.events, e)
 	l.mu.Unlock()
 }
 
-func (l *faultLog) len() int {
+func (l *eventLog[T]) len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.faults)
+	return len(l.events)
 }
 
-func (l *faultLog) all() []fault {
+func (l *eventLog[T]) all() []T {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]fault(nil), l.faults...)
+	return append([]T(nil), l.events...)
 }
 
 // inject kills a relay session every killEvery on average (uniformly between
@@ -468,29 +470,6 @@ const maxAttempts = 1_000_000
 type outage struct {
 	at    time.Time
 	types []string
-}
-
-type outageLog struct {
-	mu      sync.Mutex
-	outages []outage
-}
-
-func (l *outageLog) add(o outage) {
-	l.mu.Lock()
-	l.outages = append(l.outages, o)
-	l.mu.Unlock()
-}
-
-func (l *outageLog) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.outages)
-}
-
-func (l *outageLog) all() []outage {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]outage(nil), l.outages...)
 }
 
 // failReceiver makes the receiver fail for outageFor every outageEvery, in
