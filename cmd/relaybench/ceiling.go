@@ -31,6 +31,7 @@ type grouped struct {
 	selectArgs []any
 	after      int // the index in selectArgs of the one lane's cursor, the id its select starts after
 	updateSQL  string
+	genericSQL string // sent before each select, in its round trip: its generic plan (sql/pass.sql, genericPlans)
 }
 
 // captureTracer keeps the first select of a batch and the first grouped update
@@ -58,6 +59,9 @@ func (t *captureTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.
 func (t *captureTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.g.genericSQL == "" && strings.Contains(d.SQL, "plan_cache_mode") {
+		t.g.genericSQL = d.SQL
+	}
 	if t.g.selectSQL != "" || !strings.Contains(d.SQL, "WITH g AS") {
 		return
 	}
@@ -96,7 +100,7 @@ func captureGrouped(ctx context.Context, url string, admin *pgxpool.Pool, n int)
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	if tr.g.selectSQL == "" || tr.g.updateSQL == "" || tr.g.after < 0 {
+	if tr.g.selectSQL == "" || tr.g.updateSQL == "" || tr.g.genericSQL == "" || tr.g.after < 0 {
 		return grouped{}, errors.New("relaybench: the relay's grouped statements were not captured")
 	}
 	return tr.g, nil
@@ -138,9 +142,19 @@ func rawGrouped(ctx context.Context, url string, g grouped, n int) (float64, err
 	args := append([]any(nil), g.selectArgs...)
 	var selectErr error
 	for {
-		rows, err := pool.Query(ctx, g.selectSQL, args...)
+		// As the relay sends it: in one round trip after the statement that
+		// makes it run on its generic plan.
+		b := &pgx.Batch{}
+		b.Queue(g.genericSQL)
+		b.Queue(g.selectSQL, args...)
+		br := pool.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			selectErr = errors.Join(err, br.Close())
+			break
+		}
+		rows, err := br.Query()
 		if err != nil {
-			selectErr = err
+			selectErr = errors.Join(err, br.Close())
 			break
 		}
 		var ids []int64
@@ -153,7 +167,7 @@ func rawGrouped(ctx context.Context, url string, g grouped, n int) (float64, err
 			ids = append(ids, vals[0].(int64))
 		}
 		rows.Close()
-		if selectErr = errors.Join(selectErr, rows.Err()); selectErr != nil || len(ids) == 0 {
+		if selectErr = errors.Join(selectErr, rows.Err(), br.Close()); selectErr != nil || len(ids) == 0 {
 			break
 		}
 		args[g.after] = []int64{ids[len(ids)-1]}
