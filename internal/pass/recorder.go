@@ -232,7 +232,7 @@ func (r *Runner) newRecorder(ctx context.Context, res *Result) *recorder {
 	rc := &recorder{r: r, ctx: context.WithoutCancel(ctx), res: res, pipeline: outcomePipeline}
 	switch n := r.cfg.GroupOutcomes; {
 	case n > 1:
-		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.deps.Pool}}
+		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.deps.Pool}, behind: make(chan struct{}, 1)}
 	case n == 1:
 		rc.outcomeStrategy = eachOutcomes{rc}
 	default:
