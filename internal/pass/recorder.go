@@ -193,6 +193,11 @@ type recorder struct {
 	// pipeline is how many of a worker's outcomes may wait to be written
 	// while it sends on, and so how many its writer hands over at once.
 	pipeline int
+	// direct says the workers add their outcomes to the strategy themselves,
+	// not through their writers: its add only queues them (groupedOutcomes,
+	// which writes its groups behind the workers), so a hop to another
+	// goroutine per message would buy no overlap.
+	direct bool
 
 	// waiting counts the outcomes sent and not yet written: handed to a
 	// writer, and not yet back from the strategy's write.
@@ -233,6 +238,7 @@ func (r *Runner) newRecorder(ctx context.Context, res *Result) *recorder {
 	switch n := r.cfg.GroupOutcomes; {
 	case n > 1:
 		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.deps.Pool}, behind: make(chan struct{}, 1)}
+		rc.direct = true
 	case n == 1:
 		rc.outcomeStrategy = eachOutcomes{rc}
 	default:

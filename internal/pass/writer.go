@@ -94,6 +94,10 @@ func (w *writer) run() {
 // stopping failure, if any.
 func (w *writer) record(ds []delivery, wait bool) error {
 	w.rc.waiting.add(len(ds))
+	if w.rc.direct {
+		_ = w.rc.add(ds, &w.conn) // a failure stops the pass through rc.err
+		return w.rc.errorOf()
+	}
 	for len(ds) > 0 || wait {
 		n := min(len(ds), w.rc.pipeline)
 		s := submission{ds: ds[:n:n]}
@@ -119,6 +123,10 @@ func (w *writer) record(ds []delivery, wait bool) error {
 // finish has the writer send done to finished once every outcome handed to
 // it before is recorded.
 func (w *writer) finish(done taskDone, finished chan<- taskDone) {
+	if w.rc.direct {
+		finished <- done // every outcome handed before is in the strategy's hands
+		return
+	}
 	w.in <- submission{done: done, finished: finished}
 }
 
