@@ -157,7 +157,11 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 	r.presence.SetOwnership(election.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
 	r.runner = r.newRunner(byType)
 	said := func() { // the session's next statement says it
-		r.presence.SetPaused(r.runner.Lanes().Paused())
+		var paused []election.PausedDescriptor
+		for _, pt := range r.runner.Lanes().Paused() {
+			paused = append(paused, election.PausedDescriptor{Type: pt.Type, Reason: pt.Reason, Since: pt.Since, Until: pt.Until, Probing: pt.Probing})
+		}
+		r.presence.SetPaused(paused)
 		var stuck []election.StuckDescriptor
 		for _, s := range r.runner.Lanes().Stuck() {
 			stuck = append(stuck, election.StuckDescriptor{Type: s.Type, Sends: s.Sends, Since: s.Since})
