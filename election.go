@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/pass"
 )
 
 // This file is the one seam that runs a pass. [Relay.pass] is the only
@@ -29,8 +30,7 @@ const (
 func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 	er := &election.Relay{Pool: r.pool, Logger: r.logger, Key: r.key, Table: r.cfg.Table, Types: r.types,
 		MaxAttempts: r.cfg.MaxAttempts, Partitions: r.cfg.Partitions, Interval: r.cfg.Interval, Presence: r.presence,
-		Outbox: r.repo, Sendable: r.sendable, Dispatch: r.dispatch, LearnTable: r.learnTable,
-		SetPartitions: r.stats.setPartitions}
+		Outbox: r.repo}
 	r.direct = election.NewNone(er)
 	if !r.cfg.ClusterLock {
 		return r.direct, nil
@@ -63,9 +63,38 @@ func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 	return election.NewPolled(er, own.g), nil
 }
 
+// passOpts tune a pass: the engine's (internal/pass) and the election's. The
+// zero value is Run's and RunIfElected's: one batch.
+type passOpts struct {
+	Halt  <-chan struct{}      // closed: start no new message or batch (graceful stop)
+	Drain bool                 // take batches while they come back full
+	Own   *election.OwnSession // the started relay's own session, for the idle poll; nil: the pool's
+	// Keep, for the loop's passes, says from the pass's result whether the
+	// election is kept for the next pass (Polled); nil: let go.
+	Keep func(passResult) bool
+	// Wake is the loop's wake-ups: one that comes while the pass waits for
+	// its last messages has it select again at once. nil: none.
+	Wake <-chan struct{}
+	// Woken says a wake-up (or its follow-up) started the loop's pass
+	// (election.Opts).
+	Woken bool
+	// AfterLoss says the loop's last pass lost its election (election.Opts).
+	AfterLoss bool
+}
+
+// passResult is what a pass did: the engine's result, and whether it ran.
+type passResult struct {
+	pass.Result
+	Ran bool // the pass ran: elected, or direct
+}
+
+// Coalesced says another session held the election: the pass neither ran nor failed.
+func (p *passResult) Coalesced() bool { return !p.Ran && p.Err == nil }
+
 // pass runs one pass of kind: it takes the pass slot (waiting for it, or
-// coalescing when it is taken), elects, runs the engine and reports the pass.
-func (r *Relay) pass(ctx context.Context, kind passKind, o election.Opts) election.Result {
+// coalescing when it is taken), asks the election, runs the engine under what
+// the election holds and reports the pass.
+func (r *Relay) pass(ctx context.Context, kind passKind, o passOpts) passResult {
 	e := r.election
 	if kind == passDirect {
 		e = r.direct
@@ -75,7 +104,7 @@ func (r *Relay) pass(ctx context.Context, kind passKind, o election.Opts) electi
 		select {
 		case r.slot <- struct{}{}:
 		case <-ctx.Done():
-			var res election.Result
+			var res passResult
 			res.Err = ctx.Err()
 			return res
 		}
@@ -85,19 +114,54 @@ func (r *Relay) pass(ctx context.Context, kind passKind, o election.Opts) electi
 		default:
 			// A pass of this relay is in flight: it holds the election, so
 			// this one coalesces like any other loser.
-			r.passDone(election.Result{}, start)
-			return election.Result{}
+			r.passDone(passResult{}, start)
+			return passResult{}
 		}
 	}
 	defer func() { <-r.slot }()
-	var res election.Result
+	var res passResult
+	eo := election.Opts{Own: o.Own, Woken: o.Woken, AfterLoss: o.AfterLoss}
 	work := true
 	if kind == passTimed {
-		res, work = e.Poll(ctx, o)
+		res, work = r.poll(ctx, e, eo)
 	}
 	if work {
-		res = e.Run(ctx, o)
+		res = r.elected(ctx, e, eo, o)
 	}
 	r.passDone(res, start)
+	return res
+}
+
+// poll is a timed pass's look for work, before the election: the idle poll
+// reads the table, which is learned first, and looks for the types that may
+// be sent now.
+func (r *Relay) poll(ctx context.Context, e election.Election, eo election.Opts) (res passResult, work bool) {
+	if e.Polls() {
+		if res.Err = r.learnTable(ctx); res.Err != nil {
+			return res, false
+		}
+		eo.Types = r.sendable() // a paused type's rows are no work until its pause ends
+	}
+	res.Ran, work, res.Err = e.Poll(ctx, eo)
+	return res, work
+}
+
+// elected runs the engine under the election e, with what it holds.
+func (r *Relay) elected(ctx context.Context, e election.Election, eo election.Opts, o passOpts) (res passResult) {
+	if o.Keep != nil {
+		eo.Keep = func() bool {
+			kept := res
+			kept.Ran = true
+			return o.Keep(kept)
+		}
+	}
+	res.Ran, res.Err = e.Run(ctx, eo, func(ctx context.Context, t election.Term) error {
+		po := pass.Opts{Halt: o.Halt, Drain: o.Drain, Wake: o.Wake, Parts: t.Parts}
+		if t.DrainFor > 0 {
+			po.DrainFor = min(t.DrainFor, pass.DrainMax)
+		}
+		res.Result = r.dispatch(ctx, po)
+		return res.Err
+	})
 	return res
 }

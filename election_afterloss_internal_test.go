@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/xadm/relay/internal/election"
 )
 
 // TestAPassAfterALossFailsRatherThanCoalesces: right after the loop's pass
@@ -31,11 +29,11 @@ func TestAPassAfterALossFailsRatherThanCoalesces(t *testing.T) {
 	defer func() { _, _ = holder.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1))`, cfg.lockKey()) }()
 
 	for _, kind := range []passKind{passTimed, passElected} {
-		res := r.pass(ctx, kind, election.Opts{})
+		res := r.pass(ctx, kind, passOpts{})
 		require.NoError(t, res.Err, "kind %v", kind)
 		require.True(t, res.Coalesced(), "kind %v: another holds the election", kind)
 
-		res = r.pass(ctx, kind, election.Opts{AfterLoss: true})
+		res = r.pass(ctx, kind, passOpts{AfterLoss: true})
 		require.ErrorIs(t, res.Err, ErrElectionLost, "kind %v", kind)
 		require.False(t, res.Ran, "kind %v", kind)
 	}

@@ -222,7 +222,7 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 	// The election is kept for the next pass while work keeps arriving: not
 	// after a failure, a backlog cut at drainMax, a stop, or a quiet
 	// Interval's pass that found nothing.
-	keep := func(res election.Result) bool {
+	keep := func(res passResult) bool {
 		select {
 		case <-l.halt:
 			return false
@@ -230,7 +230,7 @@ func (r *Relay) periodic(ctx context.Context, l *loop, woken bool) (next time.Du
 		}
 		return res.Err == nil && !res.Backlog && (woken || res.Woken || res.Processed() > 0)
 	}
-	res := r.pass(ctx, kind, election.Opts{Halt: l.halt, Drain: true, Own: l.own, Keep: keep, Wake: l.wake, Woken: woken, AfterLoss: l.afterLoss})
+	res := r.pass(ctx, kind, passOpts{Halt: l.halt, Drain: true, Own: l.own, Keep: keep, Wake: l.wake, Woken: woken, AfterLoss: l.afterLoss})
 	l.afterLoss = false
 	switch n := r.failing(); {
 	case res.Backlog && res.Err == nil:

@@ -195,7 +195,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 // It waits for a pass of this relay already in flight. It returns how many rows
 // it processed (recorded sent or failed).
 func (r *Relay) Run(ctx context.Context) (int, error) {
-	res := r.pass(ctx, passDirect, election.Opts{})
+	res := r.pass(ctx, passDirect, passOpts{})
 	return res.Processed(), res.Err
 }
 
@@ -214,11 +214,11 @@ func (r *Relay) Run(ctx context.Context) (int, error) {
 // If the election is lost mid-pass, the pass stops before its next message and
 // the error wraps [ErrElectionLost].
 func (r *Relay) RunIfElected(ctx context.Context) (bool, error) {
-	res := r.pass(ctx, passElected, election.Opts{})
+	res := r.pass(ctx, passElected, passOpts{})
 	return res.Ran, res.Err
 }
 
-func (r *Relay) passDone(res election.Result, start time.Time) {
+func (r *Relay) passDone(res passResult, start time.Time) {
 	rep := PassReport{
 		Ran:       res.Ran,
 		Coalesced: res.Coalesced(),
@@ -294,6 +294,7 @@ func durationAttr(key string, d time.Duration) slog.Attr {
 // Stats returns a snapshot of what the relay did since New.
 func (r *Relay) Stats() Stats {
 	st := r.stats.snapshot()
+	st.Partitions = r.election.Partitions() // as the membership publishes them (internal/election)
 	st.Paused = pausedTypes(r.runner.Lanes().Paused())
 	st.Yielded, st.Stuck, st.Retention = r.yielded(), r.stuckSends(), r.retentionRun()
 	return st

@@ -6,7 +6,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
@@ -74,14 +73,12 @@ func (r *Relay) workers() int {
 }
 
 // dispatch runs one pass's engine under whatever election the caller holds.
-func (r *Relay) dispatch(ctx context.Context, o election.Opts) election.Result {
-	var res election.Result
-	if res.Err = r.learnTable(ctx); res.Err != nil {
-		return res
+func (r *Relay) dispatch(ctx context.Context, o pass.Opts) pass.Result {
+	if err := r.learnTable(ctx); err != nil {
+		return pass.Result{Err: err}
 	}
-	res.Result = r.runner.Run(ctx, pass.Opts{Halt: o.Halt, Drain: o.Drain, DrainFor: o.DrainFor, Parts: o.Parts, Wake: o.Wake,
-		Keyed: r.table().KeyIndex})
-	return res
+	o.Keyed = r.table().KeyIndex
+	return r.runner.Run(ctx, o)
 }
 
 // report counts and observes one recorded outcome.
