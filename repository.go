@@ -72,15 +72,6 @@ func (r *Relay) workers() int {
 	return min(r.cfg.Concurrency, max(1, r.maxConns-2))
 }
 
-// dispatch runs one pass's engine under whatever election the caller holds.
-func (r *Relay) dispatch(ctx context.Context, o pass.Opts) pass.Result {
-	if err := r.learnTable(ctx); err != nil {
-		return pass.Result{Err: err}
-	}
-	o.Keyed = r.table().KeyIndex
-	return r.runner.Run(ctx, o)
-}
-
 // report counts and observes one recorded outcome.
 func (r *Relay) report(p pass.Report) {
 	rep := MessageReport{ID: p.Row.ID, Type: p.Row.Type, Attempts: p.Attempts, Duration: p.Took, Err: p.Err}
