@@ -1,27 +1,16 @@
 package relay
 
 import (
-	"context"
 	"fmt"
-	"time"
 
 	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/loop"
 )
 
-// This file is the one seam that runs a pass. [Relay.pass] is the only
-// function that takes the pass slot (one pass of a relay at a time) and the
-// only one that reports a pass; Run, RunIfElected and the loop's timer and
-// wake-up passes all go through it. How a pass is elected is decided once, in
-// New (chooseElection), as one of internal/election's four elections.
-
-// passKind is why a pass runs.
-type passKind int
-
-const (
-	passDirect  passKind = iota // Run: no election; waits for a pass in flight
-	passElected                 // RunIfElected and the loop's woken passes: straight to the election
-	passTimed                   // the loop's timer: the election's idle poll first, where it has one
-)
+// This file is how the relay's passes are elected, decided once, in New
+// (chooseElection), as one of internal/election's four elections, and the
+// passes built over them (internal/loop: the pass slot that Run,
+// RunIfElected and the loop share).
 
 // chooseElection picks the relay's election, once. With ClusterLock and no
 // Guard it is the relay's own PostgresGuard on its pool, as it is when the
@@ -29,8 +18,7 @@ const (
 func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 	er := &election.Relay{Pool: r.pool, Logger: r.logger, Key: r.key, Table: r.cfg.Table, Types: r.types,
 		MaxAttempts: r.cfg.MaxAttempts, Partitions: r.cfg.Partitions, Interval: r.cfg.Interval, Presence: r.presence,
-		Outbox: r.repo, Sendable: r.sendable, Dispatch: r.dispatch, LearnTable: r.learnTable,
-		SetPartitions: r.stats.setPartitions}
+		Outbox: r.repo}
 	r.direct = election.NewNone(er)
 	if !r.cfg.ClusterLock {
 		return r.direct, nil
@@ -63,41 +51,11 @@ func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 	return election.NewPolled(er, own.g), nil
 }
 
-// pass runs one pass of kind: it takes the pass slot (waiting for it, or
-// coalescing when it is taken), elects, runs the engine and reports the pass.
-func (r *Relay) pass(ctx context.Context, kind passKind, o election.Opts) election.Result {
-	e := r.election
-	if kind == passDirect {
-		e = r.direct
-	}
-	start := time.Now()
-	if e.Waits() {
-		select {
-		case r.slot <- struct{}{}:
-		case <-ctx.Done():
-			var res election.Result
-			res.Err = ctx.Err()
-			return res
-		}
-	} else {
-		select {
-		case r.slot <- struct{}{}:
-		default:
-			// A pass of this relay is in flight: it holds the election, so
-			// this one coalesces like any other loser.
-			r.passDone(election.Result{}, start)
-			return election.Result{}
-		}
-	}
-	defer func() { <-r.slot }()
-	var res election.Result
-	work := true
-	if kind == passTimed {
-		res, work = e.Poll(ctx, o)
-	}
-	if work {
-		res = e.Run(ctx, o)
-	}
-	r.passDone(res, start)
-	return res
+// newPasses builds the relay's passes (internal/loop), once, in New, over
+// the elections chooseElection chose.
+func (r *Relay) newPasses() *loop.Passes {
+	return loop.New(loop.Deps{Pool: r.pool, Logger: r.logger, Interval: r.cfg.Interval, Enabled: r.cfg.Enabled,
+		Election: r.election, Direct: r.direct, Runner: r.runner,
+		Learn: r.learnTable, Keyed: func() bool { return r.table().KeyIndex }, Sendable: r.sendable,
+		Report: r.passDone, Failing: r.failing})
 }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/loop"
 )
 
 // TestAPassAfterALossFailsRatherThanCoalesces: right after the loop's pass
@@ -30,12 +30,12 @@ func TestAPassAfterALossFailsRatherThanCoalesces(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _, _ = holder.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1))`, cfg.lockKey()) }()
 
-	for _, kind := range []passKind{passTimed, passElected} {
-		res := r.pass(ctx, kind, election.Opts{})
+	for _, kind := range []loop.Kind{loop.Timed, loop.Elected} {
+		res := r.passes.Pass(ctx, kind, loop.Opts{})
 		require.NoError(t, res.Err, "kind %v", kind)
 		require.True(t, res.Coalesced(), "kind %v: another holds the election", kind)
 
-		res = r.pass(ctx, kind, election.Opts{AfterLoss: true})
+		res = r.passes.Pass(ctx, kind, loop.Opts{AfterLoss: true})
 		require.ErrorIs(t, res.Err, ErrElectionLost, "kind %v", kind)
 		require.False(t, res.Ran, "kind %v", kind)
 	}

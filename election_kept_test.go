@@ -12,7 +12,7 @@ import (
 	"github.com/xadm/relay/internal/pgserver"
 )
 
-// The kept election (election.go): the loop keeps the election it won between
+// The kept election (internal/election, elections.go): the loop keeps the election it won between
 // its passes while work keeps arriving, and lets go of it when nothing comes,
 // on Stop, and when its session is lost.
 

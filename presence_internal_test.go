@@ -36,7 +36,7 @@ func TestStopCuttingTheOwnSessionShortLeavesNoPresence(t *testing.T) {
 	ran := make(chan error, 1)
 	go func() {
 		for {
-			err := r.loop.own.Do(ctx, func(ctx context.Context, conn *pgx.Conn, _ uint32) error {
+			err := r.loop.Own().Do(ctx, func(ctx context.Context, conn *pgx.Conn, _ uint32) error {
 				_, err := conn.Exec(ctx, "SELECT pg_sleep(600)")
 				return err
 			})

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/loop"
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
@@ -62,10 +63,6 @@ type Relay struct {
 	observer Observer
 	stats    counters
 
-	// slot is a one-slot semaphore: one pass of this relay at a time. Only
-	// Relay.pass takes it (election.go).
-	slot chan struct{}
-
 	// presence is what this relay says of itself while started
 	// (internal/election).
 	presence *election.Presence
@@ -73,6 +70,10 @@ type Relay struct {
 	// election decides whether a pass runs, chosen once in New (election.go);
 	// direct runs Run's passes.
 	election, direct election.Election
+
+	// passes run the passes, one at a time, and the started loop
+	// (internal/loop).
+	passes *loop.Passes
 
 	// runner runs the passes' engine (internal/pass), and keeps what outlives
 	// one: the types' lanes, the messages whose outcome could not be recorded.
@@ -84,7 +85,7 @@ type Relay struct {
 	indexesChecked bool // the missing indexes were looked for (once)
 
 	mu   sync.Mutex
-	loop *loop
+	loop *loop.Loop // the started loop; nil before Start
 
 	ret retention // the retention job ([Config.Retention], retention.go)
 
@@ -151,13 +152,16 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		types:    slices.Sorted(maps.Keys(byType)),
 		key:      cfg.lockKey(),
 		observer: cfg.Observer,
-		slot:     make(chan struct{}, 1),
 	}
 	r.presence = election.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
 	r.presence.SetOwnership(election.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
 	r.runner = r.newRunner(byType)
 	said := func() { // the session's next statement says it
-		r.presence.SetPaused(r.runner.Lanes().Paused())
+		var paused []election.PausedDescriptor
+		for _, pt := range r.runner.Lanes().Paused() {
+			paused = append(paused, election.PausedDescriptor{Type: pt.Type, Reason: pt.Reason, Since: pt.Since, Until: pt.Until, Probing: pt.Probing})
+		}
+		r.presence.SetPaused(paused)
 		var stuck []election.StuckDescriptor
 		for _, s := range r.runner.Lanes().Stuck() {
 			stuck = append(stuck, election.StuckDescriptor{Type: s.Type, Sends: s.Sends, Since: s.Since})
@@ -168,6 +172,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err
 	}
+	r.passes = r.newPasses()
 	if n := int(pool.Config().MaxConns); cfg.Concurrency > n-2 {
 		logger.Warn("relay: the pool is too small for Concurrency: each message in flight holds a connection for its outcome, "+
 			"next to the election's and the select's; fewer messages will be in flight",
@@ -191,7 +196,7 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 // It waits for a pass of this relay already in flight. It returns how many rows
 // it processed (recorded sent or failed).
 func (r *Relay) Run(ctx context.Context) (int, error) {
-	res := r.pass(ctx, passDirect, election.Opts{})
+	res := r.passes.Pass(ctx, loop.Direct, loop.Opts{})
 	return res.Processed(), res.Err
 }
 
@@ -210,11 +215,11 @@ func (r *Relay) Run(ctx context.Context) (int, error) {
 // If the election is lost mid-pass, the pass stops before its next message and
 // the error wraps [ErrElectionLost].
 func (r *Relay) RunIfElected(ctx context.Context) (bool, error) {
-	res := r.pass(ctx, passElected, election.Opts{})
+	res := r.passes.Pass(ctx, loop.Elected, loop.Opts{})
 	return res.Ran, res.Err
 }
 
-func (r *Relay) passDone(res election.Result, start time.Time) {
+func (r *Relay) passDone(res loop.Result, start time.Time) {
 	rep := PassReport{
 		Ran:       res.Ran,
 		Coalesced: res.Coalesced(),
@@ -290,6 +295,7 @@ func durationAttr(key string, d time.Duration) slog.Attr {
 // Stats returns a snapshot of what the relay did since New.
 func (r *Relay) Stats() Stats {
 	st := r.stats.snapshot()
+	st.Partitions = r.election.Partitions() // as the membership publishes them (internal/election)
 	st.Paused = pausedTypes(r.runner.Lanes().Paused())
 	st.Yielded, st.Stuck, st.Retention = r.yielded(), r.stuckSends(), r.retentionRun()
 	return st

@@ -6,7 +6,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
@@ -71,17 +70,6 @@ func (r *Relay) newRunner(senders map[string]Sender) *pass.Runner {
 // the select's (New warns of it).
 func (r *Relay) workers() int {
 	return min(r.cfg.Concurrency, max(1, r.maxConns-2))
-}
-
-// dispatch runs one pass's engine under whatever election the caller holds.
-func (r *Relay) dispatch(ctx context.Context, o election.Opts) election.Result {
-	var res election.Result
-	if res.Err = r.learnTable(ctx); res.Err != nil {
-		return res
-	}
-	res.Result = r.runner.Run(ctx, pass.Opts{Halt: o.Halt, Drain: o.Drain, DrainFor: o.DrainFor, Parts: o.Parts, Wake: o.Wake,
-		Keyed: r.table().KeyIndex})
-	return res
 }
 
 // report counts and observes one recorded outcome.

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,13 +156,6 @@ type counters struct {
 	lastAt  time.Time
 	lastErr error
 	lag     time.Duration
-	parts   []int
-}
-
-func (c *counters) setPartitions(parts []int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.parts = slices.Clone(parts)
 }
 
 func (c *counters) passDone(p PassReport) {
@@ -204,7 +196,6 @@ func (c *counters) snapshot() Stats {
 		LastPassAt:      c.lastAt,
 		LastPassErr:     c.lastErr,
 		Lag:             c.lag,
-		Partitions:      slices.Clone(c.parts),
 	}
 }
 

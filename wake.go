@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 
+	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/store"
 	"github.com/xadm/relay/internal/wake"
 )
@@ -10,12 +11,12 @@ import (
 // This file is the wake-up on commit as the relay starts it (internal/wake:
 // the listener, and the producers' window).
 
-// listen runs the started relay's listener until ctx ends.
-func (r *Relay) listen(ctx context.Context, l *loop) {
-	defer close(l.listening)
+// listen runs the started relay's listener until ctx ends, on the loop's
+// own session (internal/loop starts it).
+func (r *Relay) listen(ctx context.Context, own *election.OwnSession, wakeUp, attempted func()) {
 	li := &wake.Listener{Pool: r.pool, Logger: r.logger, Channel: store.WakeChannel(r.tableID), Types: r.types,
-		Wake: r.cfg.WakeOnCommit, Interval: r.cfg.Interval, Presence: r.presence, Sessions: r.sessions, Own: l.own, WakeUp: l.wakeUp}
-	li.Run(ctx, func() { close(l.attempted) })
+		Wake: r.cfg.WakeOnCommit, Interval: r.cfg.Interval, Presence: r.presence, Sessions: r.sessions, Own: own, WakeUp: wakeUp}
+	li.Run(ctx, attempted)
 }
 
 // WakeTriggerSQL returns the DDL of a trigger that wakes the relays of table

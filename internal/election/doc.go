@@ -22,6 +22,12 @@
 //     that say it is live, with its types, ceiling and paused types, for
 //     Admin to read; a killed process's go with its session.
 //
+// An election is a gate: it never calls the pass. It answers whether this
+// replica holds the election, runs the job its caller gives it under what it
+// holds (a context that carries the lease and ends with the election, the
+// partitions held), and publishes what it keeps between passes (the kept
+// election, the partitions held, for Stats).
+//
 // # States
 //
 // A polled election (the relay's own guard) is idle (one poll per Interval,

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/lease"
-	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -27,6 +26,13 @@ import (
 //     statement per Interval when idle), and which the loop keeps between
 //     its passes while work keeps arriving (kept election);
 //   - Member: the partitioned election (Partitions > 1, partitions.go).
+//
+// An election is a gate: it says whether this replica holds the election
+// and runs the job it is given under what it holds (Term: the lease in the
+// job's ctx, the partitions), in the shape of relay.Guard's TryRun, since an
+// adopter's Guard hands its ctx over only inside fn. It never knows what the
+// job does: the caller (the loop) runs the pass in it. What it holds between
+// passes it publishes (Keeps, Partitions).
 
 // Relay is what the elections take of the relay they elect for, built once
 // in relay.New.
@@ -42,31 +48,19 @@ type Relay struct {
 	Sessions    *SessionCheck // that the pool keeps its sessions; nil without an election on the pool
 	Presence    *Presence
 	Outbox      *store.Table
-	// Sendable are the types whose rows may be sent now (a paused type's
-	// are no work until its pause ends).
-	Sendable func() []string
-	// Dispatch runs the pass's engine under the election held.
-	Dispatch func(ctx context.Context, o Opts) Result
-	// LearnTable learns the table before the first pass.
-	LearnTable func(ctx context.Context) error
-	// SetPartitions says which partitions this replica holds (Stats).
-	SetPartitions func([]int)
 }
 
-// Opts tune a pass: the engine's (internal/pass) and the election's. The
-// zero value is Run's and RunIfElected's: one batch.
+// Opts are what a pass asks of its election. The zero value is Run's and
+// RunIfElected's.
 type Opts struct {
-	Halt     <-chan struct{} // closed: start no new message or batch (graceful stop)
-	Drain    bool            // take batches while they come back full
-	DrainFor time.Duration   // how long at most; 0: pass.DrainMax
-	Parts    []int           // partitioned: deliver only these partitions
-	Own      *OwnSession     // the started relay's own session, for the idle poll; nil: the pool's
-	// Keep, for the loop's passes, says from the pass's result whether the
-	// election is kept for the next pass (Polled); nil: let go.
-	Keep func(Result) bool
-	// Wake is the loop's wake-ups: one that comes while the pass waits for
-	// its last messages has it select again at once. nil: none.
-	Wake <-chan struct{}
+	Own *OwnSession // the started relay's own session, for the idle poll; nil: the pool's
+	// Types are the types whose rows may be sent now, which the idle poll
+	// looks for (Polls): a paused type's rows are no work until its pause
+	// ends.
+	Types []string
+	// Keep, for the loop's passes, says once the job has returned whether
+	// the election is kept for the next pass (Polled); nil: let go.
+	Keep func() bool
 	// Woken says a wake-up (or its follow-up) started the loop's pass: a
 	// partitioned member then looks at its own partitions only, unless its
 	// last rebalance is an Interval old (partitions.go).
@@ -78,27 +72,35 @@ type Opts struct {
 	AfterLoss bool
 }
 
-// Result is what a pass did: the engine's result, and whether it ran.
-type Result struct {
-	pass.Result
-	Ran bool // the pass ran: elected, or direct
+// Term is what an election holds for one pass, handed to the job it runs;
+// the job's ctx carries the lease and ends when the election is lost.
+type Term struct {
+	// Parts are the partitions held (Member): the job delivers only these.
+	// nil: the whole table.
+	Parts []int
+	// DrainFor is how long at most the job drains, so that the election is
+	// looked at again that often (Member: Interval); 0: the job's own bound.
+	DrainFor time.Duration
 }
 
-// Coalesced says another session held the election: the pass neither ran nor failed.
-func (p *Result) Coalesced() bool { return !p.Ran && p.Err == nil }
-
-// Election decides whether this replica runs a pass, and runs it.
+// Election decides whether this replica runs a pass: it runs the job it is
+// given under what it holds, and never knows what the job does.
 type Election interface {
 	// Waits reports whether a pass waits for one of this relay in flight
 	// instead of coalescing: without an election nothing is held that a
 	// second pass could coalesce on.
 	Waits() bool
+	// Polls reports whether Poll reads the outbox table now (Polled, with no
+	// election kept): the caller learns the table first, and says which
+	// types may be sent (Opts.Types).
+	Polls() bool
 	// Poll looks for work at the cost of as little as it can: a pass that
-	// finds none is over, elected or coalesced, with res. Elections without a
-	// poll report work at once.
-	Poll(ctx context.Context, o Opts) (res Result, work bool)
-	// Run runs the engine under the election; res.Ran is false when it coalesced.
-	Run(ctx context.Context, o Opts) Result
+	// finds none is over, elected (ran) or coalesced, or failed (err).
+	// Elections without a poll report work at once.
+	Poll(ctx context.Context, o Opts) (ran, work bool, err error)
+	// Run runs job under the election, with what it holds; ran is false,
+	// and job not called, when it coalesced (err nil) or failed before.
+	Run(ctx context.Context, o Opts, job func(ctx context.Context, t Term) error) (ran bool, err error)
 	// Begin and End bracket the started loop: what outlasts one pass (a
 	// partitioned membership) lasts from Begin to End, after the last pass.
 	Begin()
@@ -107,6 +109,10 @@ type Election interface {
 	// right now (Polled), and for how long at most without work: the loop's
 	// timer then comes no later.
 	Keeps() (bool, time.Duration)
+	// Partitions are the partitions this replica holds now (Member), as the
+	// membership publishes them: a partition leaves them before another
+	// replica can take it. nil for the other elections.
+	Partitions() []int
 }
 
 // TryRunner is a Guard of the adopter's own (relay.Guard).
@@ -132,15 +138,15 @@ func NewMember(r *Relay) Election { return &memberElection{m: newMembership(r)} 
 // noElection runs every pass directly: ClusterLock off, or Run.
 type noElection struct{ r *Relay }
 
-func (noElection) Waits() bool                               { return true }
-func (noElection) Poll(context.Context, Opts) (Result, bool) { return Result{}, true }
-func (noElection) Begin()                                    {}
-func (noElection) Keeps() (bool, time.Duration)              { return false, 0 }
-func (noElection) End(context.Context)                       {}
-func (e noElection) Run(ctx context.Context, o Opts) Result {
-	res := e.r.Dispatch(ctx, o)
-	res.Ran = true
-	return res
+func (noElection) Waits() bool                                            { return true }
+func (noElection) Polls() bool                                            { return false }
+func (noElection) Poll(context.Context, Opts) (ran, work bool, err error) { return false, true, nil }
+func (noElection) Begin()                                                 {}
+func (noElection) Keeps() (bool, time.Duration)                           { return false, 0 }
+func (noElection) End(context.Context)                                    {}
+func (noElection) Partitions() []int                                      { return nil }
+func (noElection) Run(ctx context.Context, _ Opts, job func(context.Context, Term) error) (bool, error) {
+	return true, job(ctx, Term{})
 }
 
 // guardElection runs the pass under a Guard's TryRun.
@@ -149,20 +155,16 @@ type guardElection struct {
 	guard TryRunner
 }
 
-func (guardElection) Waits() bool                               { return false }
-func (guardElection) Poll(context.Context, Opts) (Result, bool) { return Result{}, true }
-func (guardElection) Begin()                                    {}
-func (guardElection) Keeps() (bool, time.Duration)              { return false, 0 }
-func (guardElection) End(context.Context)                       {}
+func (guardElection) Waits() bool                                            { return false }
+func (guardElection) Polls() bool                                            { return false }
+func (guardElection) Poll(context.Context, Opts) (ran, work bool, err error) { return false, true, nil }
+func (guardElection) Begin()                                                 {}
+func (guardElection) Keeps() (bool, time.Duration)                           { return false, 0 }
+func (guardElection) End(context.Context)                                    {}
+func (guardElection) Partitions() []int                                      { return nil }
 
-func (e guardElection) Run(ctx context.Context, o Opts) Result {
-	var res Result
-	ran, err := e.tryRun(ctx, func(ctx context.Context) error {
-		res = e.r.Dispatch(ctx, o)
-		return res.Err
-	})
-	res.Err, res.Ran = err, ran
-	return res
+func (e guardElection) Run(ctx context.Context, _ Opts, job func(context.Context, Term) error) (bool, error) {
+	return e.tryRun(ctx, func(ctx context.Context) error { return job(ctx, Term{}) })
 }
 
 // tryRun runs fn under the guard. A Guard of the adopter's own that panics
@@ -210,8 +212,16 @@ type polledElection struct {
 // of it if it finds nothing.
 const keptIdle = time.Second
 
-func (*polledElection) Waits() bool { return false }
-func (*polledElection) Begin()      {}
+func (*polledElection) Waits() bool       { return false }
+func (*polledElection) Begin()            {}
+func (*polledElection) Partitions() []int { return nil }
+
+// Polls: the idle poll reads the table, unless an election is kept (its
+// pass looks for work itself).
+func (e *polledElection) Polls() bool {
+	kept, _ := e.Keeps()
+	return !kept
+}
 
 func (e *polledElection) Keeps() (bool, time.Duration) {
 	e.mu.Lock()
@@ -238,24 +248,20 @@ func (e *polledElection) take() *Held {
 // elects again.
 var errLockNotFreeYet = fmt.Errorf("%w: the election's last session ended, and its lock was not free yet; electing again at the next pass", lease.ErrLost)
 
-func (e *polledElection) Poll(ctx context.Context, o Opts) (res Result, work bool) {
+func (e *polledElection) Poll(ctx context.Context, o Opts) (ran, work bool, err error) {
 	if kept, _ := e.Keeps(); kept {
-		return Result{Ran: true}, true // the kept election's pass looks for work itself
+		return true, true, nil // the kept election's pass looks for work itself
 	}
 	r := e.r
-	if err := r.LearnTable(ctx); err != nil {
-		return failed(err), false
-	}
 	pctx, cancel := context.WithTimeout(ctx, LockTimeout)
 	defer cancel()
 	var readOnly, won bool
-	types := r.Sendable() // a paused type's rows are no work until its pause ends
 	// On the relay's own session (session.go) when it has one: no pooled
 	// connection to take, and so no ping of pgxpool's before it.
-	err := o.Own.Do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+	err = o.Own.Do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
-		readOnly, won, work, got, err = r.Outbox.Poll(ctx, conn, r.Presence.Mark(), r.MaxAttempts, types, r.Key)
+		readOnly, won, work, got, err = r.Outbox.Poll(ctx, conn, r.Presence.Mark(), r.MaxAttempts, o.Types, r.Key)
 		if err == nil && got != pid {
 			err = ErrPresenceMoved
 		}
@@ -264,27 +270,27 @@ func (e *polledElection) Poll(ctx context.Context, o Opts) (res Result, work boo
 	if errors.Is(err, ErrNoSession) {
 		var c *pgxpool.Conn
 		if c, err = store.Acquire(pctx, r.Pool, "poll for work"); err != nil {
-			return failed(err), false
+			return false, false, err
 		}
-		readOnly, won, work, _, err = r.Outbox.Poll(pctx, c, "", r.MaxAttempts, types, r.Key)
+		readOnly, won, work, _, err = r.Outbox.Poll(pctx, c, "", r.MaxAttempts, o.Types, r.Key)
 		c.Release()
 	}
 	switch {
 	case err != nil:
-		return failed(fmt.Errorf("relay: poll %s for work: %w", r.Table, err)), false
+		return false, false, fmt.Errorf("relay: poll %s for work: %w", r.Table, err)
 	case readOnly:
-		return failed(fmt.Errorf("%w: not electing %q on it: a lock taken on a standby excludes nobody on the primary", store.ErrReadOnly, r.Key)), false
+		return false, false, fmt.Errorf("%w: not electing %q on it: a lock taken on a standby excludes nobody on the primary", store.ErrReadOnly, r.Key)
 	case !won && o.AfterLoss:
-		return failed(errLockNotFreeYet), false
+		return false, false, errLockNotFreeYet
 	case !won:
-		return Result{}, false // coalesced
+		return false, false, nil // coalesced
 	}
-	return Result{Ran: true}, work
+	return true, work, nil
 }
 
-// run runs the pass on the kept election, or on one it wins now, and keeps
-// it afterwards when o.keep says the loop goes on with work arriving.
-func (e *polledElection) Run(ctx context.Context, o Opts) (res Result) {
+// Run runs job on the kept election, or on one it wins now, and keeps it
+// afterwards when o.Keep says the loop goes on with work arriving.
+func (e *polledElection) Run(ctx context.Context, o Opts, job func(context.Context, Term) error) (ran bool, err error) {
 	r := e.r
 	h := e.take()
 	lost := false
@@ -301,34 +307,30 @@ func (e *polledElection) Run(ctx context.Context, o Opts) (res Result) {
 		h, err = e.own.Elect(store.WithReplica(ctx, r.Presence.ID()), r.Key)
 		switch {
 		case err != nil:
-			return failed(err)
+			return false, err
 		case h == nil && (lost || o.AfterLoss):
 			// Most likely the lock of the session just ended, which the
 			// server frees as its backend exits: fail rather than coalesce,
 			// so that this replica does not become a standby that leaves the
 			// next wake-ups to a holder that may be gone.
-			return failed(errLockNotFreeYet)
+			return false, errLockNotFreeYet
 		case h == nil:
-			return Result{}
+			return false, nil
 		}
 	}
 	keep := false
-	defer func() { // also when the pass panics: the panic goes on once the lock is let go of
+	defer func() { // also when the job panics: the panic goes on once the lock is let go of
 		if keep {
 			e.mu.Lock()
 			e.kept = h
 			e.mu.Unlock()
 			return
 		}
-		res.Err = h.Release(ctx, res.Err)
+		err = h.Release(ctx, err)
 	}()
-	err := h.Run(ctx, func(ctx context.Context) error {
-		res = r.Dispatch(ctx, o)
-		return res.Err
-	})
-	res.Err, res.Ran = err, true
-	keep = o.Keep != nil && o.Keep(res)
-	return res
+	err = h.Run(ctx, func(ctx context.Context) error { return job(ctx, Term{}) })
+	keep = o.Keep != nil && o.Keep()
+	return true, err
 }
 
 func (e *polledElection) End(ctx context.Context) {
@@ -347,15 +349,17 @@ func (e *polledElection) End(ctx context.Context) {
 type memberElection struct{ m *membership }
 
 func (memberElection) Waits() bool                  { return false }
+func (memberElection) Polls() bool                  { return false }
 func (memberElection) Keeps() (bool, time.Duration) { return false, 0 }
+func (e *memberElection) Partitions() []int         { return e.m.partitions() }
 
-// poll is idleCheck: after an idle pass that rebalanced, the next timer pass
+// Poll is idleCheck: after an idle pass that rebalanced, the next timer pass
 // looks for work on the relay's own session and is over when it finds none.
-func (e *memberElection) Poll(ctx context.Context, o Opts) (Result, bool) {
+func (e *memberElection) Poll(ctx context.Context, o Opts) (ran, work bool, err error) {
 	if e.m.idleCheck(ctx, o.Own) {
-		return Result{}, true
+		return false, true, nil
 	}
-	return Result{Ran: true}, false
+	return true, false, nil
 }
 
 func (e *memberElection) Begin() {
@@ -371,27 +375,17 @@ func (e *memberElection) End(ctx context.Context) {
 	e.m.leave(ctx)
 }
 
-func (e *memberElection) Run(ctx context.Context, o Opts) Result {
+func (e *memberElection) Run(ctx context.Context, o Opts, job func(context.Context, Term) error) (ran bool, err error) {
 	m := e.m
 	m.turn.Lock()
 	defer m.turn.Unlock()
-	var res Result
-	o.DrainFor = min(m.r.Interval, pass.DrainMax)
-	ran, err := m.pass(ctx, o.Woken, func(ctx context.Context, parts []int) error {
-		o.Parts = parts
-		res = m.r.Dispatch(ctx, o)
-		return res.Err
+	// Partitioned passes drain for at most Interval, so that the member
+	// rebalances at least that often.
+	ran, err = m.pass(ctx, o.Woken, func(ctx context.Context, parts []int) error {
+		return job(ctx, Term{Parts: parts, DrainFor: m.r.Interval})
 	})
-	res.Err, res.Ran = err, ran
 	if !m.stay {
 		m.leave(ctx)
 	}
-	return res
-}
-
-// failed is the result of a pass that failed before it ran.
-func failed(err error) Result {
-	var res Result
-	res.Err = err
-	return res
+	return ran, err
 }

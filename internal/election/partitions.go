@@ -111,6 +111,24 @@ type membership struct {
 	mu     sync.Mutex
 	lost   error                   // why the session was lost, set by the watch
 	cancel context.CancelCauseFunc // the pass in flight's, cancelled on loss
+
+	shownMu sync.Mutex
+	shown   []int // the partitions held, as published (publish); Stats reads them
+}
+
+// publish says which partitions this replica holds now (Stats): before a
+// partition is let go of, so that no two replicas say they hold it.
+func (m *membership) publish(parts []int) {
+	m.shownMu.Lock()
+	defer m.shownMu.Unlock()
+	m.shown = slices.Clone(parts)
+}
+
+// partitions are the partitions held, as last published.
+func (m *membership) partitions() []int {
+	m.shownMu.Lock()
+	defer m.shownMu.Unlock()
+	return slices.Clone(m.shown)
 }
 
 func newMembership(r *Relay) *membership {
@@ -162,10 +180,10 @@ func (m *membership) pass(ctx context.Context, woken bool, fn func(ctx context.C
 		}
 		m.announce(st)
 		if len(m.held) == 0 || m.conn == nil {
-			m.r.SetPartitions(nil)
+			m.publish(nil)
 			return false, nil
 		}
-		m.r.SetPartitions(m.held)
+		m.publish(m.held)
 		if idle {
 			m.idle = true // the next timer pass looks on the relay's own session (idleCheck)
 			return true, nil
@@ -306,7 +324,7 @@ func (m *membership) rebalance(ctx context.Context, check *store.WorkCheck, befo
 		release = m.held[len(m.held)-1:]
 	}
 	if len(release) > 0 {
-		r.SetPartitions(m.held[:len(m.held)-len(release)]) // before another can take them
+		m.publish(m.held[:len(m.held)-len(release)]) // before another can take them
 		ok, err := store.ReleasePartitionsStatement(rctx, m.conn, r.Key, m.n, release, false, m.sess.pid)
 		if err == nil && !ok {
 			err = fmt.Errorf("%w: backend %d did not hold partitions %v it was given", lease.ErrLost, m.sess.pid, release)
@@ -388,7 +406,7 @@ func (m *membership) resume(at time.Time, every time.Duration) {
 // a server connection of the pooler's, and are let go of there first
 // (closeSession).
 func (m *membership) drop(why error) {
-	m.r.SetPartitions(nil)
+	m.publish(nil)
 	_ = m.pause()
 	if m.conn != nil {
 		closeSession(context.Background(), m.conn, m.r.Key, m.sess)
@@ -412,7 +430,7 @@ func (m *membership) leave(ctx context.Context) {
 		return
 	}
 	r := m.r
-	r.SetPartitions(nil) // before another can take them
+	m.publish(nil) // before another can take them
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UnlockTimeout)
 	defer cancel()
 	ok, err := store.ReleasePartitionsStatement(uctx, m.conn, r.Key, m.n, m.held, true, m.sess.pid)

@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/lease"
-	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -74,7 +73,7 @@ type Presence struct {
 	marks atomic.Pointer[string]
 
 	mu        sync.Mutex // the state marks says
-	paused    []pass.PausedType
+	paused    []PausedDescriptor
 	stuck     []StuckDescriptor
 	retention *RetentionDescriptor
 	own       *Ownership // nil: the relay claims no type (no Start)
@@ -185,7 +184,9 @@ func (p *Presence) Mark() string { return *p.marks.Load() }
 
 // SetPaused makes the statements say the types paused now, with as much of
 // their reasons as fits presenceCommentMax (then only their names).
-func (p *Presence) SetPaused(paused []pass.PausedType) {
+// The descriptors come as the lanes say them: Since and Until are rounded,
+// and the reasons clipped, here.
+func (p *Presence) SetPaused(paused []PausedDescriptor) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.paused = paused
@@ -233,7 +234,7 @@ func (p *Presence) Ownership() *Ownership {
 func (p *Presence) remark() {
 	d := p.desc
 	for _, y := range p.own.Yielded() {
-		d.Yielded = append(d.Yielded, YieldDescriptor{Type: y.Type, App: pass.Clip(y.App, pausedReasonMax), Since: y.Since.UTC().Truncate(time.Second)})
+		d.Yielded = append(d.Yielded, YieldDescriptor{Type: y.Type, App: clip(y.App, pausedReasonMax), Since: y.Since.UTC().Truncate(time.Second)})
 	}
 	d.Stuck, d.Retention = p.stuck, p.retention
 	paused := p.paused
@@ -244,7 +245,7 @@ func (p *Presence) remark() {
 			pd := PausedDescriptor{Type: pt.Type, Since: pt.Since.UTC().Truncate(time.Second),
 				Until: pt.Until.UTC().Truncate(time.Second), Probing: pt.Probing}
 			if withReason {
-				pd.Reason = pass.Clip(pt.Reason, pausedReasonMax)
+				pd.Reason = clip(pt.Reason, pausedReasonMax)
 			}
 			d.Paused = append(d.Paused, pd)
 		}
@@ -253,6 +254,21 @@ func (p *Presence) remark() {
 			return
 		}
 	}
+}
+
+// clip makes s valid UTF-8 without NUL bytes, cut to at most width
+// characters: what a comment may say of a text of the adopter's.
+func clip(s string, width int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	n := 0
+	for i := range s {
+		if n == width {
+			return s[:i]
+		}
+		n++
+	}
+	return s
 }
 
 // ReplicaID is the id of the replica whose lock's second int is num.
