@@ -346,6 +346,15 @@ func TestSchedulerOverlap(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return strings.Contains(logs.String(), "occurrence skipped: the previous run is still going")
 	}, 2*time.Minute, 10*time.Millisecond)
+	// The skipped occurrence's window (its Tolerance: half the 1s gap) closes
+	// before the first run ends: a replica whose timer for it fires late, on a
+	// loaded machine, after the run ended, may otherwise still start it, as it
+	// would for a runner that vanished.
+	mu.Lock()
+	first := ats[0]
+	mu.Unlock()
+	require.Eventually(t, func() bool { return time.Now().After(first.Add(time.Second + 600*time.Millisecond)) },
+		time.Minute, 10*time.Millisecond, "the skipped occurrence's window closes")
 	close(release)
 	runs := func() int {
 		mu.Lock()
