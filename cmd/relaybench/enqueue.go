@@ -100,19 +100,11 @@ RETURNING id`, benchType, key(i), string(payload), table, "relay:"+table, due)
 			return err
 		}},
 	}
-	if err := freshTable(ctx, admin, table, 0, "PENDING"); err != nil {
-		return err
-	}
-	pool, err := benchkit.Pool(ctx, url, "relaybench", 8)
+	pool, notified, done, err := producersTable(ctx, url, admin, table)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	notified, stopListening, err := countNotifications(ctx, url, "relay:"+table)
-	if err != nil {
-		return err
-	}
-	defer stopListening()
+	defer done()
 	rates := make([][]float64, len(variants))
 	ratios := make([][]float64, len(variants))
 	notifies := make([][]float64, len(variants))
@@ -143,6 +135,24 @@ RETURNING id`, benchType, key(i), string(payload), table, "relay:"+table, due)
 	w.Flush()
 	fmt.Println("target (issue 37, replacing issue 21's 0.95×): Enqueue ≥ 0.9× plain INSERT")
 	return nil
+}
+
+// producersTable makes table anew for the producer scenarios, with a pool of
+// 8 for their producers and a count of the wake-ups they send; done closes
+// both.
+func producersTable(ctx context.Context, url string, admin *pgxpool.Pool, table string) (pool *pgxpool.Pool, notified *atomic.Int64, done func(), err error) {
+	if err := freshTable(ctx, admin, table, 0, "PENDING"); err != nil {
+		return nil, nil, nil, err
+	}
+	if pool, err = benchkit.Pool(ctx, url, "relaybench", 8); err != nil {
+		return nil, nil, nil, err
+	}
+	notified, stopListening, err := countNotifications(ctx, url, "relay:"+table)
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	return pool, notified, func() { stopListening(); pool.Close() }, nil
 }
 
 // countNotifications LISTENs on channel, as a started relay does, and counts

@@ -87,19 +87,11 @@ SELECT u.type, u.key, u.payload::jsonb FROM unnest($1::text[], $2::text[], $3::t
 		}},
 	}
 	const plain, many, loop = 0, 1, 3
-	if err := freshTable(ctx, admin, table, 0, "PENDING"); err != nil {
-		return err
-	}
-	pool, err := benchkit.Pool(ctx, url, "relaybench", 8)
+	pool, notified, done, err := producersTable(ctx, url, admin, table)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	notified, stopListening, err := countNotifications(ctx, url, "relay:"+table)
-	if err != nil {
-		return err
-	}
-	defer stopListening()
+	defer done()
 	n := *enqueueManyBatch
 	rates := make([][]float64, len(variants))
 	toPlain := make([][]float64, len(variants))
