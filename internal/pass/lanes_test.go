@@ -360,31 +360,37 @@ func TestStuckSendsBound(t *testing.T) {
 // keys are queued behind a slow destination are selected at a wake-up and
 // sent before x's queue drains.
 func TestLanesHungrySelect(t *testing.T) {
-	table := newMemTable(100)
-	table.add("x", keysOf("x", 30)...)
-	x := &gatedSender{typ: "x", gate: make(chan struct{})}
-	y := &gatedSender{typ: "y"}
-	r := laneRelay(t, 2, nil, x, y)
-	wake := make(chan struct{}, 1)
-	done := make(chan Result, 1)
-	go func() { done <- runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour, Wake: wake}, true) }()
-	x.gate <- struct{}{} // the pass is under way, x's keys queued
-	table.add("y", keysOf("y", 4)...)
-	wake <- struct{}{}
-	// x's destination answers one message each time the test looks: the
-	// workers reach a key's end, where one hands its task's rest back.
-	waitFor(t, "y's rows selected and sent while x's wait", func() bool {
-		select {
-		case x.gate <- struct{}{}:
-		default:
-		}
-		return y.count() == 4
-	})
-	require.Less(t, x.count(), 20, "y went before x's queue drained")
-	close(x.gate)
-	res := <-done
-	require.NoError(t, res.Err)
-	require.Equal(t, 34, res.Sent)
+	// With one worker, x's 30 keys are one task (taskCut): the worker hands
+	// its rest back at a key's end once y waits.
+	for _, workers := range []int{1, 2} {
+		t.Run(map[int]string{1: "OneWorker", 2: "TwoWorkers"}[workers], func(t *testing.T) {
+			table := newMemTable(100)
+			table.add("x", keysOf("x", 30)...)
+			x := &gatedSender{typ: "x", gate: make(chan struct{})}
+			y := &gatedSender{typ: "y"}
+			r := laneRelay(t, workers, nil, x, y)
+			wake := make(chan struct{}, 1)
+			done := make(chan Result, 1)
+			go func() { done <- runLanes(r, table, Opts{Drain: true, DrainFor: time.Hour, Wake: wake}, true) }()
+			x.gate <- struct{}{} // the pass is under way, x's keys queued
+			table.add("y", keysOf("y", 4)...)
+			wake <- struct{}{}
+			// x's destination answers one message each time the test looks: the
+			// workers reach a key's end, where one hands its task's rest back.
+			waitFor(t, "y's rows selected and sent while x's wait", func() bool {
+				select {
+				case x.gate <- struct{}{}:
+				default:
+				}
+				return y.count() == 4
+			})
+			require.Less(t, x.count(), 20, "y went before x's queue drained")
+			close(x.gate)
+			res := <-done
+			require.NoError(t, res.Err)
+			require.Equal(t, 34, res.Sent)
+		})
+	}
 }
 
 // TestLanesKeepAKeysOrderAcrossTypes: key k has an x row, then a y row. While
