@@ -517,8 +517,13 @@ func lagOf(f store.Batch) time.Duration {
 // lane's probe is the first key that starts with one of its rows, alone,
 // unless its last probe failed on that key and another may answer.
 func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped, held bool) {
-	index := make(map[string]int, len(rows))
-	var groups []group
+	type taken struct {
+		m     *store.Row
+		group int
+	}
+	index := make(map[string]int, len(rows)) // a key's group
+	var counts []int                         // a group's rows
+	ts := make([]taken, 0, len(rows))
 	for i := range rows {
 		m := &rows[i]
 		if b, ok := e.blocked[m.Key]; ok && m.ID >= b.from {
@@ -546,11 +551,23 @@ func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped, hel
 		}
 		g, ok := index[m.Key]
 		if !ok {
-			g = len(groups)
+			g = len(counts)
 			index[m.Key] = g
-			groups = append(groups, nil)
+			counts = append(counts, 0)
 		}
-		groups[g] = append(groups[g], m)
+		counts[g]++
+		ts = append(ts, taken{m, g})
+	}
+	// The groups share one array, each its part of it, in id order: one
+	// allocation per batch rather than one per key.
+	groups, all := make([]group, len(counts)), make([]*store.Row, len(ts))
+	off := 0
+	for g, n := range counts {
+		groups[g] = all[off : off : off+n]
+		off += n
+	}
+	for _, t := range ts {
+		groups[t.group] = append(groups[t.group], t.m)
 	}
 	batched := make(map[*lane]int) // a BatchSender's lane → its task in tasks
 	var tasks []task

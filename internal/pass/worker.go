@@ -230,7 +230,7 @@ func (k *worker) settle(d delivery, more bool) (failed, stop bool) {
 	case d.out == OutcomeInterrupted:
 		k.e.halt()
 		return false, true
-	case k.w.record([]delivery{d}, more) != nil:
+	case k.w.recordOne(d, more) != nil:
 		return false, true
 	case d.out != OutcomeSent && d.m.Bad == "":
 		return true, true

@@ -16,6 +16,7 @@ type writer struct {
 	in    chan submission
 	slots chan struct{} // one per outcome handed over and not yet recorded: at most the recorder's pipeline
 	done  chan struct{}
+	one   [1]delivery // recordOne's, when the worker adds to the group itself (the group copies it)
 }
 
 // submission is outcomes to record; once they are, ack (if set) is closed and
@@ -118,6 +119,18 @@ func (w *writer) record(ds []delivery, wait bool) error {
 		}
 	}
 	return w.rc.errorOf()
+}
+
+// recordOne is record of one outcome, without a slice of its own per
+// message where the group takes a copy of it at once (direct).
+func (w *writer) recordOne(d delivery, wait bool) error {
+	if !w.rc.direct {
+		return w.record([]delivery{d}, wait) // the slice goes to the writer's goroutine
+	}
+	w.one[0] = d
+	err := w.record(w.one[:], wait)
+	w.one[0] = delivery{} // holds nothing of the message past its outcome
+	return err
 }
 
 // finish has the writer send done to finished once every outcome handed to
