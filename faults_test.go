@@ -14,13 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // The fault tests of this file kill only the test's own sessions (found by the
 // application_name of its pool), so they share the package's server with the
 // other tests. Faults that touch the whole server (an outage) live in
-// internal/faultstest, which has a server of its own.
+// internal/tests/faultstest, which has a server of its own.
 
 // sendRecord is one call of a sender: when it ran and whether the destination
 // accepted the message (Send returned nil).
@@ -211,7 +211,7 @@ func drainElected(t *testing.T, b *bundle, r *relay.Relay) {
 // message is not delivered again; with sends in flight, a message whose outcome
 // is lost is delivered again by a later pass. Either way every row ends SENT,
 // the fault is not counted as an attempt, and a message whose outcome was
-// recorded is never delivered again. (internal/faultstest halts the whole
+// recorded is never delivered again. (internal/tests/faultstest halts the whole
 // server, where no retry can record the outcome.)
 func TestAtLeastOnceWhenTheOutcomeIsLost(t *testing.T) {
 	t.Parallel()

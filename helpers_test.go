@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
 
 // TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, a container, or the

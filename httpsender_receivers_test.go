@@ -29,7 +29,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // waitTimeout bounds every wait of these tests: generous, because the machine

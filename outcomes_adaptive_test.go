@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // groupCounter counts the grouped outcome statements a pool runs (those that

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // takeoverBound is the field-faults issue's target: another replica delivers
