@@ -169,15 +169,6 @@ func advisoryLocksOfApp(t testing.TB, app string) int {
 	return n
 }
 
-// distinctKeys returns n natural keys, all different, so that Concurrency applies to all.
-func distinctKeys(prefix string, n int) []string {
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("%s-%03d", prefix, i)
-	}
-	return keys
-}
-
 // relayPool opens a pool for a relay whose sessions a test kills. It never
 // pings a connection before handing it out (the default pings those idle over
 // 1s), so that a session killed while idle is found dead on its next use

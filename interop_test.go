@@ -50,7 +50,7 @@ func TestRowsWrittenByOthers(t *testing.T) {
 
 	var keys []string
 	for _, rec := range []*recorder{orders, invoices} {
-		for _, m := range rec.sent {
+		for _, m := range rec.Sent {
 			keys = append(keys, m.Key)
 		}
 	}
