@@ -27,6 +27,10 @@ import (
 	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
+// WaitTimeout bounds a test's wait: generous, because the machine may be
+// busy; the tests wait on conditions, never for a duration.
+const WaitTimeout = 30 * time.Second
+
 // Server is the test binary's throwaway PostgreSQL (pgserver.Shared).
 func Server() *pgserver.Server { return pgserver.Shared() }
 
