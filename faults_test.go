@@ -129,32 +129,6 @@ func terminateApp(ctx context.Context, app string) (int, error) {
 	}
 }
 
-// electionHolders returns the backends holding app's election, as seen from a
-// direct session.
-func electionHolders(t testing.TB, app string) []int32 {
-	t.Helper()
-	pids, err := holdersOf(context.Background(), app)
-	require.NoError(t, err)
-	return pids
-}
-
-// holdersOf is electionHolders for a sender's goroutine, where require cannot stop the test.
-func holdersOf(ctx context.Context, app string) ([]int32, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, server().URL)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(ctx)
-	var pids []int32
-	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_locks
-		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
-		  AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
-		  AND objid = (hashtext($1)::bigint & 4294967295)::oid`, app+relay.LockKeySuffix).Scan(&pids)
-	return pids, err
-}
-
 // advisoryLocksOfApp counts the advisory locks held by the backends whose
 // application_name is app: a pool's sessions, wherever they are (in use or idle).
 func advisoryLocksOfApp(t testing.TB, app string) int {

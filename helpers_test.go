@@ -89,9 +89,17 @@ var (
 	// advisoryLocksHeldBy counts the advisory locks held by the pool's sessions.
 	advisoryLocksHeldBy = harness.AdvisoryLocksHeldBy
 	distinctKeys        = harness.DistinctKeys
+	// electionHolders returns the backends holding app's election.
+	electionHolders = harness.ElectionHolders
+	// holdersOf is electionHolders for a sender's goroutine.
+	holdersOf = harness.HoldersOf
 	// testLogger logs through t.Log until the test ends.
 	testLogger = harness.TestLogger
 )
+
+// takeoverBound: another replica delivers within this long of the leader
+// going silent (harness.TakeoverBound).
+const takeoverBound = harness.TakeoverBound
 
 // recorder is a Sender that records what it was asked to send.
 type recorder struct{ *harness.Recorder }

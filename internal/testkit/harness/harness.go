@@ -31,6 +31,11 @@ import (
 // busy; the tests wait on conditions, never for a duration.
 const WaitTimeout = 30 * time.Second
 
+// TakeoverBound is the field-faults issue's target: another replica delivers
+// within this long of the leader going silent. The guard's lease gives 10s
+// (idle_session_timeout) plus the standby's Interval.
+const TakeoverBound = 15 * time.Second
+
 // Server is the test binary's throwaway PostgreSQL (pgserver.Shared).
 func Server() *pgserver.Server { return pgserver.Shared() }
 
@@ -207,6 +212,33 @@ func AdvisoryLocksHeldBy(t testing.TB, pool *pgxpool.Pool) int {
 	require.NoError(t, conn.QueryRow(context.Background(),
 		"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = ANY($1::int[])", pids).Scan(&n))
 	return n
+}
+
+// ElectionHolders returns the backends holding app's election, as seen from a
+// direct session.
+func ElectionHolders(t testing.TB, app string) []int32 {
+	t.Helper()
+	pids, err := HoldersOf(context.Background(), app)
+	require.NoError(t, err)
+	return pids
+}
+
+// HoldersOf is ElectionHolders for a sender's goroutine, where require cannot
+// stop the test.
+func HoldersOf(ctx context.Context, app string) ([]int32, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, Server().URL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	var pids []int32
+	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+		  AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
+		  AND objid = (hashtext($1)::bigint & 4294967295)::oid`, app+relay.LockKeySuffix).Scan(&pids)
+	return pids, err
 }
 
 // DistinctKeys returns n natural keys, all different, so that Concurrency
