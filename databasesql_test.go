@@ -9,11 +9,11 @@ import (
 	"github.com/jackc/pgx/v5/stdlib" // and the "pgx" driver of database/sql
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/databasesqltest"
+	"github.com/xadm/relay/internal/testkit/databasesqltest"
 )
 
 // TestDatabaseSQL: Enqueue and EnqueueMany through database/sql with pgx's
-// stdlib driver (internal/libpqtest runs the same test with lib/pq).
+// stdlib driver (internal/tests/libpqtest runs the same test with lib/pq).
 func TestDatabaseSQL(t *testing.T) {
 	t.Parallel()
 	databasesqltest.Run(t, func(t *testing.T, url string) *sql.DB {

@@ -14,13 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // The fault tests of this file kill only the test's own sessions (found by the
 // application_name of its pool), so they share the package's server with the
 // other tests. Faults that touch the whole server (an outage) live in
-// internal/faultstest, which has a server of its own.
+// internal/tests/faultstest, which has a server of its own.
 
 // sendRecord is one call of a sender: when it ran and whether the destination
 // accepted the message (Send returned nil).
@@ -129,32 +129,6 @@ func terminateApp(ctx context.Context, app string) (int, error) {
 	}
 }
 
-// electionHolders returns the backends holding app's election, as seen from a
-// direct session.
-func electionHolders(t testing.TB, app string) []int32 {
-	t.Helper()
-	pids, err := holdersOf(context.Background(), app)
-	require.NoError(t, err)
-	return pids
-}
-
-// holdersOf is electionHolders for a sender's goroutine, where require cannot stop the test.
-func holdersOf(ctx context.Context, app string) ([]int32, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, server().URL)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(ctx)
-	var pids []int32
-	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_locks
-		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
-		  AND classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid
-		  AND objid = (hashtext($1)::bigint & 4294967295)::oid`, app+relay.LockKeySuffix).Scan(&pids)
-	return pids, err
-}
-
 // advisoryLocksOfApp counts the advisory locks held by the backends whose
 // application_name is app: a pool's sessions, wherever they are (in use or idle).
 func advisoryLocksOfApp(t testing.TB, app string) int {
@@ -167,15 +141,6 @@ func advisoryLocksOfApp(t testing.TB, app string) int {
 		JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.locktype = 'advisory' AND a.application_name = $1`, app).Scan(&n))
 	return n
-}
-
-// distinctKeys returns n natural keys, all different, so that Concurrency applies to all.
-func distinctKeys(prefix string, n int) []string {
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("%s-%03d", prefix, i)
-	}
-	return keys
 }
 
 // relayPool opens a pool for a relay whose sessions a test kills. It never
@@ -211,7 +176,7 @@ func drainElected(t *testing.T, b *bundle, r *relay.Relay) {
 // message is not delivered again; with sends in flight, a message whose outcome
 // is lost is delivered again by a later pass. Either way every row ends SENT,
 // the fault is not counted as an attempt, and a message whose outcome was
-// recorded is never delivered again. (internal/faultstest halts the whole
+// recorded is never delivered again. (internal/tests/faultstest halts the whole
 // server, where no retry can record the outcome.)
 func TestAtLeastOnceWhenTheOutcomeIsLost(t *testing.T) {
 	t.Parallel()

@@ -18,12 +18,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // The field faults of issue 9 that one test's own table, pool and sessions can
 // reproduce on the shared server. Faults of the whole server (a read-only
-// cutover) live in internal/faultstest; the zombie leader in zombie_test.go.
+// cutover) live in internal/tests/faultstest; the zombie leader in internal/election (zombie_test.go).
 
 // jvmTable is the outbox as the JVM service's own migration creates it: the
 // same columns, all nullable, varchar instead of text, a last_error of 255

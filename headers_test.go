@@ -65,9 +65,9 @@ func TestHeadersReachTheReceiver(t *testing.T) {
 	require.NotEmpty(t, got.Get("Idempotency-Key"))
 	require.Equal(t, "application/json", got.Get("Content-Type"))
 
-	require.Len(t, rec.sent, 2)
-	require.Equal(t, map[string]string{"X-Tenant": "acme"}, rec.sent[0].Headers)
-	require.Nil(t, rec.sent[1].Headers)
+	require.Len(t, rec.Sent, 2)
+	require.Equal(t, map[string]string{"X-Tenant": "acme"}, rec.Sent[0].Headers)
+	require.Nil(t, rec.Sent[1].Headers)
 	require.Zero(t, b.countStatus(t, "PENDING"))
 }
 
@@ -129,9 +129,9 @@ func TestBadHeadersOfAnotherProducer(t *testing.T) {
 	_, err := r.Run(context.Background())
 	require.NoError(t, err)
 
-	require.Len(t, rec.sent, 1)
-	require.Equal(t, "good", rec.sent[0].Key)
-	require.Equal(t, map[string]string{"X-Ok": "yes"}, rec.sent[0].Headers)
+	require.Len(t, rec.Sent, 1)
+	require.Equal(t, "good", rec.Sent[0].Key)
+	require.Equal(t, map[string]string{"X-Ok": "yes"}, rec.Sent[0].Headers)
 	for id, want := range map[int64]string{ids[0]: "Idempotency-Key", ids[1]: "not a JSON object of strings", ids[2]: "control characters"} {
 		s := b.state(t, id)
 		require.Equal(t, "ERROR", s.Status)
@@ -168,7 +168,7 @@ func TestTableWithoutHeadersColumn(t *testing.T) {
 	n, err := r.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Nil(t, rec.sent[0].Headers)
+	require.Nil(t, rec.Sent[0].Headers)
 
 	// The migration, while the relay is up: CreateTable adds the column.
 	require.NoError(t, relay.CreateTable(ctx, pool, table))
@@ -178,7 +178,7 @@ func TestTableWithoutHeadersColumn(t *testing.T) {
 	n, err = r.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Equal(t, map[string]string{"X-A": "1"}, rec.sent[1].Headers)
+	require.Equal(t, map[string]string{"X-A": "1"}, rec.Sent[1].Headers)
 
 	// With the column there, CreateTable again does not queue behind a reader:
 	// an ALTER TABLE would wait for this transaction's ACCESS SHARE lock.

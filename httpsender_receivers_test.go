@@ -29,12 +29,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/harness"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
-// waitTimeout bounds every wait of these tests: generous, because the machine
-// may be busy; the tests wait on conditions, never for a duration.
-const waitTimeout = 30 * time.Second
+// waitTimeout bounds every wait of these tests (harness.WaitTimeout).
+const waitTimeout = harness.WaitTimeout
 
 // insertOrder writes one message of type "order" for key per state, in order,
 // with payload {"state": <state>}, and returns their ids.

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestRowsWrittenByOthers loads testdata/jvm_rows.sql, rows as the JVM service
@@ -50,7 +50,7 @@ func TestRowsWrittenByOthers(t *testing.T) {
 
 	var keys []string
 	for _, rec := range []*recorder{orders, invoices} {
-		for _, m := range rec.sent {
+		for _, m := range rec.Sent {
 			keys = append(keys, m.Key)
 		}
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // The partitioned election (partitions.go), proven from outside: replicas

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 func TestEnqueueMany(t *testing.T) {
@@ -82,15 +82,15 @@ func TestEnqueueMany(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, len(ms), n)
 		var k1 []string
-		for _, m := range orders.sent {
+		for _, m := range orders.Sent {
 			if m.Key == "k1" {
 				k1 = append(k1, string(m.Payload))
 			}
 		}
 		require.Equal(t, []string{`{"n": 0}`, `{"n": 2}`, `{"n": 4}`}, k1, "a key's messages in the batch's order")
-		require.Len(t, invoices.sent, 1)
-		require.Equal(t, ms[1].Headers, invoices.sent[0].Headers)
-		require.Equal(t, ids[1], invoices.sent[0].ID)
+		require.Len(t, invoices.Sent, 1)
+		require.Equal(t, ms[1].Headers, invoices.Sent[0].Headers)
+		require.Equal(t, ids[1], invoices.Sent[0].ID)
 	})
 
 	t.Run("RollsBackWithTheBusinessWrite", func(t *testing.T) {
@@ -341,7 +341,7 @@ func TestEnqueueManyConcurrentKeyOrder(t *testing.T) {
 	}
 	require.Equal(t, len(placeOf), rec.count(), "every committed message, no rolled-back one")
 	last := map[string]place{}
-	for _, m := range rec.sent {
+	for _, m := range rec.Sent {
 		p, ok := placeOf[m.ID]
 		require.True(t, ok, "message %d was not committed", m.ID)
 		if prev, seen := last[m.Key]; seen {

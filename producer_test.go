@@ -57,8 +57,8 @@ func TestEnqueue(t *testing.T) {
 		n, err := b.newRelay(t, b.cfg, rec).Run(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
-		require.Len(t, rec.sent, 1)
-		m := rec.sent[0]
+		require.Len(t, rec.Sent, 1)
+		m := rec.Sent[0]
 		require.Equal(t, id, m.ID)
 		require.Equal(t, "order", m.Type)
 		require.Equal(t, "order-1", m.Key)

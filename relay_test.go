@@ -217,7 +217,7 @@ func TestRun(t *testing.T) {
 			require.Zero(t, s.Attempts)
 			require.NotNil(t, s.SentAt)
 		}
-		m := rec.sent[0]
+		m := rec.Sent[0]
 		require.Equal(t, "order", m.Type)
 		require.Equal(t, "a", m.Key)
 		require.JSONEq(t, `{"key": "a"}`, string(m.Payload))

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/grants"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/grants"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // roleWorld is one test's outbox table, made by the server's superuser as a
@@ -160,7 +160,7 @@ func TestRoleMissingGrant(t *testing.T) {
 }
 
 // TestSecurityDocGrants: docs/security.md shows each part's grants exactly as
-// the tests grant them (internal/grants), for the names it uses.
+// the tests grant them (internal/testkit/grants), for the names it uses.
 func TestSecurityDocGrants(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile("docs/security.md")

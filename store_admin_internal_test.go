@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/xadm/relay/internal/sqltest"
 	"github.com/xadm/relay/internal/store"
+	"github.com/xadm/relay/internal/testkit/sqltest"
 )
 
 // TestAdminStatements: every statement of Admin, Enqueue and EnqueueMany (internal/store

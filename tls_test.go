@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testcerts"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testcerts"
 )
 
 // mtlsDestination is an HTTPS destination that requires a client certificate

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/benchkit"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/tools/benchkit"
 )
 
 // TestWakeOnCommit: with an Interval of an hour, only the wake-up can deliver

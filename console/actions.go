@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/diagnose"
+	"github.com/xadm/relay/internal/tools/diagnose"
 )
 
 // action checks that r may act and returns its source; otherwise it answers

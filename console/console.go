@@ -45,7 +45,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/diagnose"
+	"github.com/xadm/relay/internal/tools/diagnose"
 )
 
 // Source is one app and table the console shows.

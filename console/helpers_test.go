@@ -16,8 +16,8 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/console"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
 
 // TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, or the local

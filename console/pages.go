@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/diagnose"
+	"github.com/xadm/relay/internal/tools/diagnose"
 )
 
 // viewer is who asks, as Authorize said, and the session's token.

@@ -13,9 +13,9 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/console"
-	"github.com/xadm/relay/internal/grants"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testcerts"
+	"github.com/xadm/relay/internal/testkit/grants"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testcerts"
 )
 
 // plantedPassword is a database password no page or log may show.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // A receiving service keeps the latest state of each order, fed by the

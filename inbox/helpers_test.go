@@ -7,14 +7,14 @@ import (
 	"os"
 	"testing"
 
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/testlog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, a container, or the

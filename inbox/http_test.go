@@ -18,7 +18,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // request is a relay request for message id of key, as HTTPSender makes it.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestReceiveOnce: a message delivered twice is applied once; the second

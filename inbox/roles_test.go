@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/grants"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/grants"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestRole: the inbox runs under a role with exactly the grants

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/testlog"
 	"github.com/xadm/relay/natsjs"
 )
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/testlog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestMain gets a real PostgreSQL and, after the tests, checks that no

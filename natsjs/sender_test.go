@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/testlog"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"

@@ -91,9 +91,9 @@ relay_write_gowork() {
 
 # relay_build_proxy VERSION OUT writes a file:// module proxy of every published
 # module at VERSION into OUT, from the work tree (the files git tracks), with
-# the tool in internal/modproxy.
+# the tool in internal/tools/modproxy.
 relay_build_proxy() {
 	local root
 	root=$(pwd)
-	(cd internal/modproxy && go run . -repo "$root" -version "$1" -out "$2")
+	(cd internal/tools/modproxy && go run . -repo "$root" -version "$1" -out "$2")
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestMain runs this binary as a soak's child process when the soak started

@@ -69,7 +69,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // options are the command's flags.

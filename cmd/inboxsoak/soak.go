@@ -22,7 +22,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // The faults, injected in turn.

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/benchkit"
+	"github.com/xadm/relay/internal/tools/benchkit"
 )
 
 // The grouped ceiling (ceiling-g100, ceiling-g1000): the relay's own grouped

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/benchkit"
+	"github.com/xadm/relay/internal/tools/benchkit"
 )
 
 // The enqueue scenario (issue 21): the commits per second of 8 concurrent

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/benchkit"
+	"github.com/xadm/relay/internal/tools/benchkit"
 )
 
 // The enqueue-many scenario (issue 48): the rows per second of 8 concurrent

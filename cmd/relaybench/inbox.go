@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/benchkit"
+	"github.com/xadm/relay/internal/tools/benchkit"
 )
 
 // The inbox scenario (issue 35): the requests per second of one receiver, on

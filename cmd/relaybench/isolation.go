@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/benchkit"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/tools/benchkit"
 )
 
 // The isolation scenario: one relay, sick types x… and healthy types y…,

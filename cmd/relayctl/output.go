@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/diagnose"
+	"github.com/xadm/relay/internal/tools/diagnose"
 )
 
 // The --json shapes: snake_case, durations in seconds, times in RFC 3339.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/diagnose"
+	"github.com/xadm/relay/internal/tools/diagnose"
 )
 
 func deadFlags(fs *flag.FlagSet, o *opts) {

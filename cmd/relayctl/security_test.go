@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/grants"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testcerts"
+	"github.com/xadm/relay/internal/testkit/grants"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testcerts"
 )
 
 // plantedPassword is a database password that relayctl must never print.

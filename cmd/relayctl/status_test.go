@@ -14,13 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestStatusVerdictTable is docs/operations.md's table "A status to page on"
 // as status's exit codes, one row each: OK 0, DEAD 1 (WARNING), STALLED and
 // PAUSED 2 (CRITICAL), UNKNOWN 3 when status cannot look. Each row's
-// conditions are TestVerdictTable's (internal/diagnose).
+// conditions are TestVerdictTable's (internal/tools/diagnose).
 func TestStatusVerdictTable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

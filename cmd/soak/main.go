@@ -8,7 +8,7 @@
 //	go run ./cmd/soak -duration 60s -replicas 4 -rate 200
 //
 // It gets a throwaway PostgreSQL of its own (the server at DATABASE_URL if that
-// is set, else a container or the local binaries: see internal/pgserver) and a
+// is set, else a container or the local binaries: see internal/testkit/pgserver) and a
 // table and app name of its own, and delivers through [relay.HTTPSender] to an
 // HTTP receiver of its own on 127.0.0.1, which counts the deliveries of each
 // message by its Relay-Message-Id header.
@@ -61,7 +61,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // options are the command's flags.

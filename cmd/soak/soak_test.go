@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestMain gets the PostgreSQL the soak runs on and runs the tests, checking

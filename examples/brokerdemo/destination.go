@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/demo"
+	"github.com/xadm/relay/internal/tools/demo"
 	"github.com/xadm/relay/kafka"
 	"github.com/xadm/relay/natsjs"
 )

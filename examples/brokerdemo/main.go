@@ -24,7 +24,7 @@
 // recorded a failure, a timeout say, of a send that had reached the broker);
 // 1 otherwise, and on Ctrl-C, after stopping what it started.
 //
-// The scenario is internal/demo's, which examples/demo runs too; this module
+// The scenario is internal/tools/demo's, which examples/demo runs too; this module
 // adds the destinations that need a broker.
 package main
 
@@ -39,8 +39,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xadm/relay/internal/demo"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/tools/demo"
 )
 
 func main() { os.Exit(run()) }

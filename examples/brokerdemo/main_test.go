@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/xadm/relay/internal/demo"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/tools/demo"
 )
 
 // TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, a container, or

@@ -33,7 +33,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/console"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 func main() {

@@ -18,7 +18,7 @@
 // It exits 0 only if the guarded run delivered every message, none twice; 1
 // otherwise, and on Ctrl-C, after cleaning up what it started.
 //
-// The scenario is internal/demo's, which examples/brokerdemo runs too, with
+// The scenario is internal/tools/demo's, which examples/brokerdemo runs too, with
 // a broker for destination.
 package main
 
@@ -32,8 +32,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xadm/relay/internal/demo"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/tools/demo"
 )
 
 // receiverDelay is what each request costs the receiver.

@@ -36,7 +36,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // outbox is the example's outbox table (relay.TableDefault in a service of

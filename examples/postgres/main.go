@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 func main() {

@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/testlog"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, a container, or

@@ -67,7 +67,7 @@ func (s *stuckSends) add(l *lane, key string) {
 			slog.String("type", l.typ), slog.Int("stuck", total), slog.Int("stuck_sends_max", s.max))
 	}
 	if full {
-		// internal/diagnose reads a pause for stuck Sends by these words (stuckReason).
+		// internal/tools/diagnose reads a pause for stuck Sends by these words (stuckReason).
 		l.pauseStuck(fmt.Sprintf("%d Sends ignored their context and still run, the relay's bound (StuckSendsMax): "+
 			"its Sender must return when its context ends", total))
 	}

@@ -19,7 +19,7 @@ func (h *holdCounter) hold(context.Context, *heldConn) error { h.holds++; return
 // TestNewWriterAfterAFailureHoldsNothing: a worker that starts after another
 // worker's outcome could not be recorded (a read-only cutover) gets no writer,
 // and holds no connection for it: a connection taken then was never given
-// back, and the pool's Close waited for it for ever (internal/faultstest's
+// back, and the pool's Close waited for it for ever (internal/tests/faultstest's
 // TestReadOnlyCutover).
 func TestNewWriterAfterAFailureHoldsNothing(t *testing.T) {
 	r := memRelay(t, 2, 10, nil)

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/internal/lease"
-	"github.com/xadm/relay/internal/sqltest"
+	"github.com/xadm/relay/internal/testkit/sqltest"
 )
 
 // TestSQLFiles checks the SQL layer: every statement of sql/*.sql is used,

@@ -20,8 +20,8 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
 
 // TestMain gets a real PostgreSQL and fails, never skips, when none can be had.

@@ -17,8 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 	"github.com/xadm/relay/kafka"
 )
 

@@ -20,7 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 	"github.com/xadm/relay/kafka"
 	"github.com/xadm/relay/natsjs"
 	otelrelay "github.com/xadm/relay/otel"

@@ -14,7 +14,7 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/examples/prometheus/relayprom"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL")) }

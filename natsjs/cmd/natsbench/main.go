@@ -56,8 +56,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/benchkit"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/tools/benchkit"
 	"github.com/xadm/relay/natsjs"
 )
 

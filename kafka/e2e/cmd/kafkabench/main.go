@@ -52,8 +52,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/benchkit"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/tools/benchkit"
 	"github.com/xadm/relay/kafka"
 )
 

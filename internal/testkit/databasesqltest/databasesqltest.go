@@ -1,6 +1,6 @@
 // Package databasesqltest is the test of the database/sql producers
 // (relay.FromSQL), run once per driver: pgx's stdlib by the core's tests,
-// lib/pq by the module of internal/libpqtest, which the core may not depend
+// lib/pq by the module of internal/tests/libpqtest, which the core may not depend
 // on. The test binary's TestMain starts the server (pgserver.Run).
 package databasesqltest
 
@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 // Run runs the tests through the *sql.DB that open returns for a test, on

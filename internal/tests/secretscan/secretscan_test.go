@@ -25,8 +25,8 @@ import (
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/console"
 	"github.com/xadm/relay/inbox"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 	otelrelay "github.com/xadm/relay/otel"
 )
 

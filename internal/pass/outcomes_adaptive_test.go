@@ -1,4 +1,4 @@
-package relay_test
+package pass_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/harness"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
 
 // groupCounter counts the grouped outcome statements a pool runs (those that
@@ -34,32 +36,32 @@ func (c *groupCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryE
 // one refused row costs the others nothing.
 func TestAdaptiveOutcomes(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	keys := make([]string, 10)
 	for i := range keys {
 		keys[i] = fmt.Sprint("k", i)
 	}
-	ids := b.insert(t, "t", keys...)
+	ids := b.Insert(t, "t", keys...)
 	slow, refused := ids[0], ids[5]
 	// The first outcome's write is slow, so that the next ones queue behind
 	// it; the refused row's update raises, as a constraint or trigger would.
-	fn := pgx.Identifier{b.table + "_check"}.Sanitize()
-	_, err := b.pool.Exec(context.Background(), fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$
+	fn := pgx.Identifier{b.Table + "_check"}.Sanitize()
+	_, err := b.Pool.Exec(context.Background(), fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF NEW.id = %d THEN PERFORM pg_sleep(0.3); END IF;
   IF NEW.id = %d AND NEW.status = 'SENT' THEN RAISE EXCEPTION 'refused by the test'; END IF;
   RETURN NEW;
 END $$`, fn, slow, refused))
 	require.NoError(t, err)
-	b.exec(t, `CREATE TRIGGER check_outcome BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION `+fn+`()`)
+	b.Exec(t, `CREATE TRIGGER check_outcome BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION `+fn+`()`)
 
 	var counter groupCounter
-	pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 8, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = &counter })
-	var logs logBuffer
-	cfg := b.cfg
+	pool := pgserver.Pool(t, harness.Server().URL, pgserver.Name(t), 8, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = &counter })
+	var logs testlog.Buffer
+	cfg := b.Config
 	cfg.Logger = logs.Logger()
 	require.Zero(t, cfg.GroupOutcomes, "adaptive is the default")
-	r, err := relay.New(pool, cfg, newRecorder("t", nil))
+	r, err := relay.New(pool, cfg, harness.NewRecorder("t", nil))
 	require.NoError(t, err)
 	_, err = r.Run(context.Background())
 	require.Error(t, err, "the refused row's outcome could not be recorded")
@@ -70,7 +72,7 @@ END $$`, fn, slow, refused))
 		if id == refused {
 			want = "PENDING"
 		}
-		require.Equal(t, want, b.state(t, id).Status, "row %d", id)
+		require.Equal(t, want, b.State(t, id).Status, "row %d", id)
 	}
 	require.Len(t, logs.Lines("relay: outcome not recorded"), 1, "only the refused row is held back")
 	require.Len(t, logs.Lines("relay: outcome not recorded", fmt.Sprintf(" id=%d ", refused)), 1)

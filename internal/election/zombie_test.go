@@ -1,4 +1,4 @@
-package relay_test
+package election_test
 
 import (
 	"context"
@@ -10,13 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/harness"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
-
-// takeoverBound is the field-faults issue's target: another replica delivers
-// within this long of the leader going silent. The guard's lease gives 10s
-// (idle_session_timeout) plus the standby's Interval.
-const takeoverBound = 15 * time.Second
 
 // TestZombieLeader cuts the elected replica off in the middle of a pass: a
 // proxy between it and the server stops forwarding in both directions and
@@ -24,14 +20,14 @@ const takeoverBound = 15 * time.Second
 // whose kernel answers the server's keepalives, looks to the server. The
 // server ends the leader's lock session once its lease runs out (no heartbeat
 // for 10s), and the other replica, connected directly, takes over within
-// takeoverBound. The cut-off leader starts no new send once its lease is past,
+// harness.TakeoverBound. The cut-off leader starts no new send once its lease is past,
 // and only the messages it had in flight (sent, their outcomes not yet
 // written) are delivered twice.
 func TestZombieLeader(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	proxy, viaProxy, err := pgserver.ProxyURL(server().URL)
+	b := harness.Setup(t)
+	proxy, viaProxy, err := pgserver.ProxyURL(harness.Server().URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Close() })
 
@@ -57,28 +53,28 @@ func TestZombieLeader(t *testing.T) {
 			return nil
 		})
 	}
-	cfg := b.cfg
+	cfg := b.Config
 	cfg.Interval = 100 * time.Millisecond
 	cfg.GroupOutcomes = 1 // one transaction per outcome: at most 8 wait per worker (the bounds below)
-	leader, err := relay.New(pgserver.Pool(t, viaProxy, b.table+"_a", 4), cfg, sender("a", 5))
+	leader, err := relay.New(pgserver.Pool(t, viaProxy, b.Table+"_a", 4), cfg, sender("a", 5))
 	require.NoError(t, err)
-	standby, err := relay.New(pgserver.Pool(t, server().URL, b.table+"_b", 4), cfg, sender("b", 0))
+	standby, err := relay.New(pgserver.Pool(t, harness.Server().URL, b.Table+"_b", 4), cfg, sender("b", 0))
 	require.NoError(t, err)
 
 	// The leader delivers alone until it is cut off.
-	b.insert(t, "t", distinctKeys("before", 20)...)
+	b.Insert(t, "t", harness.DistinctKeys("before", 20)...)
 	require.NoError(t, leader.Start(ctx))
 	require.Eventually(t, func() bool { return frozen.Load() != 0 }, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, standby.Start(ctx))
 
 	// Rows keep coming; the standby must take them over.
-	b.insert(t, "t", distinctKeys("after", 20)...)
+	b.Insert(t, "t", harness.DistinctKeys("after", 20)...)
 	cut := time.Unix(0, frozen.Load())
 	require.Eventually(t, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(sends["b"]) > 0
-	}, takeoverBound+5*time.Second, 10*time.Millisecond, "the standby takes over")
+	}, harness.TakeoverBound+5*time.Second, 10*time.Millisecond, "the standby takes over")
 	mu.Lock()
 	takeover := sends["b"][0].Sub(cut)
 	var leaderAfter int
@@ -88,12 +84,12 @@ func TestZombieLeader(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	t.Logf("the standby delivered %s after the leader was cut off (bound %s)", takeover.Round(time.Millisecond), takeoverBound)
-	require.Less(t, takeover, takeoverBound)
+	t.Logf("the standby delivered %s after the leader was cut off (bound %s)", takeover.Round(time.Millisecond), harness.TakeoverBound)
+	require.Less(t, takeover, harness.TakeoverBound)
 	require.LessOrEqual(t, leaderAfter, 8, "the cut-off leader sends at most what its writer's pipeline holds, then nothing")
 
 	// The standby delivers everything; the leader comes back and stays out.
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 40 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == 40 }, 20*time.Second, 10*time.Millisecond)
 	proxy.Thaw()
 	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -112,6 +108,6 @@ func TestZombieLeader(t *testing.T) {
 	// ones whose outcomes waited for the writer (outcomes.go, outcomePipeline: 8, with GroupOutcomes 1).
 	require.LessOrEqual(t, dups, 1+8, "only the messages in flight at the cut are delivered twice")
 	require.Len(t, byID, 40)
-	require.True(t, lockFree(t, b.cfg.AppName))
+	require.True(t, harness.LockFree(t, b.Config.AppName))
 	t.Logf("leader sent %d, standby sent %d, %d delivered twice", len(sends["a"]), len(sends["b"]), dups)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/xadm/relay/internal/testcerts"
+	"github.com/xadm/relay/internal/testkit/testcerts"
 )
 
 // TestTLS: a cluster started with TLS serves verify-full connections only;

@@ -1,6 +1,6 @@
 //go:build linux
 
-package relay_test
+package election_test
 
 import (
 	"context"
@@ -17,7 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/harness"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
 
 // TestFrozenLeader freezes the elected replica's whole process with SIGSTOP
@@ -25,7 +27,7 @@ import (
 // does: the server keeps its session, which no keepalive can end since the
 // kernel still answers for it. The lease ends the frozen holder's lock session
 // 10s after its last heartbeat, the other replica takes over within
-// takeoverBound, and when the frozen process wakes up it starts no new
+// harness.TakeoverBound, and when the frozen process wakes up it starts no new
 // message: its lease is past.
 //
 // The frozen replica is this test binary run again as a child
@@ -37,10 +39,10 @@ import (
 func TestFrozenLeader(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	b.insert(t, "t", distinctKeys("k", 30)...)
+	b := harness.Setup(t)
+	b.Insert(t, "t", harness.DistinctKeys("k", 30)...)
 
-	proxy, viaProxy, err := pgserver.ProxyURL(server().URL)
+	proxy, viaProxy, err := pgserver.ProxyURL(harness.Server().URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Close() })
 	var (
@@ -73,12 +75,12 @@ func TestFrozenLeader(t *testing.T) {
 	}))
 	t.Cleanup(receiver.Close)
 
-	var out logBuffer
+	var out testlog.Buffer
 	child = exec.Command(os.Args[0], "-test.run=^TestFrozenLeaderChild$", "-test.v")
 	child.Env = append(os.Environ(),
 		"RELAY_FREEZE_CHILD=1",
 		"RELAY_TEST_DATABASE_URL="+viaProxy,
-		"RELAY_FREEZE_TABLE="+b.table,
+		"RELAY_FREEZE_TABLE="+b.Table,
 		"RELAY_FREEZE_RECEIVER="+receiver.URL)
 	child.Stdout, child.Stderr = &out, &out
 	mu.Lock()
@@ -99,9 +101,9 @@ func TestFrozenLeader(t *testing.T) {
 		return !frozenAt.IsZero()
 	}, 30*time.Second, 10*time.Millisecond, "the child delivers, and is frozen mid-send")
 
-	cfg := b.cfg
+	cfg := b.Config
 	cfg.Interval = 100 * time.Millisecond
-	standby, err := relay.New(pgserver.Pool(t, server().URL, b.table+"_standby", 4), cfg,
+	standby, err := relay.New(pgserver.Pool(t, harness.Server().URL, b.Table+"_standby", 4), cfg,
 		relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -113,19 +115,21 @@ func TestFrozenLeader(t *testing.T) {
 		}))
 	require.NoError(t, err)
 	require.NoError(t, standby.Start(ctx))
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 30 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == 30 }, 30*time.Second, 10*time.Millisecond,
 		"the standby takes over and delivers everything")
 	mu.Lock()
 	takeover := firstTaken.Sub(frozenAt)
 	thawedAt = time.Now()
 	mu.Unlock()
-	t.Logf("the standby delivered %s after the leader froze (bound %s)", takeover.Round(time.Millisecond), takeoverBound)
-	require.Less(t, takeover, takeoverBound)
+	t.Logf("the standby delivered %s after the leader froze (bound %s)", takeover.Round(time.Millisecond), harness.TakeoverBound)
+	require.Less(t, takeover, harness.TakeoverBound)
 
 	// The frozen replica wakes up: it finishes the sends it was in, records
 	// nothing over the standby's outcomes, and starts nothing new.
 	require.NoError(t, child.Process.Signal(syscall.SIGCONT))
-	require.Eventually(t, func() bool { return lockFree(t, b.cfg.AppName) || len(electionHolders(t, b.cfg.AppName)) > 0 },
+	require.Eventually(t, func() bool {
+		return harness.LockFree(t, b.Config.AppName) || len(harness.ElectionHolders(t, b.Config.AppName)) > 0
+	},
 		5*time.Second, 10*time.Millisecond)
 	// It had a batch of 30 in hand: without the lease its idle workers would
 	// go on with the rest. Wait until it says its lease ran out.
@@ -144,7 +148,7 @@ func TestFrozenLeader(t *testing.T) {
 		dups += n - 1
 	}
 	require.Zero(t, dups)
-	require.Equal(t, 30, b.countStatus(t, "SENT"))
+	require.Equal(t, 30, b.CountStatus(t, "SENT"))
 }
 
 // TestFrozenLeaderChild is the replica TestFrozenLeader freezes: it only runs
@@ -161,7 +165,7 @@ func TestFrozenLeaderChild(t *testing.T) {
 	cfg.GroupOutcomes = 1000 // the group is flushed by its timer: the workers never wait for it, only the lease stops them
 	sender, err := relay.NewHTTPSender(relay.HTTPSenderConfig{Type: "t", URL: relay.URLWithKey(os.Getenv("RELAY_FREEZE_RECEIVER"))})
 	require.NoError(t, err)
-	r, err := relay.New(pgserver.Pool(t, server().URL, table+"_frozen", 8), cfg, sender)
+	r, err := relay.New(pgserver.Pool(t, harness.Server().URL, table+"_frozen", 8), cfg, sender)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
 	select {} // until the parent kills it

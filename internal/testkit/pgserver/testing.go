@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/xadm/relay/internal/testcerts"
+	"github.com/xadm/relay/internal/testkit/testcerts"
 )
 
 // shared is the server Main started.

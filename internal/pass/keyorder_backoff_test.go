@@ -1,4 +1,4 @@
-package relay_test
+package pass_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/testkit/harness"
 )
 
 // TestKeyOrderBackoffEndsMidPass: a key's failed message A waits out its
@@ -20,10 +21,10 @@ import (
 // C, which this pass left behind: the key's messages arrive in id order.
 func TestKeyOrderBackoffEndsMidPass(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	ctx := context.Background()
 	const backoff = 3 * time.Second // well past the start of the first pass, on a busy machine too
-	a := b.insert(t, "order", "k")[0]
+	a := b.Insert(t, "order", "k")[0]
 	var (
 		mu      sync.Mutex
 		order   []int64 // key k's messages, as sent
@@ -48,25 +49,25 @@ func TestKeyOrderBackoffEndsMidPass(t *testing.T) {
 		}
 		return nil
 	}
-	cfg := b.cfg
+	cfg := b.Config
 	cfg.RetryBackoff = backoff
 	cfg.Concurrency = 1
 	cfg.BatchSize = 1 // each batch full: the pass drains past it at once
-	r := b.newRelay(t, cfg, relay.SenderFunc("order", send))
+	r := b.NewRelay(t, cfg, relay.SenderFunc("order", send))
 
 	_, err := r.Run(ctx) // A fails
 	require.NoError(t, err)
-	later := b.insert(t, "order", "k", "k", "other-1", "other-2", "other-3")[:2]
+	later := b.Insert(t, "order", "k", "k", "other-1", "other-2", "other-3")[:2]
 
 	require.NoError(t, r.Start(ctx))
 	defer func() { require.NoError(t, r.Stop(context.Background())) }()
 	select {
 	case <-sending: // the pass went past A, B and C
-	case <-time.After(waitTimeout):
+	case <-time.After(harness.WaitTimeout):
 		t.Fatal("other-1 was never sent")
 	}
 	waitBackoffOver(t, b, a, backoff)
-	e := b.insert(t, "order", "k")[0]
+	e := b.Insert(t, "order", "k")[0]
 	close(release)
 
 	want := []int64{a, later[0], later[1], e}
@@ -74,7 +75,7 @@ func TestKeyOrderBackoffEndsMidPass(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(order) >= len(want)
-	}, waitTimeout, 10*time.Millisecond)
+	}, harness.WaitTimeout, 10*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, want, order, "key k's messages, in the order they were sent")
@@ -82,12 +83,12 @@ func TestKeyOrderBackoffEndsMidPass(t *testing.T) {
 
 // waitBackoffOver waits until, on the database's clock, the backoff of the
 // failed row id is over.
-func waitBackoffOver(t *testing.T, b *bundle, id int64, backoff time.Duration) {
+func waitBackoffOver(t *testing.T, b *harness.Bundle, id int64, backoff time.Duration) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var over bool
-		err := b.pool.QueryRow(context.Background(), "SELECT updated_at + $2 * interval '1 microsecond' < now() FROM "+
-			pgx.Identifier{b.table}.Sanitize()+" WHERE id = $1", id, backoff.Microseconds()).Scan(&over)
+		err := b.Pool.QueryRow(context.Background(), "SELECT updated_at + $2 * interval '1 microsecond' < now() FROM "+
+			pgx.Identifier{b.Table}.Sanitize()+" WHERE id = $1", id, backoff.Microseconds()).Scan(&over)
 		return err == nil && over
-	}, waitTimeout, 10*time.Millisecond)
+	}, harness.WaitTimeout, 10*time.Millisecond)
 }

@@ -1,4 +1,4 @@
-package relay_test
+package pass_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/testkit/harness"
 )
 
 // sickReceiver is the destination of type x: it behaves as its mode says
@@ -77,7 +78,7 @@ func TestIsolation(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			b := setup(t)
+			b := harness.Setup(t)
 			keys := 20
 			if mode == "slow" {
 				keys = 60
@@ -90,7 +91,7 @@ func TestIsolation(t *testing.T) {
 					n = 2 // a key with two messages: their order is kept
 				}
 				for range n {
-					xs = append(xs, b.insert(t, "x", k)...)
+					xs = append(xs, b.Insert(t, "x", k)...)
 				}
 			}
 			x := newSickReceiver(mode)
@@ -99,12 +100,12 @@ func TestIsolation(t *testing.T) {
 				ySent.Store(m.ID, true)
 				return nil
 			})
-			cfg := b.cfg
+			cfg := b.Config
 			cfg.Concurrency = 4
 			cfg.SendTimeout = time.Second
 			cfg.Interval = 200 * time.Millisecond
 			cfg.RetryBackoff = 0
-			r, err := relay.New(newPool(t, 12), cfg, x, y)
+			r, err := relay.New(harness.NewPool(t, 12), cfg, x, y)
 			require.NoError(t, err)
 			require.NoError(t, r.Start(ctx))
 			defer func() { require.NoError(t, r.Stop(ctx)) }()
@@ -121,22 +122,22 @@ func TestIsolation(t *testing.T) {
 
 			// A sick x is paused; while it is, its rows change only by the
 			// Sends in flight when it paused, and its probes, one row each.
-			var before map[int64]state
+			var before map[int64]harness.State
 			var callsBefore int32
 			var pause relay.PausedType
 			if mode != "slow" {
 				require.Eventually(t, func() bool { return len(r.Stats().Paused) == 1 }, 30*time.Second, 5*time.Millisecond, "x is paused")
 				pause = r.Stats().Paused[0]
 				callsBefore = x.calls.Load()
-				before = map[int64]state{}
+				before = map[int64]harness.State{}
 				for _, id := range xs {
-					before[id] = b.state(t, id)
+					before[id] = b.State(t, id)
 				}
 			}
 
 			// y's messages, one at a time, each sent while x's keys wait.
 			for i := range 8 {
-				id, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "y", Key: fmt.Sprint("y", i), Payload: []byte(`{}`)})
+				id, err := relay.Enqueue(ctx, b.Pool, b.Table, relay.Outgoing{Type: "y", Key: fmt.Sprint("y", i), Payload: []byte(`{}`)})
 				require.NoError(t, err)
 				require.Eventually(t, func() bool {
 					if mode == "slow" {
@@ -151,7 +152,7 @@ func TestIsolation(t *testing.T) {
 			}
 			sentX := 0
 			for _, id := range xs {
-				if b.state(t, id).Status == "SENT" {
+				if b.State(t, id).Status == "SENT" {
 					sentX++
 				}
 			}
@@ -180,7 +181,7 @@ func TestIsolation(t *testing.T) {
 				x.mu.Unlock()
 				changed := 0
 				for _, id := range xs {
-					if s := b.state(t, id); s.Status != before[id].Status || s.Attempts != before[id].Attempts {
+					if s := b.State(t, id); s.Status != before[id].Status || s.Attempts != before[id].Attempts {
 						changed++
 					}
 				}
@@ -197,7 +198,7 @@ func TestIsolation(t *testing.T) {
 			if mode == "ignore" {
 				close(x.release)
 			}
-			require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(xs)+8 }, time.Minute, 20*time.Millisecond)
+			require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(xs)+8 }, time.Minute, 20*time.Millisecond)
 			require.Eventually(t, func() bool { return x.running.Load() == 0 }, 30*time.Second, 5*time.Millisecond,
 				"no x Send left running")
 			x.mu.Lock()
@@ -226,8 +227,8 @@ func TestOneBadKeyDoesNotHoldItsType(t *testing.T) {
 		t.Run("RetryBackoff="+backoff, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			b := setup(t)
-			cfg := b.cfg
+			b := harness.Setup(t)
+			cfg := b.Config
 			cfg.Interval, cfg.MaxAttempts = relay.DefaultConfig().Interval, 3
 			if backoff == "default" {
 				cfg.RetryBackoff = relay.DefaultConfig().RetryBackoff
@@ -249,13 +250,13 @@ func TestOneBadKeyDoesNotHoldItsType(t *testing.T) {
 				mu.Unlock()
 				return nil
 			})
-			bad := b.insert(t, "x", "x-bad", "x-bad")
+			bad := b.Insert(t, "x", "x-bad", "x-bad")
 			var good []string
 			for i := range 9 {
 				good = append(good, fmt.Sprint("x", i), fmt.Sprint("x", i))
 			}
-			b.insert(t, "x", good...)
-			r, err := relay.New(newPool(t, 8), cfg, x)
+			b.Insert(t, "x", good...)
+			r, err := relay.New(harness.NewPool(t, 8), cfg, x)
 			require.NoError(t, err)
 			require.NoError(t, r.Start(ctx))
 			defer func() { require.NoError(t, r.Stop(ctx)) }()
@@ -277,7 +278,7 @@ func TestOneBadKeyDoesNotHoldItsType(t *testing.T) {
 			}, time.Minute, 10*time.Millisecond, "the nine keys delivered")
 			took := time.Since(healed)
 			require.Less(t, took, cfg.PauseMax+5*time.Second, "resumed within the longest pause and a margin")
-			require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(good) }, time.Minute, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(good) }, time.Minute, 10*time.Millisecond)
 			mu.Lock()
 			for k, n := range sent {
 				require.Equal(t, 2, n, "key %s: each message once", k)
@@ -286,10 +287,10 @@ func TestOneBadKeyDoesNotHoldItsType(t *testing.T) {
 
 			// The bad key's rows die alone, the first before the second (its
 			// order), each after MaxAttempts Sends.
-			require.Eventually(t, func() bool { return b.deadCount(t, cfg.MaxAttempts) == 2 }, 2*time.Minute, 20*time.Millisecond,
+			require.Eventually(t, func() bool { return b.DeadCount(t, cfg.MaxAttempts) == 2 }, 2*time.Minute, 20*time.Millisecond,
 				"the bad key's rows dead")
 			for _, id := range bad {
-				s := b.state(t, id)
+				s := b.State(t, id)
 				require.Equal(t, "ERROR", s.Status)
 				require.Equal(t, cfg.MaxAttempts, s.Attempts)
 				require.Contains(t, *s.LastError, "503 Service Unavailable")

@@ -1,4 +1,4 @@
-module github.com/xadm/relay/internal/libpqtest
+module github.com/xadm/relay/internal/tests/libpqtest
 
 go 1.25.0
 

@@ -1,4 +1,4 @@
-module github.com/xadm/relay/internal/modproxy
+module github.com/xadm/relay/internal/tools/modproxy
 
 go 1.26.0
 

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/diagnose"
+	"github.com/xadm/relay/internal/tools/diagnose"
 )
 
 var now = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)

@@ -1,5 +1,5 @@
 // Package libpqtest runs the test of the database/sql producers
-// (internal/databasesqltest) through lib/pq, in a module of its own: the
+// (internal/testkit/databasesqltest) through lib/pq, in a module of its own: the
 // core module may not depend on lib/pq, even for its tests, or adopters'
 // builds would take its version into their module graph.
 package libpqtest
@@ -11,8 +11,8 @@ import (
 
 	_ "github.com/lib/pq" // the "postgres" driver of database/sql
 
-	"github.com/xadm/relay/internal/databasesqltest"
-	"github.com/xadm/relay/internal/pgserver"
+	"github.com/xadm/relay/internal/testkit/databasesqltest"
+	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL")) }

@@ -1,4 +1,4 @@
-package relay_test
+package pass_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/testkit/harness"
 )
 
 // TestDrain covers the periodic pass through a backlog, with several workers,
@@ -22,13 +23,13 @@ func TestDrain(t *testing.T) {
 	for _, group := range []int{0, 7} {
 		t.Run(fmt.Sprintf("ExactlyOnceInKeyOrder/GroupOutcomes=%d", group), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
+			b := harness.Setup(t)
 			var keys []string
 			for i := range 300 {
 				keys = append(keys, fmt.Sprint("k", i%40))
 			}
-			ids := b.insert(t, "t", keys...)
-			cfg := b.cfg
+			ids := b.Insert(t, "t", keys...)
+			cfg := b.Config
 			cfg.Interval = time.Hour // one tick: the whole backlog in one election
 			cfg.BatchSize = 10
 			cfg.Concurrency = 8
@@ -37,7 +38,7 @@ func TestDrain(t *testing.T) {
 			sends := map[int64]int{}
 			last := map[string]int64{}
 			var disorder []string
-			r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+			r := b.NewRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
 				mu.Lock()
 				defer mu.Unlock()
 				sends[m.ID]++
@@ -48,7 +49,7 @@ func TestDrain(t *testing.T) {
 				return nil
 			}))
 			require.NoError(t, r.Start(ctx))
-			require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 20*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids) }, 20*time.Second, 10*time.Millisecond)
 			require.NoError(t, r.Stop(ctx))
 			mu.Lock()
 			defer mu.Unlock()
@@ -64,10 +65,10 @@ func TestDrain(t *testing.T) {
 	t.Run("AFailureIsNotRetriedWithinTheDrain", func(t *testing.T) {
 		t.Parallel()
 		b, cfg := drainSetup(t)
-		ids := b.insert(t, "t", distinctKeys("k", 100)...)
+		ids := b.Insert(t, "t", harness.DistinctKeys("k", 100)...)
 		var mu sync.Mutex
 		calls := 0
-		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+		r := b.NewRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
 			if m.ID == ids[0] {
 				mu.Lock()
 				calls++
@@ -82,15 +83,15 @@ func TestDrain(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		require.Equal(t, 1, calls, "with RetryBackoff 0 a failed row waits for the next tick, not the next batch")
-		require.Equal(t, 1, b.state(t, ids[0]).Attempts)
+		require.Equal(t, 1, b.State(t, ids[0]).Attempts)
 	})
 
 	t.Run("AHungSendDoesNotHoldTheOtherWorkers", func(t *testing.T) {
 		t.Parallel()
 		b, cfg := drainSetup(t)
-		ids := b.insert(t, "t", distinctKeys("k", 60)...)
+		ids := b.Insert(t, "t", harness.DistinctKeys("k", 60)...)
 		release := make(chan struct{})
-		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
+		r := b.NewRelay(t, cfg, relay.SenderFunc("t", func(ctx context.Context, m relay.Message) error {
 			if m.ID == ids[0] {
 				select {
 				case <-release:
@@ -102,10 +103,10 @@ func TestDrain(t *testing.T) {
 		require.NoError(t, r.Start(ctx))
 		// The 59 others are delivered while the first one is still in flight:
 		// the next batches are selected without waiting for it.
-		require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 59 }, 10*time.Second, 10*time.Millisecond)
-		require.Equal(t, "PENDING", b.state(t, ids[0]).Status)
+		require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == 59 }, 10*time.Second, 10*time.Millisecond)
+		require.Equal(t, "PENDING", b.State(t, ids[0]).Status)
 		close(release)
-		require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == 60 }, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == 60 }, 10*time.Second, 10*time.Millisecond)
 		require.NoError(t, r.Stop(ctx))
 	})
 
@@ -122,17 +123,17 @@ func TestDrain(t *testing.T) {
 		for range 20 {
 			keys = append(keys, "a")
 		}
-		ids := b.insert(t, "t", keys...)
+		ids := b.Insert(t, "t", keys...)
 		var mu sync.Mutex
 		var sent []int64
-		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+		r := b.NewRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
 			mu.Lock()
 			defer mu.Unlock()
 			sent = append(sent, m.ID)
 			return nil
 		}))
 		require.NoError(t, r.Start(ctx))
-		require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids) }, 20*time.Second, 10*time.Millisecond)
 		stop, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		require.NoError(t, r.Stop(stop))
@@ -156,9 +157,9 @@ func TestDrain(t *testing.T) {
 
 // drainSetup is a bundle and a config whose one tick drains a backlog in
 // batches of 10 with 4 workers.
-func drainSetup(t *testing.T) (*bundle, relay.Config) {
-	b := setup(t)
-	cfg := b.cfg
+func drainSetup(t *testing.T) (*harness.Bundle, relay.Config) {
+	b := harness.Setup(t)
+	cfg := b.Config
 	cfg.Interval = time.Hour
 	cfg.BatchSize = 10
 	cfg.Concurrency = 4

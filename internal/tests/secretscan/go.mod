@@ -1,4 +1,4 @@
-module github.com/xadm/relay/internal/secretscan
+module github.com/xadm/relay/internal/tests/secretscan
 
 go 1.25.0
 

@@ -20,8 +20,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/xadm/relay"
-	"github.com/xadm/relay/internal/pgserver"
-	"github.com/xadm/relay/internal/testlog"
+	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
 
 // TestMain starts a server of this package's own: never the one named by an
@@ -45,7 +45,7 @@ func requireLocal(t *testing.T) {
 // ignoreServer are the goroutines of the server's own process, which Halt
 // ends and Resume starts anew.
 var ignoreServer = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/xadm/relay/internal/pgserver.(*child).wait"),
+	goleak.IgnoreAnyFunction("github.com/xadm/relay/internal/testkit/pgserver.(*child).wait"),
 	goleak.IgnoreAnyFunction("os/exec.(*Cmd).watchCtx"),
 }
 

@@ -1,4 +1,4 @@
-package relay_test
+package pass_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/testkit/harness"
 )
 
 func TestConcurrency(t *testing.T) {
@@ -21,13 +22,13 @@ func TestConcurrency(t *testing.T) {
 
 	t.Run("UpToNInFlightUnderOneElection", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
+		b := harness.Setup(t)
 		keys := make([]string, 40)
 		for i := range keys {
 			keys[i] = fmt.Sprint("k", i)
 		}
-		b.insert(t, "t", keys...)
-		cfg := b.cfg
+		b.Insert(t, "t", keys...)
+		cfg := b.Config
 		cfg.Concurrency = 6 // the pool has 8: one for the election, one to select, one per message in flight
 		// The first sends wait until 6 are in flight at once, however slowly
 		// the workers start on a loaded machine; a relay that never reaches 6
@@ -35,7 +36,7 @@ func TestConcurrency(t *testing.T) {
 		var mu sync.Mutex
 		inFlight := 0
 		all := make(chan struct{})
-		rec := newRecorder("t", func(ctx context.Context, _ relay.Message) error {
+		rec := harness.NewRecorder("t", func(ctx context.Context, _ relay.Message) error {
 			mu.Lock()
 			if inFlight++; inFlight == cfg.Concurrency {
 				select {
@@ -57,22 +58,22 @@ func TestConcurrency(t *testing.T) {
 				return ctx.Err()
 			}
 		})
-		ran, err := b.newRelay(t, cfg, rec).RunIfElected(ctx)
+		ran, err := b.NewRelay(t, cfg, rec).RunIfElected(ctx)
 		require.NoError(t, err)
 		require.True(t, ran)
-		require.Equal(t, 40, b.countStatus(t, "SENT"))
-		require.Equal(t, 6, rec.maxInFlight())
+		require.Equal(t, 40, b.CountStatus(t, "SENT"))
+		require.Equal(t, 6, rec.MaxInFlight())
 	})
 
 	t.Run("OneKeyOneAtATimeInIdOrder", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
+		b := harness.Setup(t)
 		var keys []string
 		for i := range 60 {
 			keys = append(keys, fmt.Sprint("k", i%3))
 		}
-		b.insert(t, "t", keys...)
-		cfg := b.cfg
+		b.Insert(t, "t", keys...)
+		cfg := b.Config
 		cfg.Concurrency = 8
 		var mu sync.Mutex
 		inFlight := map[string]bool{}
@@ -94,7 +95,7 @@ func TestConcurrency(t *testing.T) {
 			mu.Unlock()
 			return nil
 		})
-		n, err := b.newRelay(t, cfg, s).Run(ctx)
+		n, err := b.NewRelay(t, cfg, s).Run(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 60, n)
 		require.Empty(t, violations)
@@ -108,18 +109,18 @@ func TestGroupOutcomes(t *testing.T) {
 	for _, async := range []bool{false, true} {
 		t.Run(fmt.Sprintf("AsyncCommit=%v", async), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
+			b := harness.Setup(t)
 			var keys []string
 			for i := range 25 {
 				keys = append(keys, fmt.Sprint("k", i))
 			}
-			ids := b.insert(t, "t", keys...)
-			cfg := b.cfg
+			ids := b.Insert(t, "t", keys...)
+			cfg := b.Config
 			cfg.GroupOutcomes = 10
 			cfg.AsyncCommit = async
 			cfg.Concurrency = 4
 			cfg.MaxAttempts = 3
-			r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+			r := b.NewRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
 				switch m.Key {
 				case "k3":
 					return errors.New("retry me")
@@ -127,25 +128,25 @@ func TestGroupOutcomes(t *testing.T) {
 					return relay.Permanent(errors.New("never"))
 				case "k5":
 					// moved on by someone else while in flight: fenced out
-					b.exec(t, "UPDATE %s SET status = 'SENT', last_error = 'elsewhere' WHERE id = $1", m.ID)
+					b.Exec(t, "UPDATE %s SET status = 'SENT', last_error = 'elsewhere' WHERE id = $1", m.ID)
 				}
 				return nil
 			}))
 			n, err := r.Run(ctx)
 			require.NoError(t, err)
 			require.Equal(t, 24, n, "the stale row is not counted")
-			require.Equal(t, 23, b.countStatus(t, "SENT"))
+			require.Equal(t, 23, b.CountStatus(t, "SENT"))
 
-			s := b.state(t, ids[3])
+			s := b.State(t, ids[3])
 			require.Equal(t, "ERROR", s.Status)
 			require.Equal(t, 1, s.Attempts)
 			require.Equal(t, "retry me", *s.LastError)
-			s = b.state(t, ids[4])
+			s = b.State(t, ids[4])
 			require.Equal(t, "ERROR", s.Status)
 			require.Equal(t, 3, s.Attempts, "a permanent failure is dead at once")
-			s = b.state(t, ids[5])
+			s = b.State(t, ids[5])
 			require.Equal(t, "elsewhere", *s.LastError)
-			require.NotNil(t, b.state(t, ids[0]).SentAt)
+			require.NotNil(t, b.State(t, ids[0]).SentAt)
 
 			st := r.Stats()
 			require.EqualValues(t, 22, st.Sent)
@@ -156,20 +157,20 @@ func TestGroupOutcomes(t *testing.T) {
 
 	t.Run("AGroupIsRecordedWithinItsDelay", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		ids := b.insert(t, "t", "a", "b")
-		cfg := b.cfg
+		b := harness.Setup(t)
+		ids := b.Insert(t, "t", "a", "b")
+		cfg := b.Config
 		cfg.GroupOutcomes = 100
 		sentA := make(chan struct{})
 		var seen string
-		r := b.newRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
+		r := b.NewRelay(t, cfg, relay.SenderFunc("t", func(_ context.Context, m relay.Message) error {
 			if m.Key == "a" {
 				close(sentA)
 				return nil
 			}
 			// b is slow: a's outcome must not wait for the group to fill.
 			time.Sleep(500 * time.Millisecond)
-			seen = b.state(t, ids[0]).Status
+			seen = b.State(t, ids[0]).Status
 			return nil
 		}))
 		_, err := r.Run(ctx)
@@ -205,12 +206,12 @@ func TestSlowObserverDelaysOnlyItsWorker(t *testing.T) {
 	for _, group := range []int{0, 4} {
 		t.Run(fmt.Sprintf("GroupOutcomes%d", group), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
+			b := harness.Setup(t)
 			var keys []string
 			for range 5 {
 				keys = append(keys, "a", "b")
 			}
-			ids := b.insert(t, "t", keys...)
+			ids := b.Insert(t, "t", keys...)
 			keyOf := map[int64]string{}
 			for i, id := range ids {
 				keyOf[id] = keys[i]
@@ -219,12 +220,12 @@ func TestSlowObserverDelaysOnlyItsWorker(t *testing.T) {
 			var released sync.Once
 			release := func() { released.Do(func() { close(obs.release) }) }
 			t.Cleanup(release) // a failing test lets the pass end
-			cfg := b.cfg
+			cfg := b.Config
 			cfg.Concurrency = 2
 			cfg.GroupOutcomes = group
 			cfg.Observer = obs
-			rec := newRecorder("t", nil)
-			r := b.newRelay(t, cfg, rec)
+			rec := harness.NewRecorder("t", nil)
+			r := b.NewRelay(t, cfg, rec)
 			passed := make(chan error, 1)
 			go func() {
 				_, err := r.Run(context.Background())
@@ -233,7 +234,7 @@ func TestSlowObserverDelaysOnlyItsWorker(t *testing.T) {
 			<-obs.blocked
 			sentOf := func(key string) int {
 				n := 0
-				for _, id := range rec.ids() {
+				for _, id := range rec.IDs() {
 					if keyOf[id] == key {
 						n++
 					}
@@ -247,7 +248,7 @@ func TestSlowObserverDelaysOnlyItsWorker(t *testing.T) {
 				"a key is delivered while the report of a message blocks")
 			release()
 			require.NoError(t, <-passed)
-			require.Equal(t, 10, b.countStatus(t, "SENT"))
+			require.Equal(t, 10, b.CountStatus(t, "SENT"))
 		})
 	}
 }
@@ -265,23 +266,23 @@ func TestSlowObserverDelaysOnlyItsWorker(t *testing.T) {
 func TestGroupOutcomesWrittenBehind(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
+	b := harness.Setup(t)
 	const n, pipeline = 10, 8
 	var keys []string
 	for i := range 5 * n {
 		keys = append(keys, fmt.Sprint("k", i))
 	}
-	ids := b.insert(t, "t", keys...)
-	tx, err := b.pool.Begin(ctx)
+	ids := b.Insert(t, "t", keys...)
+	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT 1 FROM "+pgx.Identifier{b.table}.Sanitize()+" WHERE id = $1 FOR UPDATE", ids[0])
+	_, err = tx.Exec(ctx, "SELECT 1 FROM "+pgx.Identifier{b.Table}.Sanitize()+" WHERE id = $1 FOR UPDATE", ids[0])
 	require.NoError(t, err)
 
-	cfg := b.cfg
+	cfg := b.Config
 	cfg.GroupOutcomes, cfg.Concurrency = n, 1
 	var sends atomic.Int32
-	r := b.newRelay(t, cfg, relay.SenderFunc("t", func(context.Context, relay.Message) error {
+	r := b.NewRelay(t, cfg, relay.SenderFunc("t", func(context.Context, relay.Message) error {
 		sends.Add(1)
 		return nil
 	}))
@@ -295,10 +296,10 @@ func TestGroupOutcomesWrittenBehind(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // time for a send past the bound, and for the group timer (100ms)
 	require.LessOrEqual(t, sends.Load(), int32(2*n+pipeline+1),
 		"no more than two groups unwritten, the worker's writer's pipeline and its Send in flight")
-	require.Zero(t, b.countStatus(t, "SENT"), "the first group's write waits for the lock")
+	require.Zero(t, b.CountStatus(t, "SENT"), "the first group's write waits for the lock")
 
 	require.NoError(t, tx.Rollback(ctx))
 	require.NoError(t, <-done)
-	require.Equal(t, 5*n, b.countStatus(t, "SENT"))
+	require.Equal(t, 5*n, b.CountStatus(t, "SENT"))
 	require.EqualValues(t, 5*n, sends.Load(), "each message once")
 }
