@@ -56,6 +56,6 @@ func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 func (r *Relay) newPasses() *loop.Passes {
 	return loop.New(loop.Deps{Pool: r.pool, Logger: r.logger, Interval: r.cfg.Interval, Enabled: r.cfg.Enabled,
 		Election: r.election, Direct: r.direct, Runner: r.runner,
-		Learn: r.learnTable, Keyed: func() bool { return r.table().KeyIndex }, Sendable: r.sendable,
+		Learn: r.outbox.Learn, Keyed: r.outbox.Keyed, Sendable: r.sendable,
 		Report: r.passDone, Failing: r.failing})
 }

@@ -99,6 +99,19 @@ func (o *Ownership) Yielded() []Yield {
 	return *o.now.Load()
 }
 
+// YieldedTypes are the types of Yielded, nil when it yields none.
+func (o *Ownership) YieldedTypes() []string {
+	ys := o.Yielded()
+	if len(ys) == 0 {
+		return nil
+	}
+	types := make([]string, len(ys))
+	for i, y := range ys {
+		types[i] = y.Type
+	}
+	return types
+}
+
 // OnChange has f told when the yields change.
 func (o *Ownership) OnChange(f func()) { o.changed = f }
 

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/internal/store"
@@ -57,12 +56,14 @@ func (t *memTable) Fetch(_ context.Context, q Query) (store.Batch, error) {
 
 func (t *memTable) Starved() bool { return false }
 
+func (t *memTable) Acquire(context.Context) (store.Conn, error) { panic("memTable: Acquire") }
+
 // The memOutcomes strategy records; the rest of Outbox is not called.
 func (t *memTable) Record(context.Context, store.Querier, []store.Outcome) (map[int64]bool, error) {
 	panic("memTable: Record")
 }
 
-func (t *memTable) RecordEach(context.Context, *pgxpool.Conn, []store.Outcome) (map[int64]bool, map[int64]error, error) {
+func (t *memTable) RecordEach(context.Context, store.Conn, []store.Outcome) (map[int64]bool, map[int64]error, error) {
 	panic("memTable: RecordEach")
 }
 

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay/internal/store"
@@ -275,11 +274,12 @@ func (t worldTable) Fetch(_ context.Context, q Query) (store.Batch, error) {
 	return f, nil
 }
 
-func (t worldTable) Starved() bool { return false }
+func (t worldTable) Starved() bool                               { return false }
+func (t worldTable) Acquire(context.Context) (store.Conn, error) { panic("worldTable: Acquire") }
 func (t worldTable) Record(context.Context, store.Querier, []store.Outcome) (map[int64]bool, error) {
 	panic("worldTable: Record")
 }
-func (t worldTable) RecordEach(context.Context, *pgxpool.Conn, []store.Outcome) (map[int64]bool, map[int64]error, error) {
+func (t worldTable) RecordEach(context.Context, store.Conn, []store.Outcome) (map[int64]bool, map[int64]error, error) {
 	panic("worldTable: RecordEach")
 }
 func (t worldTable) States(context.Context, store.Querier, []int64) (map[int64]store.State, error) {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/store"
 )
@@ -142,19 +141,20 @@ const (
 )
 
 // heldConn is a pooled connection a worker (or the grouped recorder) holds
-// for the outcomes of its sends, acquired before the first of them.
+// for the outcomes of its sends, acquired from the Outbox before the first
+// of them.
 type heldConn struct {
-	pool *pgxpool.Pool
-	c    *pgxpool.Conn
+	src Outbox
+	c   store.Conn
 }
 
 // get returns the held connection, acquiring one first if there is none.
-func (h *heldConn) get(ctx context.Context) (*pgxpool.Conn, error) {
+func (h *heldConn) get(ctx context.Context) (store.Conn, error) {
 	if h.c != nil && !h.c.Conn().IsClosed() {
 		return h.c, nil
 	}
 	h.release()
-	c, err := store.Acquire(ctx, h.pool, "record an outcome")
+	c, err := h.src.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +237,7 @@ func (r *Runner) newRecorder(ctx context.Context, res *Result) *recorder {
 	rc := &recorder{r: r, ctx: context.WithoutCancel(ctx), res: res, pipeline: outcomePipeline}
 	switch n := r.cfg.GroupOutcomes; {
 	case n > 1:
-		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.deps.Pool}, behind: make(chan struct{}, 1)}
+		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{src: r.deps.Outbox}, behind: make(chan struct{}, 1)}
 		rc.direct = true
 	case n == 1:
 		rc.outcomeStrategy = eachOutcomes{rc}

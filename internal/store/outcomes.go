@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The pass's outcomes; their statements are in sql/outcomes.sql.
@@ -116,7 +115,7 @@ func allSentFresh(ds []Outcome) bool {
 // It needs named prepared statements; on a connection whose pgx mode does not
 // prepare statements (configured for a transaction-pooling proxy), it writes
 // them one by one.
-func (r *Table) RecordEach(ctx context.Context, c *pgxpool.Conn, ds []Outcome) (stale map[int64]bool, failed map[int64]error, err error) {
+func (r *Table) RecordEach(ctx context.Context, c Conn, ds []Outcome) (stale map[int64]bool, failed map[int64]error, err error) {
 	stale, failed = map[int64]bool{}, map[int64]error{}
 	conn := c.Conn()
 	if mode := conn.Config().DefaultQueryExecMode; mode != pgx.QueryExecModeCacheStatement && mode != pgx.QueryExecModeCacheDescribe {
