@@ -5,6 +5,7 @@ import (
 
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/loop"
+	"github.com/xadm/relay/internal/session"
 )
 
 // This file is how the relay's passes are elected, decided once, in New
@@ -39,7 +40,7 @@ func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 	case onPool:
 		r.sessions = own.g.Sessions()
 	case r.cfg.Partitions > 1:
-		r.sessions = &election.SessionCheck{}
+		r.sessions = &session.SessionCheck{}
 	}
 	er.Sessions = r.sessions
 	switch {

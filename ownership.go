@@ -4,11 +4,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/session"
 )
 
 // This file is one type, one app as the relay applies it (decision 0043):
-// internal/election's ownership.go decides, on the presence session of a
+// internal/session's ownership.go decides, on the presence session of a
 // started relay, which of its types another app's live relays already
 // deliver on its table; the relay leaves those out of every select and of
 // the idle poll, so that the engine never sees their rows, and takes them
@@ -46,6 +46,6 @@ func (r *Relay) sendable() []string {
 		return types
 	}
 	return slices.DeleteFunc(types, func(t string) bool {
-		return slices.ContainsFunc(ys, func(y election.Yield) bool { return y.Type == t })
+		return slices.ContainsFunc(ys, func(y session.Yield) bool { return y.Type == t })
 	})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/loop"
 	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -54,14 +55,14 @@ type Relay struct {
 	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
-	sessions *election.SessionCheck // that the pool keeps its sessions, when the election takes its locks on it (internal/election)
+	sessions *session.SessionCheck // that the pool keeps its sessions, when the election takes its locks on it (internal/session)
 	key      string
 	observer Observer
 	stats    counters
 
 	// presence is what this relay says of itself while started
 	// (internal/election).
-	presence *election.Presence
+	presence *session.Presence
 
 	// election decides whether a pass runs, chosen once in New (election.go);
 	// direct runs Run's passes.
@@ -147,21 +148,21 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		key:      cfg.lockKey(),
 		observer: cfg.Observer,
 	}
-	r.presence = election.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
-	r.presence.SetOwnership(election.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
+	r.presence = session.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
+	r.presence.SetOwnership(session.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
 	r.outbox = store.NewOutbox(pool, repo, store.OutboxConfig{Table: cfg.Table, MaxAttempts: cfg.MaxAttempts,
 		BatchSize: cfg.BatchSize, BatchBytes: cfg.BatchBytes, Partitions: cfg.Partitions, Logger: logger,
 		Yielded: r.presence.Ownership().YieldedTypes})
 	r.runner = r.newRunner(byType)
 	said := func() { // the session's next statement says it
-		var paused []election.PausedDescriptor
+		var paused []session.PausedDescriptor
 		for _, pt := range r.runner.Lanes().Paused() {
-			paused = append(paused, election.PausedDescriptor{Type: pt.Type, Reason: pt.Reason, Since: pt.Since, Until: pt.Until, Probing: pt.Probing})
+			paused = append(paused, session.PausedDescriptor{Type: pt.Type, Reason: pt.Reason, Since: pt.Since, Until: pt.Until, Probing: pt.Probing})
 		}
 		r.presence.SetPaused(paused)
-		var stuck []election.StuckDescriptor
+		var stuck []session.StuckDescriptor
 		for _, s := range r.runner.Lanes().Stuck() {
-			stuck = append(stuck, election.StuckDescriptor{Type: s.Type, Sends: s.Sends, Since: s.Since})
+			stuck = append(stuck, session.StuckDescriptor{Type: s.Type, Sends: s.Sends, Since: s.Since})
 		}
 		r.presence.SetStuck(stuck)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -45,15 +46,15 @@ type Relay struct {
 	MaxAttempts int
 	Partitions  int
 	Interval    time.Duration
-	Sessions    *SessionCheck // that the pool keeps its sessions; nil without an election on the pool
-	Presence    *Presence
+	Sessions    *session.SessionCheck // that the pool keeps its sessions; nil without an election on the pool
+	Presence    *session.Presence
 	Outbox      *store.Table
 }
 
 // Opts are what a pass asks of its election. The zero value is Run's and
 // RunIfElected's.
 type Opts struct {
-	Own *OwnSession // the started relay's own session, for the idle poll; nil: the pool's
+	Own *session.OwnSession // the started relay's own session, for the idle poll; nil: the pool's
 	// Types are the types whose rows may be sent now, which the idle poll
 	// looks for (Polls): a paused type's rows are no work until its pause
 	// ends.
@@ -253,7 +254,7 @@ func (e *polledElection) Poll(ctx context.Context, o Opts) (ran, work bool, err 
 		return true, true, nil // the kept election's pass looks for work itself
 	}
 	r := e.r
-	pctx, cancel := context.WithTimeout(ctx, LockTimeout)
+	pctx, cancel := context.WithTimeout(ctx, session.LockTimeout)
 	defer cancel()
 	var readOnly, won bool
 	// On the relay's own session (session.go) when it has one: no pooled
@@ -263,11 +264,11 @@ func (e *polledElection) Poll(ctx context.Context, o Opts) (ran, work bool, err 
 		var err error
 		readOnly, won, work, got, err = r.Outbox.Poll(ctx, conn, r.Presence.Mark(), r.MaxAttempts, o.Types, r.Key)
 		if err == nil && got != pid {
-			err = ErrPresenceMoved
+			err = session.ErrPresenceMoved
 		}
 		return err
 	})
-	if errors.Is(err, ErrNoSession) {
+	if errors.Is(err, session.ErrNoSession) {
 		var c *pgxpool.Conn
 		if c, err = store.Acquire(pctx, r.Pool, "poll for work"); err != nil {
 			return false, false, err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/session"
 )
 
 // This file is the one seam that runs a pass. [Passes.Pass] is the only
@@ -65,9 +66,9 @@ func New(d Deps) *Passes { return &Passes{d: d, slot: make(chan struct{}, 1)} }
 // Opts tune a pass: the engine's (internal/pass) and the election's. The
 // zero value is Run's and RunIfElected's: one batch.
 type Opts struct {
-	Halt  <-chan struct{}      // closed: start no new message or batch (graceful stop)
-	Drain bool                 // take batches while they come back full
-	Own   *election.OwnSession // the started relay's own session, for the idle poll; nil: the pool's
+	Halt  <-chan struct{}     // closed: start no new message or batch (graceful stop)
+	Drain bool                // take batches while they come back full
+	Own   *session.OwnSession // the started relay's own session, for the idle poll; nil: the pool's
 	// Keep, for the loop's passes, says from the pass's result whether the
 	// election is kept for the next pass (Polled); nil: let go.
 	Keep func(Result) bool
