@@ -154,19 +154,8 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		BatchSize: cfg.BatchSize, BatchBytes: cfg.BatchBytes, Partitions: cfg.Partitions, Logger: logger,
 		Yielded: r.presence.Ownership().YieldedTypes})
 	r.runner = r.newRunner(byType)
-	said := func() { // the session's next statement says it
-		var paused []session.PausedDescriptor
-		for _, pt := range r.runner.Lanes().Paused() {
-			paused = append(paused, session.PausedDescriptor{Type: pt.Type, Reason: pt.Reason, Since: pt.Since, Until: pt.Until, Probing: pt.Probing})
-		}
-		r.presence.SetPaused(paused)
-		var stuck []session.StuckDescriptor
-		for _, s := range r.runner.Lanes().Stuck() {
-			stuck = append(stuck, session.StuckDescriptor{Type: s.Type, Sends: s.Sends, Since: s.Since})
-		}
-		r.presence.SetStuck(stuck)
-	}
-	r.runner.Lanes().OnChange(said)
+	lanes := r.runner.Lanes()
+	lanes.OnChange(r.presence.Follow(lanes)) // a lane's change, straight to presence: the session's next statement says it
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err
 	}

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/relaytype"
 )
 
 // Stats is a snapshot of what a [Relay] did since [New], as [Relay.Stats] returns it.
@@ -74,7 +74,7 @@ type PausedType struct {
 // stuckSends are this relay's abandoned Sends still running, per type, for
 // Stats.Stuck (internal/pass, stuck.go); the presence descriptor's "stuck",
 // which Admin, relayctl status and the metrics read, says the same
-// (Presence.SetStuck).
+// (internal/session, Presence.Follow).
 func (r *Relay) stuckSends() []StuckSends {
 	var st []StuckSends
 	for _, s := range r.runner.Lanes().Stuck() {
@@ -84,7 +84,7 @@ func (r *Relay) stuckSends() []StuckSends {
 }
 
 // pausedTypes is what the runner's lanes say is paused, as [PausedType].
-func pausedTypes(ps []pass.PausedType) []PausedType {
+func pausedTypes(ps []relaytype.PausedType) []PausedType {
 	if len(ps) == 0 {
 		return nil
 	}
