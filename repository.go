@@ -44,25 +44,6 @@ func (r *Relay) workers() int {
 	return min(r.cfg.Concurrency, max(1, r.maxConns-2))
 }
 
-// report counts and observes one recorded outcome.
-func (r *Relay) report(p pass.Report) {
-	rep := MessageReport{ID: p.Row.ID, Type: p.Row.Type, Attempts: p.Attempts, Duration: p.Took, Err: p.Err}
-	switch p.Outcome {
-	case pass.OutcomeSent:
-		r.stats.sent.Add(1)
-		rep.Outcome = OutcomeSent
-	case pass.OutcomeFailed:
-		r.stats.failed.Add(1)
-		rep.Outcome = OutcomeError
-	case pass.OutcomeDead:
-		r.stats.dead.Add(1)
-		rep.Outcome = OutcomeDead
-	}
-	if r.observer != nil {
-		r.callObserver("MessageDone", func() { r.observer.MessageDone(rep) })
-	}
-}
-
 // SchemaSQL returns the outbox table's DDL for table (optionally schema-qualified),
 // for adopters who keep it in their own migrations. It is idempotent.
 func SchemaSQL(table string) (string, error) { return store.SchemaSQL(table) }

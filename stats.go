@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/relaytype"
 )
 
@@ -141,12 +142,24 @@ type MessageReport struct {
 // at the ceiling.
 type Outcome string
 
-// The outcomes of a message.
+// The outcomes of a message (internal/relaytype's, where the pass decides
+// and records them).
 const (
-	OutcomeSent  Outcome = "SENT"  // delivered and recorded SENT
-	OutcomeError Outcome = "ERROR" // failed, recorded ERROR below the ceiling: it is retried
-	OutcomeDead  Outcome = "DEAD"  // failed at the ceiling, refused as permanent, or undeliverable: not retried
+	OutcomeSent  = Outcome(relaytype.OutcomeSent)  // delivered and recorded SENT
+	OutcomeError = Outcome(relaytype.OutcomeError) // failed, recorded ERROR below the ceiling: it is retried
+	OutcomeDead  = Outcome(relaytype.OutcomeDead)  // failed at the ceiling, refused as permanent, or undeliverable: not retried
 )
+
+// report counts and observes one recorded outcome: the Observer's
+// MessageDone.
+func (r *Relay) report(p pass.Report) {
+	r.stats.recorded(p.Outcome)
+	if r.observer == nil {
+		return
+	}
+	rep := MessageReport{ID: p.Row.ID, Type: p.Row.Type, Attempts: p.Attempts, Duration: p.Took, Err: p.Err, Outcome: Outcome(p.Outcome)}
+	r.callObserver("MessageDone", func() { r.observer.MessageDone(rep) })
+}
 
 // counters are the relay's running totals behind Stats.
 type counters struct {
@@ -156,6 +169,18 @@ type counters struct {
 	lastAt  time.Time
 	lastErr error
 	lag     time.Duration
+}
+
+// recorded counts one recorded outcome.
+func (c *counters) recorded(o relaytype.Outcome) {
+	switch o {
+	case relaytype.OutcomeSent:
+		c.sent.Add(1)
+	case relaytype.OutcomeError:
+		c.failed.Add(1)
+	case relaytype.OutcomeDead:
+		c.dead.Add(1)
+	}
 }
 
 func (c *counters) passDone(p PassReport) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -59,11 +60,11 @@ func (t *memTable) Starved() bool { return false }
 func (t *memTable) Acquire(context.Context) (store.Conn, error) { panic("memTable: Acquire") }
 
 // The memOutcomes strategy records; the rest of Outbox is not called.
-func (t *memTable) Record(context.Context, store.Querier, []store.Outcome) (map[int64]bool, error) {
+func (t *memTable) Record(context.Context, store.Querier, []store.Update) (map[int64]bool, error) {
 	panic("memTable: Record")
 }
 
-func (t *memTable) RecordEach(context.Context, store.Conn, []store.Outcome) (map[int64]bool, map[int64]error, error) {
+func (t *memTable) RecordEach(context.Context, store.Conn, []store.Update) (map[int64]bool, map[int64]error, error) {
 	panic("memTable: RecordEach")
 }
 
@@ -89,7 +90,7 @@ func (s memOutcomes) add(ds []delivery, _ *heldConn) error {
 	s.t.mu.Lock()
 	for _, d := range ds {
 		r := s.t.rows[d.m.ID]
-		if d.out == OutcomeSent {
+		if d.out == relaytype.OutcomeSent {
 			r.Status.String = store.StatusSent
 		} else {
 			r.Status.String = store.StatusError

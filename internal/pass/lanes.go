@@ -193,12 +193,12 @@ func (l *lane) releaseProbe() {
 // opens the lane, a failure counts, and pauses it after pauseAfter in a row;
 // a probe's failure pauses it at once, unless it is the pause's first and
 // was fast (below slowProbe): then another key's probe goes first.
-func (l *lane) observe(out Outcome, permanent bool, err error, key string, took, slowProbe time.Duration) {
+func (l *lane) observe(out relaytype.Outcome, permanent bool, err error, key string, took, slowProbe time.Duration) {
 	if l == nil {
 		return
 	}
-	healthy := out == OutcomeSent || permanent
-	if out == OutcomeSent {
+	healthy := out == relaytype.OutcomeSent || permanent
+	if out == relaytype.OutcomeSent {
 		l.lastSent.Store(time.Now().UnixNano())
 	}
 	l.mu.Lock()

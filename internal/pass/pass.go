@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -69,10 +70,10 @@ type Outbox interface {
 	// Record writes outcomes: one in its own short transaction, several in
 	// one statement, each fenced on the state the pass read. It returns the
 	// ids of the rows that had moved on and were left alone.
-	Record(ctx context.Context, db store.Querier, outs []store.Outcome) (stale map[int64]bool, err error)
+	Record(ctx context.Context, db store.Querier, outs []store.Update) (stale map[int64]bool, err error)
 	// RecordEach writes each outcome in its own transaction, in one round
 	// trip; failed are the rows whose own statement failed.
-	RecordEach(ctx context.Context, c store.Conn, outs []store.Outcome) (stale map[int64]bool, failed map[int64]error, err error)
+	RecordEach(ctx context.Context, c store.Conn, outs []store.Update) (stale map[int64]bool, failed map[int64]error, err error)
 	// States reads the current state of rows by id.
 	States(ctx context.Context, db store.Querier, ids []int64) (map[int64]store.State, error)
 	// ErrWidth is how many characters last_error holds; 0: as many as
@@ -89,7 +90,7 @@ type Query = store.Query
 // Report is one recorded outcome, for the relay's counters and Observer.
 type Report struct {
 	Row      *store.Row
-	Outcome  Outcome
+	Outcome  relaytype.Outcome
 	Attempts int // the attempts column as written
 	Took     time.Duration
 	Err      error // the Sender's, nil when sent
@@ -127,16 +128,13 @@ const DrainMax = 10 * time.Second
 
 // Result is what a pass did.
 type Result struct {
-	Sent, Failed, Dead int
-	Lag                time.Duration // the age of the first batch's oldest row
-	OutcomesWaiting    int           // the most outcomes that waited to be written at once
-	Backlog            bool          // draining stopped at DrainMax with rows left
-	Woken              bool          // a wake-up came during the pass, and it selected again
-	Err                error
+	relaytype.Counts               // the outcomes recorded, by kind
+	Lag              time.Duration // the age of the first batch's oldest row
+	OutcomesWaiting  int           // the most outcomes that waited to be written at once
+	Backlog          bool          // draining stopped at DrainMax with rows left
+	Woken            bool          // a wake-up came during the pass, and it selected again
+	Err              error
 }
-
-// Processed is how many rows the pass recorded.
-func (p *Result) Processed() int { return p.Sent + p.Failed + p.Dead }
 
 // Runner runs a relay's passes, one at a time: the engine of each, and what
 // outlives them, the types' lanes and the messages held back.

@@ -271,13 +271,13 @@ func (o *Outbox) Starved() bool {
 // Record writes outcomes: one in its own short transaction, several in one
 // statement, each fenced on the state the pass read. It returns the ids of
 // the rows that had moved on and were left alone.
-func (o *Outbox) Record(ctx context.Context, db Querier, outs []Outcome) (stale map[int64]bool, err error) {
+func (o *Outbox) Record(ctx context.Context, db Querier, outs []Update) (stale map[int64]bool, err error) {
 	return o.t.Record(ctx, db, outs)
 }
 
 // RecordEach writes each outcome in its own transaction, in one round trip;
 // failed are the rows whose own statement failed.
-func (o *Outbox) RecordEach(ctx context.Context, c Conn, outs []Outcome) (stale map[int64]bool, failed map[int64]error, err error) {
+func (o *Outbox) RecordEach(ctx context.Context, c Conn, outs []Update) (stale map[int64]bool, failed map[int64]error, err error) {
 	return o.t.RecordEach(ctx, c, outs)
 }
 
