@@ -17,9 +17,9 @@ import (
 // Guard it is the relay's own PostgresGuard on its pool, as it is when the
 // adopter passes one on that same pool.
 func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
-	er := &election.Relay{Pool: r.pool, Logger: r.logger, Key: r.key, Table: r.cfg.Table, Types: r.types,
+	er := &election.Deps{Pool: r.pool, Logger: r.logger, Key: r.key, Table: r.cfg.Table, Types: r.types,
 		MaxAttempts: r.cfg.MaxAttempts, Partitions: r.cfg.Partitions, Interval: r.cfg.Interval, Presence: r.presence,
-		Outbox: r.repo}
+		Statements: r.repo}
 	r.direct = election.NewNone(er)
 	if !r.cfg.ClusterLock {
 		return r.direct, nil

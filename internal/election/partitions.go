@@ -82,7 +82,7 @@ import (
 type membership struct {
 	turn sync.Mutex // held by a pass, and by the loop's begin and end
 
-	r     *Relay
+	r     *Deps
 	n     int
 	start int // where this member starts looking for free partitions
 
@@ -132,7 +132,7 @@ func (m *membership) partitions() []int {
 	return slices.Clone(m.shown)
 }
 
-func newMembership(r *Relay) *membership {
+func newMembership(r *Deps) *membership {
 	return &membership{r: r, n: r.Partitions, start: rand.IntN(r.Partitions)}
 }
 
@@ -160,7 +160,7 @@ func (m *membership) pass(ctx context.Context, woken bool, fn func(ctx context.C
 	before := m.held
 	var check *store.WorkCheck
 	if m.stay && len(before) > 0 {
-		check = m.r.Outbox.PartitionWork(m.r.MaxAttempts, m.r.Types, m.n, before)
+		check = m.r.Statements.PartitionWork(m.r.MaxAttempts, m.r.Types, m.n, before)
 	}
 	if woken && check != nil && time.Since(m.rebalanced) < m.r.Interval {
 		// A commit woke every member at once: each asks about its own
@@ -235,7 +235,7 @@ func (m *membership) idleCheck(ctx context.Context, own *session.OwnSession) (wo
 		return true
 	}
 	r := m.r
-	check := r.Outbox.PartitionWork(r.MaxAttempts, r.Types, m.n, m.held)
+	check := r.Statements.PartitionWork(r.MaxAttempts, r.Types, m.n, m.held)
 	var look store.PartitionLook
 	cctx, cancel := context.WithTimeout(ctx, session.LockTimeout)
 	defer cancel()
