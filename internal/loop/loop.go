@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/lease"
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/session"
@@ -207,7 +208,11 @@ func (l *Loop) periodic(ctx context.Context, woken bool) (next time.Duration, co
 		}
 		return res.Err == nil && !res.Backlog && (woken || res.Woken || res.Processed() > 0)
 	}
-	res := l.p.Pass(ctx, kind, Opts{Halt: l.halt, Drain: true, Own: l.own, Keep: keep, Wake: l.wake, Woken: woken, AfterLoss: l.afterLoss})
+	res := l.p.Pass(ctx, kind, Opts{
+		Pass:     pass.Opts{Halt: l.halt, Drain: true, Wake: l.wake},
+		Election: election.Opts{Own: l.own, Woken: woken, AfterLoss: l.afterLoss},
+		Keep:     keep,
+	})
 	l.afterLoss = false
 	switch n := d.Failing(); {
 	case res.Backlog && res.Err == nil:
