@@ -207,18 +207,7 @@ func (r *Relay) RunIfElected(ctx context.Context) (bool, error) {
 }
 
 func (r *Relay) passDone(res loop.Result, start time.Time) {
-	rep := PassReport{
-		Ran:       res.Ran,
-		Coalesced: res.Coalesced(),
-		Sent:      res.Sent,
-		Failed:    res.Failed,
-		Dead:      res.Dead,
-		Duration:  time.Since(start),
-		Lag:       res.Lag,
-		Err:       res.Err,
-
-		OutcomesWaiting: res.OutcomesWaiting,
-	}
+	rep := passReport(res, time.Since(start))
 	r.stats.passDone(rep)
 	if r.observer != nil {
 		r.callObserver("PassDone", func() { r.observer.PassDone(rep) })

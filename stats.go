@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/xadm/relay/internal/loop"
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/relaytype"
 )
@@ -125,6 +126,23 @@ type PassReport struct {
 	// moment would have re-delivered beyond the sends in flight; its bound is
 	// Config.GroupOutcomes' (docs/decisions/0037-adaptive-outcomes.md).
 	OutcomesWaiting int
+}
+
+// passReport is what the Observer's PassDone is told of a pass that took
+// took.
+func passReport(res loop.Result, took time.Duration) PassReport {
+	return PassReport{
+		Ran:       res.Ran,
+		Coalesced: res.Coalesced(),
+		Sent:      res.Sent,
+		Failed:    res.Failed,
+		Dead:      res.Dead,
+		Duration:  took,
+		Lag:       res.Lag,
+		Err:       res.Err,
+
+		OutcomesWaiting: res.OutcomesWaiting,
+	}
 }
 
 // MessageReport is one message's outcome.

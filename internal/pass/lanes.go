@@ -197,8 +197,8 @@ func (l *lane) observe(out relaytype.Outcome, permanent bool, err error, key str
 	if l == nil {
 		return
 	}
-	healthy := out == relaytype.OutcomeSent || permanent
-	if out == relaytype.OutcomeSent {
+	healthy := out.Delivered() || permanent
+	if out.Delivered() {
 		l.lastSent.Store(time.Now().UnixNano())
 	}
 	l.mu.Lock()

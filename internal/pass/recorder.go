@@ -50,7 +50,7 @@ func (d *delivery) errorText(width int) string {
 // record is d as the table records it, its failure's text width characters
 // wide at most.
 func (d *delivery) record(maxAttempts, width int) store.Update {
-	o := store.Update{ID: d.m.ID, Status: d.m.Status, ReadAttempts: d.m.ReadAttempts, Sent: d.out == relaytype.OutcomeSent,
+	o := store.Update{ID: d.m.ID, Status: d.m.Status, ReadAttempts: d.m.ReadAttempts, Sent: d.out.Status() == store.StatusSent,
 		NewAttempts: d.newAttempts(maxAttempts)}
 	if !o.Sent {
 		o.LastError = d.errorText(width)
@@ -313,7 +313,7 @@ func (rc *recorder) writeAs(ds []delivery, conn *heldConn, mode writeMode) (reco
 		r.deps.Outbox.Relearn()
 		width = min(width, 100)
 		for i := range ds {
-			if ds[i].out != relaytype.OutcomeSent {
+			if !ds[i].out.Delivered() {
 				ds[i].sendErr = fmt.Errorf("the failure's text could not be recorded (SQLSTATE %s): %.40s", code, ErrorText(ds[i].sendErr, 40))
 			}
 		}
@@ -373,11 +373,7 @@ func (rc *recorder) ownEarlierWrite(ctx context.Context, conn *heldConn, ds []de
 		if !stale[d.m.ID] || !ok || st.Status == nil || st.Attempts == nil {
 			continue
 		}
-		want := store.StatusSent
-		if d.out != relaytype.OutcomeSent {
-			want = store.StatusError
-		}
-		if *st.Status == want && *st.Attempts == d.newAttempts(rc.r.cfg.MaxAttempts) {
+		if *st.Status == d.out.Status() && *st.Attempts == d.newAttempts(rc.r.cfg.MaxAttempts) {
 			delete(stale, d.m.ID)
 		}
 	}
@@ -393,7 +389,7 @@ func (rc *recorder) unrecorded(ctx context.Context, ds []delivery, err error) er
 	for _, d := range ds {
 		until := r.held.hold(d.m.ID)
 		r.deps.Logger.LogAttrs(ctx, slog.LevelError, "relay: outcome not recorded; the message is not sent again before its backoff step",
-			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Bool("sent", d.out == relaytype.OutcomeSent),
+			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Bool("sent", d.out.Delivered()),
 			slog.String("not_before", until.UTC().Format(time.RFC3339)), slog.String("why", why), slog.String("error", err.Error()))
 	}
 	return fmt.Errorf("relay: record the outcome of %d message(s) from id %d: %s: %w", len(ds), ds[0].m.ID, why, err)

@@ -208,9 +208,9 @@ func (k *worker) deliverKey(g group) (failed int, stopped *store.Row, kept bool)
 		if !kept {
 			return -1, nil, false
 		}
-		more := i < len(g)-1 && (d.out == relaytype.OutcomeSent || m.Bad != "")
+		more := i < len(g)-1 && (d.out.Delivered() || m.Bad != "")
 		if f, stop := k.settle(d, more); stop {
-			if d.out != relaytype.OutcomeSent && d.out != relaytype.OutcomeInterrupted {
+			if !d.out.Delivered() && d.out != relaytype.OutcomeInterrupted {
 				stopped = m
 			}
 			if f {
@@ -233,7 +233,7 @@ func (k *worker) settle(d delivery, more bool) (failed, stop bool) {
 		return false, true
 	case k.w.record([]delivery{d}, more) != nil:
 		return false, true
-	case d.out != relaytype.OutcomeSent && d.m.Bad == "":
+	case !d.out.Delivered() && d.m.Bad == "":
 		return true, true
 	}
 	return false, false

@@ -14,6 +14,22 @@ const (
 	OutcomeDead        Outcome = "DEAD"  // failed at the ceiling, refused as permanent, or undeliverable: recorded ERROR at the ceiling, dead until re-queued
 )
 
+// Delivered says o is a delivery: its key's next message may follow in the
+// same pass, its type is healthy, and no failure text is written.
+func (o Outcome) Delivered() bool { return o == OutcomeSent }
+
+// Status is the status column o writes: SENT, or ERROR (a dead row is an
+// ERROR row at the ceiling); "" for OutcomeInterrupted, which writes nothing.
+func (o Outcome) Status() string {
+	switch o {
+	case OutcomeSent:
+		return "SENT"
+	case OutcomeError, OutcomeDead:
+		return "ERROR"
+	}
+	return ""
+}
+
 // Attempts is the attempts column o writes over a row read with read
 // attempts (a NULL read as 0), under the ceiling maxAttempts: a dead row is
 // written at the ceiling at least, so that it is dead by the table's own rule
