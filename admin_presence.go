@@ -6,12 +6,12 @@ import (
 	"slices"
 	"time"
 
-	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 )
 
 // Replica is a live relay of the Admin's app, as its presence shows it
-// (internal/election): a started relay holds its presence locks for as long as its
+// (internal/session): a started relay holds its presence locks for as long as its
 // process and its session live, whether it is in a pass or not.
 type Replica struct {
 	// ID is the replica's id, 8 hex digits drawn when the relay was built;
@@ -73,7 +73,7 @@ func (r Replica) Serves(typ string) bool { return slices.Contains(r.Types, typ) 
 // every started relay, single key or partitioned, between passes as in one,
 // with the types it serves and whether it holds the election now. A killed
 // relay disappears with its session; a frozen or cut-off one within about
-// 10 s (internal/election). Relays of other apps, JVM relays and relays that are
+// 10 s (internal/session). Relays of other apps, JVM relays and relays that are
 // not started (Enabled false, or only [Relay.Run]) are not listed.
 func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	reps, err := a.replicas(ctx, a.types)
@@ -109,9 +109,9 @@ func (a *Admin) replicas(ctx context.Context, names []string) ([]Replica, error)
 		hashes := make(map[int][]int64)
 		var nameHashes []int64
 		for i, x := range rows {
-			r := Replica{ID: election.ReplicaID(x.Replica), App: a.app, MaxAttempts: x.MaxAttempts, Partitions: x.Partitions, PID: x.PID,
+			r := Replica{ID: session.ReplicaID(x.Replica), App: a.app, MaxAttempts: x.MaxAttempts, Partitions: x.Partitions, PID: x.PID,
 				ApplicationName: x.ApplicationName, ClientAddr: x.ClientAddr, BackendStart: x.BackendStart, Hidden: x.Hidden, At: x.At}
-			if d, ok := election.ParseComment(x.Query); ok && d.App == a.app && d.Replica == r.ID {
+			if d, ok := session.ParseComment(x.Query); ok && d.App == a.app && d.Replica == r.ID {
 				r.Types, r.Host, r.Process, r.Since, r.Table = d.Types, d.Host, d.Process, d.Since, d.Table
 				r.described(d)
 			}
@@ -176,7 +176,7 @@ func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, 
 	// A descriptor's type names count as far as the session's locks bear
 	// them out: read again with those the first read did not hash.
 	for reads := 1; ; reads++ {
-		rows, err := store.OtherReplicasStatement(ctx, a.pool, a.app, names, election.TableName(a.table))
+		rows, err := store.OtherReplicasStatement(ctx, a.pool, a.app, names, session.TableName(a.table))
 		if err != nil {
 			return nil, fmt.Errorf("relay: read the live relays of other apps: %w", err)
 		}
@@ -185,7 +185,7 @@ func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, 
 		for _, x := range rows {
 			r := Replica{PID: x.PID, ApplicationName: x.ApplicationName, ClientAddr: x.ClientAddr, BackendStart: x.BackendStart,
 				Hidden: x.Hidden, At: x.At}
-			if d, ok := election.ParseComment(x.Query); ok && d.App != a.app {
+			if d, ok := session.ParseComment(x.Query); ok && d.App != a.app {
 				r.App, r.Table, r.ID, r.MaxAttempts, r.Partitions = d.App, d.Table, d.Replica, d.MaxAttempts, d.Partitions
 				r.Host, r.Process, r.Since = d.Host, d.Process, d.Since
 				r.described(d)
@@ -214,7 +214,7 @@ func (a *Admin) OtherReplicas(ctx context.Context, names ...string) ([]Replica, 
 
 // described sets what r's descriptor says of its state: the types paused,
 // yielded, with Sends stuck, and its last retention run.
-func (r *Replica) described(d election.Descriptor) {
+func (r *Replica) described(d session.Descriptor) {
 	for _, p := range d.Paused {
 		r.Paused = append(r.Paused, PausedType(p))
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/loop"
+	"github.com/xadm/relay/internal/session"
 )
 
 // This file is how the relay's passes are elected, decided once, in New
@@ -16,9 +17,9 @@ import (
 // Guard it is the relay's own PostgresGuard on its pool, as it is when the
 // adopter passes one on that same pool.
 func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
-	er := &election.Relay{Pool: r.pool, Logger: r.logger, Key: r.key, Table: r.cfg.Table, Types: r.types,
+	er := &election.Deps{Pool: r.pool, Logger: r.logger, Key: r.key, Table: r.cfg.Table, Types: r.types,
 		MaxAttempts: r.cfg.MaxAttempts, Partitions: r.cfg.Partitions, Interval: r.cfg.Interval, Presence: r.presence,
-		Outbox: r.repo}
+		Statements: r.repo}
 	r.direct = election.NewNone(er)
 	if !r.cfg.ClusterLock {
 		return r.direct, nil
@@ -39,7 +40,7 @@ func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 	case onPool:
 		r.sessions = own.g.Sessions()
 	case r.cfg.Partitions > 1:
-		r.sessions = &election.SessionCheck{}
+		r.sessions = &session.SessionCheck{}
 	}
 	er.Sessions = r.sessions
 	switch {
@@ -56,6 +57,6 @@ func (r *Relay) chooseElection(guard Guard) (election.Election, error) {
 func (r *Relay) newPasses() *loop.Passes {
 	return loop.New(loop.Deps{Pool: r.pool, Logger: r.logger, Interval: r.cfg.Interval, Enabled: r.cfg.Enabled,
 		Election: r.election, Direct: r.direct, Runner: r.runner,
-		Learn: r.learnTable, Keyed: func() bool { return r.table().KeyIndex }, Sendable: r.sendable,
+		Learn: r.outbox.Learn, Keyed: r.outbox.Keyed, Sendable: r.sendable,
 		Report: r.passDone, Failing: r.failing})
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/loop"
 )
 
@@ -35,7 +36,7 @@ func TestAPassAfterALossFailsRatherThanCoalesces(t *testing.T) {
 		require.NoError(t, res.Err, "kind %v", kind)
 		require.True(t, res.Coalesced(), "kind %v: another holds the election", kind)
 
-		res = r.passes.Pass(ctx, kind, loop.Opts{AfterLoss: true})
+		res = r.passes.Pass(ctx, kind, loop.Opts{Election: election.Opts{AfterLoss: true}})
 		require.ErrorIs(t, res.Err, ErrElectionLost, "kind %v", kind)
 		require.False(t, res.Ran, "kind %v", kind)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/session"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -85,7 +86,7 @@ var _ Guard = (*PostgresGuard)(nil)
 
 // NewPostgresGuard returns a guard that takes its locks on connections of pool.
 func NewPostgresGuard(pool *pgxpool.Pool) *PostgresGuard {
-	return &PostgresGuard{g: election.NewGuard(pool, slog.Default(), &election.SessionCheck{})}
+	return &PostgresGuard{g: election.NewGuard(pool, slog.Default(), &session.SessionCheck{})}
 }
 
 // TryRun implements [Guard].

@@ -4,12 +4,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/xadm/relay/internal/election"
-	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/session"
 )
 
 // This file is one type, one app as the relay applies it (decision 0043):
-// internal/election's ownership.go decides, on the presence session of a
+// internal/session's ownership.go decides, on the presence session of a
 // started relay, which of its types another app's live relays already
 // deliver on its table; the relay leaves those out of every select and of
 // the idle poll, so that the engine never sees their rows, and takes them
@@ -38,36 +37,6 @@ func (r *Relay) yielded() []YieldedType {
 	return out
 }
 
-// deliverable is q without the types yielded to another app: they join the
-// types that cannot send in this pass, whose older live rows of a key hold its
-// later ones back (decision 0041), when the table has the key index that
-// check needs.
-func (r *Relay) deliverable(q pass.Query) pass.Query {
-	ys := r.presence.Ownership().Yielded()
-	if len(ys) == 0 {
-		return q
-	}
-	yielded := func(t string) bool {
-		return slices.ContainsFunc(ys, func(y election.Yield) bool { return y.Type == t })
-	}
-	d := q
-	d.Types, d.After, d.Width = nil, nil, nil
-	for i, t := range q.Types {
-		if !yielded(t) {
-			d.Types, d.After, d.Width = append(d.Types, t), append(d.After, q.After[i]), append(d.Width, q.Width[i])
-		}
-	}
-	if q.Keyed {
-		d.Later = slices.Clone(q.Later)
-		for _, y := range ys {
-			if !slices.Contains(d.Later, y.Type) {
-				d.Later = append(d.Later, y.Type)
-			}
-		}
-	}
-	return d
-}
-
 // sendable is the lanes' sendable types without those yielded: the idle
 // poll's.
 func (r *Relay) sendable() []string {
@@ -77,6 +46,6 @@ func (r *Relay) sendable() []string {
 		return types
 	}
 	return slices.DeleteFunc(types, func(t string) bool {
-		return slices.ContainsFunc(ys, func(y election.Yield) bool { return y.Type == t })
+		return slices.ContainsFunc(ys, func(y session.Yield) bool { return y.Type == t })
 	})
 }

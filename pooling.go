@@ -8,5 +8,5 @@ import "github.com/xadm/relay/internal/store"
 // advisory locks, and so every election, need pool_mode=session or a direct
 // connection; the relay refuses to elect instead (Start fails, RunIfElected,
 // partitioned passes and Scheduler jobs return it) and delivers nothing under
-// an election (internal/election checks the pool once, before its first).
+// an election (internal/session checks the pool once, before its first).
 var ErrTransactionPooling = store.ErrTransactionPooling

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/session"
 )
 
 // TestStopCuttingTheOwnSessionShortLeavesNoPresence: Stop cancels what runs
@@ -40,7 +40,7 @@ func TestStopCuttingTheOwnSessionShortLeavesNoPresence(t *testing.T) {
 				_, err := conn.Exec(ctx, "SELECT pg_sleep(600)")
 				return err
 			})
-			if !errors.Is(err, election.ErrNoSession) {
+			if !errors.Is(err, session.ErrNoSession) {
 				ran <- err
 				return
 			}

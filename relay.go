@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -20,14 +19,12 @@ import (
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/loop"
 	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 )
 
 // Timings of the pass.
 const (
-	// fetchTimeout bounds the select of a batch, connection included, so an
-	// unreachable database fails the pass instead of hanging the loop.
-	fetchTimeout = 30 * time.Second
 	// failureLogEvery is the longest a failing streak goes without an Error line.
 	failureLogEvery = 5 * time.Minute
 )
@@ -58,14 +55,14 @@ type Relay struct {
 	tableID  pgx.Identifier
 	senders  map[string]Sender
 	types    []string
-	sessions *election.SessionCheck // that the pool keeps its sessions, when the election takes its locks on it (internal/election)
+	sessions *session.SessionCheck // that the pool keeps its sessions, when the election takes its locks on it (internal/session)
 	key      string
 	observer Observer
 	stats    counters
 
 	// presence is what this relay says of itself while started
 	// (internal/election).
-	presence *election.Presence
+	presence *session.Presence
 
 	// election decides whether a pass runs, chosen once in New (election.go);
 	// direct runs Run's passes.
@@ -78,11 +75,9 @@ type Relay struct {
 	// runner runs the passes' engine (internal/pass), and keeps what outlives
 	// one: the types' lanes, the messages whose outcome could not be recorded.
 	runner *pass.Runner
-
-	tableMu        sync.Mutex
-	tableInfo      store.TableInfo
-	tableOK        bool
-	indexesChecked bool // the missing indexes were looked for (once)
+	// outbox is the table as the passes read and write it, and learn it
+	// before the first (internal/store).
+	outbox *store.Outbox
 
 	mu   sync.Mutex
 	loop *loop.Loop // the started loop; nil before Start
@@ -153,22 +148,14 @@ func New(pool *pgxpool.Pool, cfg Config, senders ...Sender) (*Relay, error) {
 		key:      cfg.lockKey(),
 		observer: cfg.Observer,
 	}
-	r.presence = election.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
-	r.presence.SetOwnership(election.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
+	r.presence = session.NewPresence(cfg.AppName, cfg.Table, cfg.MaxAttempts, cfg.Partitions, r.types)
+	r.presence.SetOwnership(session.NewOwnership(cfg.AppName, cfg.Table, cfg.MaxAttempts, r.types, logger)) // ownership.go
+	r.outbox = store.NewOutbox(pool, repo, store.OutboxConfig{Table: cfg.Table, MaxAttempts: cfg.MaxAttempts,
+		BatchSize: cfg.BatchSize, BatchBytes: cfg.BatchBytes, Partitions: cfg.Partitions, Logger: logger,
+		Yielded: r.presence.Ownership().YieldedTypes})
 	r.runner = r.newRunner(byType)
-	said := func() { // the session's next statement says it
-		var paused []election.PausedDescriptor
-		for _, pt := range r.runner.Lanes().Paused() {
-			paused = append(paused, election.PausedDescriptor{Type: pt.Type, Reason: pt.Reason, Since: pt.Since, Until: pt.Until, Probing: pt.Probing})
-		}
-		r.presence.SetPaused(paused)
-		var stuck []election.StuckDescriptor
-		for _, s := range r.runner.Lanes().Stuck() {
-			stuck = append(stuck, election.StuckDescriptor{Type: s.Type, Sends: s.Sends, Since: s.Since})
-		}
-		r.presence.SetStuck(stuck)
-	}
-	r.runner.Lanes().OnChange(said)
+	lanes := r.runner.Lanes()
+	lanes.OnChange(r.presence.Follow(lanes)) // a lane's change, straight to presence: the session's next statement says it
 	if r.election, err = r.chooseElection(cfg.Guard); err != nil {
 		return nil, err
 	}
@@ -220,18 +207,7 @@ func (r *Relay) RunIfElected(ctx context.Context) (bool, error) {
 }
 
 func (r *Relay) passDone(res loop.Result, start time.Time) {
-	rep := PassReport{
-		Ran:       res.Ran,
-		Coalesced: res.Coalesced(),
-		Sent:      res.Sent,
-		Failed:    res.Failed,
-		Dead:      res.Dead,
-		Duration:  time.Since(start),
-		Lag:       res.Lag,
-		Err:       res.Err,
-
-		OutcomesWaiting: res.OutcomesWaiting,
-	}
+	rep := passReport(res, time.Since(start))
 	r.stats.passDone(rep)
 	if r.observer != nil {
 		r.callObserver("PassDone", func() { r.observer.PassDone(rep) })
@@ -299,126 +275,4 @@ func (r *Relay) Stats() Stats {
 	st.Paused = pausedTypes(r.runner.Lanes().Paused())
 	st.Yielded, st.Stuck, st.Retention = r.yielded(), r.stuckSends(), r.retentionRun()
 	return st
-}
-
-// fetch selects one batch, outside any transaction, on a connection it takes
-// for the select alone. A connection that died in a failover fails its first
-// statement: the select, which changes nothing, is tried once more on another.
-func (r *Relay) fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
-	fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
-	defer cancel()
-	table := r.table()
-	q = r.deliverable(q) // ownership.go
-	if len(q.Types) == 0 {
-		// Every type asked for is another app's now. An epoch this starts
-		// probes every row (decision 0041): nothing says which were drawn.
-		return store.Batch{Epoch: math.MinInt64}, nil
-	}
-	args := store.FetchArgs{
-		MaxAttempts: r.cfg.MaxAttempts, Types: q.Types, After: q.After, Width: q.Width, All: q.All, Later: q.Later,
-		Epoch: q.Epoch, StartEpoch: q.StartEpoch, Keyed: q.Keyed, Limit: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
-		Preflight: q.Preflight, Source: table.Qualified, Headers: table.Headers,
-	}
-	if q.Parts != nil {
-		args.Partitions, args.Parts = r.cfg.Partitions, q.Parts
-	}
-	once := func() (store.Batch, error) {
-		c, err := store.Acquire(fctx, r.pool, "select a batch")
-		if err != nil {
-			return store.Batch{}, err
-		}
-		defer c.Release()
-		return r.repo.Fetch(fctx, c, args)
-	}
-	f, err := once()
-	if err != nil && store.ConnectionFailed(err) && fctx.Err() == nil {
-		f, err = once()
-	}
-	if err == nil && f.HeadersAdded {
-		// The table was given the headers column since the relay learnt it:
-		// learn it again, and select again, with the headers.
-		r.forgetTable()
-		if err = r.learnTable(fctx); err == nil {
-			args.Headers = r.table().Headers
-			f, err = once()
-		}
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w (%w)", context.Cause(ctx), err)
-		}
-		return store.Batch{}, fmt.Errorf("relay: select a batch from %s: %w", r.cfg.Table, err)
-	}
-	return f, nil
-}
-
-// learnTable learns the table before the first pass, and again after an
-// outcome did not fit it (store.TableInfo).
-func (r *Relay) learnTable(ctx context.Context) error {
-	r.tableMu.Lock()
-	defer r.tableMu.Unlock()
-	if r.tableOK {
-		return nil
-	}
-	pctx, cancel := context.WithTimeout(ctx, fetchTimeout)
-	defer cancel()
-	c, err := store.Acquire(pctx, r.pool, "read the table's definition")
-	if err != nil {
-		return err
-	}
-	defer c.Release()
-	info, err := r.repo.Probe(pctx, c)
-	if err != nil {
-		return fmt.Errorf("relay: %w", err)
-	}
-	if err := checkGrants(pctx, c, info.Qualified); err != nil {
-		return err
-	}
-	r.tableInfo, r.tableOK = info, true
-	if !r.indexesChecked {
-		r.indexesChecked = true
-		r.warnMissingIndexes(pctx, c)
-		if info.IDCache > 1 {
-			r.logger.LogAttrs(pctx, slog.LevelWarn, "relay: the sequence of the table's id caches ids: each session draws a block of its own, "+
-				"so two messages of one key can get ids in the other order than their commits, and be delivered so; "+
-				"set its CACHE to 1 (ALTER SEQUENCE ... CACHE 1) to keep each key's order (decision 0041)",
-				slog.String("table", r.cfg.Table), slog.Int64("cache", info.IDCache))
-		}
-	}
-	return nil
-}
-
-// warnMissingIndexes says once, at WARN, which of the relay's partial
-// indexes the table lacks (indexes.go), with the statements that add them.
-func (r *Relay) warnMissingIndexes(ctx context.Context, db store.Querier) {
-	missing, err := missingIndexes(ctx, db, r.cfg.Table)
-	if err != nil {
-		r.logger.LogAttrs(ctx, slog.LevelDebug, "relay: could not read the table's indexes", slog.String("error", err.Error()))
-		return
-	}
-	if len(missing) == 0 {
-		return
-	}
-	var names, stmts []string
-	for _, m := range missing {
-		names = append(names, m.Name)
-		stmts = append(stmts, m.Statement)
-	}
-	r.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the table lacks indexes the pass relies on: each pass reads past the SENT, dead and "+
-		"other apps' rows, which costs more as they accumulate; add them (CREATE INDEX CONCURRENTLY on a busy table)",
-		slog.String("table", r.cfg.Table), slog.Any("missing", names), slog.String("sql", strings.Join(stmts, "\n")))
-}
-
-// table is what learnTable learned.
-func (r *Relay) table() store.TableInfo {
-	r.tableMu.Lock()
-	defer r.tableMu.Unlock()
-	return r.tableInfo
-}
-
-// forgetTable makes the next pass learn the table again.
-func (r *Relay) forgetTable() {
-	r.tableMu.Lock()
-	defer r.tableMu.Unlock()
-	r.tableOK = false
 }

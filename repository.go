@@ -4,15 +4,15 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/pass"
 	"github.com/xadm/relay/internal/store"
 )
 
-// This file is the outbox table as the relay sees it: what the pass reads and
-// writes it through (pass.Outbox, over the relay's statements), and the
-// runner built once, in New, with its dependencies.
+// This file is the outbox table as the relay sees it: its DDL (SchemaSQL,
+// CreateTable), what a table made elsewhere must have, and the runner built
+// once, in New, over internal/store's Outbox (the table as the pass reads and
+// writes it).
 //
 // A table made by another migration (the JVM's: nullable columns, varchar,
 // timestamp, no defaults, no indexes) works: the relay needs the columns of
@@ -22,34 +22,6 @@ import (
 // SchemaSQL keep each pass on the live rows of its own types; a table that
 // lacks them is drained all the same, and the relay says which it lacks
 // (indexes.go).
-
-// outbox is the relay's table as the pass reads and writes it.
-type outbox struct{ r *Relay }
-
-func (o outbox) Fetch(ctx context.Context, q pass.Query) (store.Batch, error) {
-	return o.r.fetch(ctx, q)
-}
-
-// Starved reports whether the pool has no idle connection and may open no more.
-func (o outbox) Starved() bool {
-	st := o.r.pool.Stat()
-	return st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns()
-}
-
-func (o outbox) Record(ctx context.Context, db store.Querier, outs []store.Outcome) (map[int64]bool, error) {
-	return o.r.repo.Record(ctx, db, outs)
-}
-
-func (o outbox) RecordEach(ctx context.Context, c *pgxpool.Conn, outs []store.Outcome) (map[int64]bool, map[int64]error, error) {
-	return o.r.repo.RecordEach(ctx, c, outs)
-}
-
-func (o outbox) States(ctx context.Context, db store.Querier, ids []int64) (map[int64]store.State, error) {
-	return o.r.repo.States(ctx, db, ids)
-}
-
-func (o outbox) ErrWidth() int { return o.r.table().ErrWidth }
-func (o outbox) Relearn()      { o.r.forgetTable() }
 
 // newRunner is the relay's pass runner, over senders by type.
 func (r *Relay) newRunner(senders map[string]Sender) *pass.Runner {
@@ -62,7 +34,7 @@ func (r *Relay) newRunner(senders map[string]Sender) *pass.Runner {
 		Table: c.Table, BatchSize: c.BatchSize, MaxAttempts: c.MaxAttempts, GroupOutcomes: c.GroupOutcomes,
 		PauseAfter: c.PauseAfter, Concurrency: c.Concurrency, Workers: r.workers(), SendTimeout: c.SendTimeout, Interval: c.Interval,
 		PauseMax: c.PauseMax, StuckSendsMax: c.StuckSendsMax,
-	}, r.types, pass.Deps{Pool: r.pool, Outbox: outbox{r}, Senders: ss, Logger: r.logger, Report: r.report})
+	}, r.types, pass.Deps{Outbox: r.outbox, Senders: ss, Logger: r.logger, Report: r.report})
 }
 
 // workers is how many workers a pass runs at most: Concurrency, unless the
@@ -70,25 +42,6 @@ func (r *Relay) newRunner(senders map[string]Sender) *pass.Runner {
 // the select's (New warns of it).
 func (r *Relay) workers() int {
 	return min(r.cfg.Concurrency, max(1, r.maxConns-2))
-}
-
-// report counts and observes one recorded outcome.
-func (r *Relay) report(p pass.Report) {
-	rep := MessageReport{ID: p.Row.ID, Type: p.Row.Type, Attempts: p.Attempts, Duration: p.Took, Err: p.Err}
-	switch p.Outcome {
-	case pass.OutcomeSent:
-		r.stats.sent.Add(1)
-		rep.Outcome = OutcomeSent
-	case pass.OutcomeFailed:
-		r.stats.failed.Add(1)
-		rep.Outcome = OutcomeError
-	case pass.OutcomeDead:
-		r.stats.dead.Add(1)
-		rep.Outcome = OutcomeDead
-	}
-	if r.observer != nil {
-		r.callObserver("MessageDone", func() { r.observer.MessageDone(rep) })
-	}
 }
 
 // SchemaSQL returns the outbox table's DDL for table (optionally schema-qualified),

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/session"
 )
 
 // This file is retention that runs itself ([Config.Retention]): a started
@@ -102,7 +102,7 @@ func (r *Relay) purgeOld(ctx context.Context) error {
 	run.Total = r.ret.total
 	r.ret.last = &run
 	r.ret.mu.Unlock()
-	desc := &election.RetentionDescriptor{At: run.At.Truncate(time.Second), Deleted: n, Err: pass.Clip(run.Err, 80),
+	desc := &session.RetentionDescriptor{At: run.At.Truncate(time.Second), Deleted: n, Err: pass.Clip(run.Err, 80),
 		Age: run.Age.String(), Took: run.Took.Round(time.Millisecond).String(), Total: run.Total}
 	r.presence.SetRetention(desc)
 	attrs := []slog.Attr{slog.String("table", r.cfg.Table), slog.Int64("rows", n), durationAttr("older_than", r.cfg.Retention),

@@ -7,7 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/xadm/relay/internal/loop"
 	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/relaytype"
 )
 
 // Stats is a snapshot of what a [Relay] did since [New], as [Relay.Stats] returns it.
@@ -74,7 +76,7 @@ type PausedType struct {
 // stuckSends are this relay's abandoned Sends still running, per type, for
 // Stats.Stuck (internal/pass, stuck.go); the presence descriptor's "stuck",
 // which Admin, relayctl status and the metrics read, says the same
-// (Presence.SetStuck).
+// (internal/session, Presence.Follow).
 func (r *Relay) stuckSends() []StuckSends {
 	var st []StuckSends
 	for _, s := range r.runner.Lanes().Stuck() {
@@ -84,7 +86,7 @@ func (r *Relay) stuckSends() []StuckSends {
 }
 
 // pausedTypes is what the runner's lanes say is paused, as [PausedType].
-func pausedTypes(ps []pass.PausedType) []PausedType {
+func pausedTypes(ps []relaytype.PausedType) []PausedType {
 	if len(ps) == 0 {
 		return nil
 	}
@@ -126,6 +128,23 @@ type PassReport struct {
 	OutcomesWaiting int
 }
 
+// passReport is what the Observer's PassDone is told of a pass that took
+// took.
+func passReport(res loop.Result, took time.Duration) PassReport {
+	return PassReport{
+		Ran:       res.Ran,
+		Coalesced: res.Coalesced(),
+		Sent:      res.Sent,
+		Failed:    res.Failed,
+		Dead:      res.Dead,
+		Duration:  took,
+		Lag:       res.Lag,
+		Err:       res.Err,
+
+		OutcomesWaiting: res.OutcomesWaiting,
+	}
+}
+
 // MessageReport is one message's outcome.
 type MessageReport struct {
 	ID       int64
@@ -141,12 +160,24 @@ type MessageReport struct {
 // at the ceiling.
 type Outcome string
 
-// The outcomes of a message.
+// The outcomes of a message (internal/relaytype's, where the pass decides
+// and records them).
 const (
-	OutcomeSent  Outcome = "SENT"  // delivered and recorded SENT
-	OutcomeError Outcome = "ERROR" // failed, recorded ERROR below the ceiling: it is retried
-	OutcomeDead  Outcome = "DEAD"  // failed at the ceiling, refused as permanent, or undeliverable: not retried
+	OutcomeSent  = Outcome(relaytype.OutcomeSent)  // delivered and recorded SENT
+	OutcomeError = Outcome(relaytype.OutcomeError) // failed, recorded ERROR below the ceiling: it is retried
+	OutcomeDead  = Outcome(relaytype.OutcomeDead)  // failed at the ceiling, refused as permanent, or undeliverable: not retried
 )
+
+// report counts and observes one recorded outcome: the Observer's
+// MessageDone.
+func (r *Relay) report(p pass.Report) {
+	r.stats.recorded(p.Outcome)
+	if r.observer == nil {
+		return
+	}
+	rep := MessageReport{ID: p.Row.ID, Type: p.Row.Type, Attempts: p.Attempts, Duration: p.Took, Err: p.Err, Outcome: Outcome(p.Outcome)}
+	r.callObserver("MessageDone", func() { r.observer.MessageDone(rep) })
+}
 
 // counters are the relay's running totals behind Stats.
 type counters struct {
@@ -156,6 +187,18 @@ type counters struct {
 	lastAt  time.Time
 	lastErr error
 	lag     time.Duration
+}
+
+// recorded counts one recorded outcome.
+func (c *counters) recorded(o relaytype.Outcome) {
+	switch o {
+	case relaytype.OutcomeSent:
+		c.sent.Add(1)
+	case relaytype.OutcomeError:
+		c.failed.Add(1)
+	case relaytype.OutcomeDead:
+		c.dead.Add(1)
+	}
 }
 
 func (c *counters) passDone(p PassReport) {

@@ -3,7 +3,7 @@ package relay
 import (
 	"context"
 
-	"github.com/xadm/relay/internal/election"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 	"github.com/xadm/relay/internal/wake"
 )
@@ -13,7 +13,7 @@ import (
 
 // listen runs the started relay's listener until ctx ends, on the loop's
 // own session (internal/loop starts it).
-func (r *Relay) listen(ctx context.Context, own *election.OwnSession, wakeUp, attempted func()) {
+func (r *Relay) listen(ctx context.Context, own *session.OwnSession, wakeUp, attempted func()) {
 	li := &wake.Listener{Pool: r.pool, Logger: r.logger, Channel: store.WakeChannel(r.tableID), Types: r.types,
 		Wake: r.cfg.WakeOnCommit, Interval: r.cfg.Interval, Presence: r.presence, Sessions: r.sessions, Own: own, WakeUp: wakeUp}
 	li.Run(ctx, attempted)

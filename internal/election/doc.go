@@ -14,13 +14,10 @@
 //   - A holder stops before another can be elected (internal/lease): the
 //     session runs with idle_session_timeout, the watch's heartbeat renews
 //     the lease, and the pass asks the lease before each message.
-//   - No election on a pool that does not keep its sessions (pooling.go):
-//     behind a transaction-pooling proxy the relay refuses, and should the
-//     check miss, every statement on a lock's session acts only on its
-//     backend.
-//   - Presence (presence.go): every started relay holds shared advisory locks
-//     that say it is live, with its types, ceiling and paused types, for
-//     Admin to read; a killed process's go with its session.
+//   - No election on a pool that does not keep its sessions (the check is
+//     internal/session's): behind a transaction-pooling proxy the relay
+//     refuses, and should the check miss, every statement on a lock's
+//     session acts only on its backend (pooling.go).
 //
 // An election is a gate: it never calls the pass. It answers whether this
 // replica holds the election, runs the job its caller gives it under what it

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -34,9 +35,9 @@ import (
 // job does: the caller (the loop) runs the pass in it. What it holds between
 // passes it publishes (Keeps, Partitions).
 
-// Relay is what the elections take of the relay they elect for, built once
+// Deps are what the elections take of the relay they elect for, built once
 // in relay.New.
-type Relay struct {
+type Deps struct {
 	Pool        *pgxpool.Pool
 	Logger      *slog.Logger
 	Key         string // the election key: AppName + "_relay_m2m"
@@ -45,15 +46,15 @@ type Relay struct {
 	MaxAttempts int
 	Partitions  int
 	Interval    time.Duration
-	Sessions    *SessionCheck // that the pool keeps its sessions; nil without an election on the pool
-	Presence    *Presence
-	Outbox      *store.Table
+	Sessions    *session.SessionCheck // that the pool keeps its sessions; nil without an election on the pool
+	Presence    *session.Presence
+	Statements  *store.Table // the idle poll's and the partitions' check for work
 }
 
 // Opts are what a pass asks of its election. The zero value is Run's and
 // RunIfElected's.
 type Opts struct {
-	Own *OwnSession // the started relay's own session, for the idle poll; nil: the pool's
+	Own *session.OwnSession // the started relay's own session, for the idle poll; nil: the pool's
 	// Types are the types whose rows may be sent now, which the idle poll
 	// looks for (Polls): a paused type's rows are no work until its pause
 	// ends.
@@ -121,22 +122,22 @@ type TryRunner interface {
 }
 
 // NewNone is the election of ClusterLock off, and of Run.
-func NewNone(r *Relay) Election { return noElection{r} }
+func NewNone(r *Deps) Election { return noElection{r} }
 
 // NewGuarded runs each pass under guard's TryRun.
-func NewGuarded(r *Relay, guard TryRunner) Election { return guardElection{r: r, guard: guard} }
+func NewGuarded(r *Deps, guard TryRunner) Election { return guardElection{r: r, guard: guard} }
 
 // NewPolled is the relay's own guard on its pool, with its idle poll and its
 // kept election.
-func NewPolled(r *Relay, own *Guard) Election {
+func NewPolled(r *Deps, own *Guard) Election {
 	return &polledElection{r: r, own: own, keptIdle: keptIdle}
 }
 
 // NewMember is the partitioned election.
-func NewMember(r *Relay) Election { return &memberElection{m: newMembership(r)} }
+func NewMember(r *Deps) Election { return &memberElection{m: newMembership(r)} }
 
 // noElection runs every pass directly: ClusterLock off, or Run.
-type noElection struct{ r *Relay }
+type noElection struct{ r *Deps }
 
 func (noElection) Waits() bool                                            { return true }
 func (noElection) Polls() bool                                            { return false }
@@ -151,7 +152,7 @@ func (noElection) Run(ctx context.Context, _ Opts, job func(context.Context, Ter
 
 // guardElection runs the pass under a Guard's TryRun.
 type guardElection struct {
-	r     *Relay
+	r     *Deps
 	guard TryRunner
 }
 
@@ -199,7 +200,7 @@ func (e guardElection) tryRun(ctx context.Context, fn func(ctx context.Context) 
 // Passes that are not the loop's (RunIfElected) run on the kept election if
 // there is one, and let go of it.
 type polledElection struct {
-	r   *Relay
+	r   *Deps
 	own *Guard
 
 	mu       sync.Mutex
@@ -253,7 +254,7 @@ func (e *polledElection) Poll(ctx context.Context, o Opts) (ran, work bool, err 
 		return true, true, nil // the kept election's pass looks for work itself
 	}
 	r := e.r
-	pctx, cancel := context.WithTimeout(ctx, LockTimeout)
+	pctx, cancel := context.WithTimeout(ctx, session.LockTimeout)
 	defer cancel()
 	var readOnly, won bool
 	// On the relay's own session (session.go) when it has one: no pooled
@@ -261,18 +262,18 @@ func (e *polledElection) Poll(ctx context.Context, o Opts) (ran, work bool, err 
 	err = o.Own.Do(pctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
-		readOnly, won, work, got, err = r.Outbox.Poll(ctx, conn, r.Presence.Mark(), r.MaxAttempts, o.Types, r.Key)
+		readOnly, won, work, got, err = r.Statements.Poll(ctx, conn, r.Presence.Mark(), r.MaxAttempts, o.Types, r.Key)
 		if err == nil && got != pid {
-			err = ErrPresenceMoved
+			err = session.ErrPresenceMoved
 		}
 		return err
 	})
-	if errors.Is(err, ErrNoSession) {
+	if errors.Is(err, session.ErrNoSession) {
 		var c *pgxpool.Conn
 		if c, err = store.Acquire(pctx, r.Pool, "poll for work"); err != nil {
 			return false, false, err
 		}
-		readOnly, won, work, _, err = r.Outbox.Poll(pctx, c, "", r.MaxAttempts, o.Types, r.Key)
+		readOnly, won, work, _, err = r.Statements.Poll(pctx, c, "", r.MaxAttempts, o.Types, r.Key)
 		c.Release()
 	}
 	switch {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -19,13 +20,6 @@ import (
 // pg_try_advisory_lock(hashtext(key)) held on one connection dedicated to
 // the job, and released on that same connection (relay.PostgresGuard is its
 // public face).
-
-// Timings of the guard. The unlock and the heartbeat run under their own
-// short deadlines, never under a caller's context that may already be cancelled.
-const (
-	LockTimeout   = 30 * time.Second
-	UnlockTimeout = 5 * time.Second
-)
 
 // ErrJobAbandoned is what the function a Scheduler hands its Guard returns
 // when it abandoned the job (relay.ErrJobAbandoned): the guard then ends the
@@ -37,7 +31,7 @@ var ErrJobAbandoned = errors.New("relay: scheduler: the job did not return after
 type Guard struct {
 	pool     *pgxpool.Pool
 	logger   *slog.Logger
-	sessions *SessionCheck
+	sessions *session.SessionCheck
 
 	mu   sync.Mutex
 	held map[string]bool // keys this guard holds right now
@@ -45,17 +39,17 @@ type Guard struct {
 
 // NewGuard returns a guard on pool, logging to logger, that checks once
 // (sessions) that the pool keeps its sessions.
-func NewGuard(pool *pgxpool.Pool, logger *slog.Logger, sessions *SessionCheck) *Guard {
+func NewGuard(pool *pgxpool.Pool, logger *slog.Logger, sessions *session.SessionCheck) *Guard {
 	return &Guard{pool: pool, logger: logger, sessions: sessions, held: make(map[string]bool)}
 }
 
 // Pool is the guard's pool; Sessions its pool's check.
-func (g *Guard) Pool() *pgxpool.Pool      { return g.pool }
-func (g *Guard) Sessions() *SessionCheck  { return g.sessions }
-func (g *Guard) SetLogger(l *slog.Logger) { g.logger = l }
+func (g *Guard) Pool() *pgxpool.Pool             { return g.pool }
+func (g *Guard) Sessions() *session.SessionCheck { return g.sessions }
+func (g *Guard) SetLogger(l *slog.Logger)        { g.logger = l }
 
 // session is what the lock statement learned of the lock's session.
-type session struct {
+type lockSession struct {
 	pid      uint32
 	readOnly bool
 	idle     *string       // its idle_session_timeout before the lease; nil before PostgreSQL 14
@@ -82,7 +76,7 @@ type Held struct {
 	g    *Guard
 	key  string
 	conn *pgxpool.Conn
-	sess session
+	sess lockSession
 	w    *watch
 	// lost ends, with lease.ErrLost as its cause, when the watch loses the
 	// session: each job's ctx ends with it.
@@ -100,7 +94,7 @@ func (g *Guard) Elect(ctx context.Context, key string) (*Held, error) {
 		return nil, nil // this process already runs the job for key
 	}
 	// An unreachable database fails the election instead of hanging the caller.
-	lctx, cancelLock := context.WithTimeout(ctx, LockTimeout)
+	lctx, cancelLock := context.WithTimeout(ctx, session.LockTimeout)
 	defer cancelLock()
 	won := time.Now()
 	conn, locked, sess, err := tryElection(lctx, g.pool, key, store.MarkReplica(store.LockSQL, store.ReplicaOf(ctx)), g.sessions.IsDirect())
@@ -174,7 +168,7 @@ func (h *Held) Release(ctx context.Context, err error) error {
 		// fn left a job running that ignores its ctx: end the session
 		// rather than unlock on it and pool it.
 		CloseConn(conn)
-		if werr := WaitLockGone(ctx, h.g.pool, sess.pid); werr != nil {
+		if werr := session.WaitLockGone(ctx, h.g.pool, sess.pid); werr != nil {
 			h.g.logger.LogAttrs(ctx, slog.LevelWarn, "relay: the abandoned job's lock session was closed, but pg_locks could not confirm the lock is gone",
 				slog.String("key", key), slog.Uint64("pid", uint64(sess.pid)), slog.String("error", werr.Error()))
 		}
@@ -186,53 +180,28 @@ func (h *Held) Release(ctx context.Context, err error) error {
 	return err
 }
 
-// guardSessionEndTimeout bounds waitLockGone.
-const guardSessionEndTimeout = 2 * time.Second
-
-// WaitLockGone returns once pg_locks shows no advisory lock of backend pid, whose
-// connection was just closed: the server drops a session's locks as its
-// backend exits, a moment after the client has gone.
-func WaitLockGone(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), guardSessionEndTimeout)
-	defer cancel()
-	for {
-		held, err := store.SessionLocksHeld(wctx, pool, pid)
-		switch {
-		case err != nil:
-			return err
-		case !held:
-			return nil
-		}
-		select {
-		case <-wctx.Done():
-			return fmt.Errorf("backend %d still holds advisory locks after %s", pid, guardSessionEndTimeout)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
 // tryElection takes a connection from pool and tries the election's lock on
 // it with stmt (store.LockSQL, or store.LockSharedSQL), on the backend the connection
 // answers from first (direct: the one pgx learned at connect). After a failover or a restart the
 // pool's idle connections are dead, and the first statement on each fails:
 // such a connection is closed (a dead session holds no lock) and the try goes
 // on with another, a bounded number of times.
-func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, direct bool) (conn *pgxpool.Conn, locked *bool, sess session, err error) {
+func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, direct bool) (conn *pgxpool.Conn, locked *bool, sess lockSession, err error) {
 	for attempt := 1; ; attempt++ {
 		conn, err = store.Acquire(ctx, pool, "take the election "+strconv.Quote(key))
 		if err != nil {
-			return nil, nil, session{}, err
+			return nil, nil, lockSession{}, err
 		}
 		var pid uint32
 		pid, err = lockSessionPID(ctx, conn, direct)
 		if err == nil {
 			var ls store.LockSession
 			locked, ls, err = store.LockStatement(ctx, conn, stmt, key, pid)
-			sess = session{pid: ls.PID, readOnly: ls.ReadOnly, idle: ls.Idle}
+			sess = lockSession{pid: ls.PID, readOnly: ls.ReadOnly, idle: ls.Idle}
 		}
 		if err == nil && sess.pid != pid {
 			CloseConn(conn) // nothing was tried on that backend
-			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, store.SessionMoved("the lock statement", pid, sess.pid))
+			return nil, nil, lockSession{}, fmt.Errorf("relay: try the lock %q: %w", key, store.SessionMoved("the lock statement", pid, sess.pid))
 		}
 		if !direct {
 			sess.pooled = pool
@@ -241,7 +210,7 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 			return conn, locked, sess, nil
 		}
 		tookNothing := lockTookNothing(err)
-		if pooledStatementError(err) {
+		if session.PooledStatementError(err) {
 			err = fmt.Errorf("%w: %w", store.ErrTransactionPooling, err)
 		}
 		// The statement may have reached the server and taken the lock:
@@ -252,12 +221,12 @@ func tryElection(ctx context.Context, pool *pgxpool.Pool, key, stmt string, dire
 		// may have taken one there.
 		dead := conn.Conn().IsClosed()
 		if pid != 0 && !tookNothing {
-			closeSession(ctx, conn, key, session{pid: pid, pooled: sess.pooled}) // closes conn
+			closeSession(ctx, conn, key, lockSession{pid: pid, pooled: sess.pooled}) // closes conn
 		} else {
 			CloseConn(conn)
 		}
 		if !dead || ctx.Err() != nil || attempt == guardLockAttempts {
-			return nil, nil, session{}, fmt.Errorf("relay: try the lock %q: %w", key, err)
+			return nil, nil, lockSession{}, fmt.Errorf("relay: try the lock %q: %w", key, err)
 		}
 	}
 }
@@ -269,8 +238,8 @@ const guardLockAttempts = 3
 // the connection that took it, under its own deadline: the caller's ctx may be
 // cancelled already, and pgconn sends nothing under a cancelled context. A
 // connection that may still hold the lock is closed.
-func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess session, stmt string) error {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UnlockTimeout)
+func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess lockSession, stmt string) error {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), session.UnlockTimeout)
 	defer cancel()
 	pid := sess.pid
 	unlocked, upid, letGo, err := store.UnlockStatement(uctx, conn, stmt, key, sess.idle, pid)
@@ -297,9 +266,9 @@ func releaseElection(ctx context.Context, conn *pgxpool.Conn, key string, sess s
 // of them first, on conn, or on another connection of the pool when conn is
 // closed already (the pooler passed on a FATAL of another server connection),
 // a bounded number of times.
-func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess session) {
+func closeSession(ctx context.Context, conn *pgxpool.Conn, key string, sess lockSession) {
 	if sess.pooled != nil {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UnlockTimeout)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), session.UnlockTimeout)
 		// The statement may land on a server connection that is being ended
 		// (another replica letting go of its own): try again, a few times.
 		for range guardLockAttempts {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 
 	"github.com/jackc/pgx/v5"
@@ -81,12 +82,12 @@ import (
 type membership struct {
 	turn sync.Mutex // held by a pass, and by the loop's begin and end
 
-	r     *Relay
+	r     *Deps
 	n     int
 	start int // where this member starts looking for free partitions
 
 	conn  *pgxpool.Conn // the membership's session; nil: not a member
-	sess  session
+	sess  lockSession
 	since time.Time // when this membership began
 	beat  string    // its heartbeat, marked with since and the replica (a woken pass's look)
 	w     *watch    // watches conn between rebalances; nil while one runs
@@ -131,7 +132,7 @@ func (m *membership) partitions() []int {
 	return slices.Clone(m.shown)
 }
 
-func newMembership(r *Relay) *membership {
+func newMembership(r *Deps) *membership {
 	return &membership{r: r, n: r.Partitions, start: rand.IntN(r.Partitions)}
 }
 
@@ -159,7 +160,7 @@ func (m *membership) pass(ctx context.Context, woken bool, fn func(ctx context.C
 	before := m.held
 	var check *store.WorkCheck
 	if m.stay && len(before) > 0 {
-		check = m.r.Outbox.PartitionWork(m.r.MaxAttempts, m.r.Types, m.n, before)
+		check = m.r.Statements.PartitionWork(m.r.MaxAttempts, m.r.Types, m.n, before)
 	}
 	if woken && check != nil && time.Since(m.rebalanced) < m.r.Interval {
 		// A commit woke every member at once: each asks about its own
@@ -220,7 +221,7 @@ func (m *membership) pass(ctx context.Context, woken bool, fn func(ctx context.C
 // rebalance left it (a member came or went, a partition was let go of, an
 // exclusive request waits); the watch lost the membership meanwhile; or the
 // last pass was not such an idle one.
-func (m *membership) idleCheck(ctx context.Context, own *OwnSession) (work bool) {
+func (m *membership) idleCheck(ctx context.Context, own *session.OwnSession) (work bool) {
 	m.turn.Lock()
 	defer m.turn.Unlock()
 	if !m.idle || !m.stay || m.conn == nil || len(m.held) == 0 {
@@ -234,16 +235,16 @@ func (m *membership) idleCheck(ctx context.Context, own *OwnSession) (work bool)
 		return true
 	}
 	r := m.r
-	check := r.Outbox.PartitionWork(r.MaxAttempts, r.Types, m.n, m.held)
+	check := r.Statements.PartitionWork(r.MaxAttempts, r.Types, m.n, m.held)
 	var look store.PartitionLook
-	cctx, cancel := context.WithTimeout(ctx, LockTimeout)
+	cctx, cancel := context.WithTimeout(ctx, session.LockTimeout)
 	defer cancel()
 	err := own.Do(cctx, func(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		var got uint32
 		var err error
 		look, got, err = store.IdleLookStatement(ctx, conn, r.Presence.Mark(), check, r.Key, m.n)
 		if err == nil && got != pid {
-			err = ErrPresenceMoved
+			err = session.ErrPresenceMoved
 		}
 		return err
 	})
@@ -258,7 +259,7 @@ func (m *membership) join(ctx context.Context) (bool, error) {
 	if err := r.Sessions.Verify(ctx, r.Pool, r.Logger); err != nil {
 		return false, err
 	}
-	lctx, cancel := context.WithTimeout(ctx, LockTimeout)
+	lctx, cancel := context.WithTimeout(ctx, session.LockTimeout)
 	defer cancel()
 	now := time.Now()
 	conn, locked, sess, err := tryElection(lctx, r.Pool, r.Key, store.MarkReplica(store.LockSharedSQL, r.Presence.ID()), r.Sessions.IsDirect())
@@ -303,7 +304,7 @@ func (m *membership) rebalance(ctx context.Context, check *store.WorkCheck, befo
 		m.drop(err)
 		return store.PartitionState{}, false, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, LockTimeout)
+	rctx, cancel := context.WithTimeout(ctx, session.LockTimeout)
 	defer cancel()
 	sent := time.Now()
 	m.rebalanced = sent
@@ -353,7 +354,7 @@ func (m *membership) rebalance(ctx context.Context, check *store.WorkCheck, befo
 // in the same round trip, which renews the lease as the watch's would. It
 // reports whether the pass is idle; a failure ends the membership.
 func (m *membership) look(ctx context.Context, check *store.WorkCheck) (idle bool, err error) {
-	lctx, cancel := context.WithTimeout(ctx, LockTimeout)
+	lctx, cancel := context.WithTimeout(ctx, session.LockTimeout)
 	defer cancel()
 	sent := time.Now()
 	pid, err := store.MemberLookStatement(store.WithReplica(lctx, m.r.Presence.ID()), m.conn, m.beat, check)
@@ -431,7 +432,7 @@ func (m *membership) leave(ctx context.Context) {
 	}
 	r := m.r
 	m.publish(nil) // before another can take them
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UnlockTimeout)
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), session.UnlockTimeout)
 	defer cancel()
 	ok, err := store.ReleasePartitionsStatement(uctx, m.conn, r.Key, m.n, m.held, true, m.sess.pid)
 	if err == nil && !ok {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 	"github.com/xadm/relay/internal/testkit/pgserver"
 )
@@ -141,7 +142,7 @@ func TestPresenceReleaseLetsGoOfItsOwnLocksOnly(t *testing.T) {
 	ctx := context.Background()
 	conn := sharedConn(t)
 	app := pgserver.Name(t)
-	p := NewPresence(app, "outbox", 10, 1, []string{"a", "b"})
+	p := session.NewPresence(app, "outbox", 10, 1, []string{"a", "b"})
 	pid, err := p.Take(ctx, conn)
 	require.NoError(t, err)
 	key := app + "_relay_m2m"

@@ -1,6 +1,8 @@
 package election
 
-import "time"
+import (
+	"time"
+)
 
 // The hooks below are for the relay's tests only.
 
@@ -23,12 +25,4 @@ func IdleCheckNext(e Election) bool {
 	m.turn.Lock()
 	defer m.turn.Unlock()
 	return m.idle
-}
-
-// MissForTest makes the check find that the pool keeps its sessions without
-// looking, as a check that missed a pooler would.
-func (c *SessionCheck) MissForTest() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.miss = true
 }

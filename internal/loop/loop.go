@@ -14,6 +14,7 @@ import (
 	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/lease"
 	"github.com/xadm/relay/internal/pass"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/wake"
 )
 
@@ -30,7 +31,7 @@ const (
 	// stopUnwind is how long Stop waits, once its ctx has ended and the sends
 	// in flight are cancelled, for the pass to record what it finished and
 	// release the election. Past it Stop returns, and what is left finishes
-	// in the background within pass.OutcomeTimeout + election.UnlockTimeout.
+	// in the background within pass.OutcomeTimeout + session.UnlockTimeout.
 	stopUnwind = time.Second
 	// warmConns is how many pooled connections the first message's path
 	// takes (the election's, the select's, a writer's), which warm opens;
@@ -45,11 +46,11 @@ type Loop struct {
 	cancel    context.CancelFunc // hard stop: cancels the sends in flight
 	halt      chan struct{}      // closed on Stop: no new message, batch or pass
 	halted    sync.Once
-	wake      chan struct{}        // a pass is wanted now (buffered: wake-ups coalesce)
-	listening chan struct{}        // closed when the wake-up listener has returned (at once without one)
-	attempted chan struct{}        // closed once the listener's first LISTEN has succeeded or failed (at once without one)
-	done      chan struct{}        // closed when the loop has returned: its last pass unwound
-	own       *election.OwnSession // the relay's own session, for the idle poll (internal/election)
+	wake      chan struct{}       // a pass is wanted now (buffered: wake-ups coalesce)
+	listening chan struct{}       // closed when the wake-up listener has returned (at once without one)
+	attempted chan struct{}       // closed once the listener's first LISTEN has succeeded or failed (at once without one)
+	done      chan struct{}       // closed when the loop has returned: its last pass unwound
+	own       *session.OwnSession // the relay's own session, for the idle poll (internal/session)
 	// afterLoss: the last pass lost its election, and this one, at once,
 	// elects again; only the loop's goroutine reads and writes it.
 	afterLoss bool
@@ -58,7 +59,7 @@ type Loop struct {
 // Listen runs a started relay's wake-up listener until ctx ends, on own,
 // calling wakeUp for each wake-up and attempted once its first LISTEN has
 // succeeded or failed.
-type Listen func(ctx context.Context, own *election.OwnSession, wakeUp, attempted func())
+type Listen func(ctx context.Context, own *session.OwnSession, wakeUp, attempted func())
 
 // Start starts the loop on ctx, which cancel ends, and returns at once: the
 // listener (with Enabled; it carries presence even without WakeOnCommit) and
@@ -66,7 +67,7 @@ type Listen func(ctx context.Context, own *election.OwnSession, wakeUp, attempte
 // listener has tried its LISTEN.
 func (p *Passes) Start(ctx context.Context, cancel context.CancelFunc, listen Listen) *Loop {
 	l := &Loop{p: p, cancel: cancel, halt: make(chan struct{}), wake: make(chan struct{}, 1),
-		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{}), own: election.NewOwnSession()}
+		listening: make(chan struct{}), attempted: make(chan struct{}), done: make(chan struct{}), own: session.NewOwnSession()}
 	if p.d.Enabled {
 		go func() {
 			defer close(l.listening)
@@ -84,7 +85,7 @@ func (p *Passes) Start(ctx context.Context, cancel context.CancelFunc, listen Li
 func (l *Loop) Done() <-chan struct{} { return l.done }
 
 // Own is the relay's own session while the loop runs.
-func (l *Loop) Own() *election.OwnSession { return l.own }
+func (l *Loop) Own() *session.OwnSession { return l.own }
 
 // Halt stops the loop gracefully: no new pass starts, and the pass in flight
 // starts no new message or batch. A second Halt is harmless.
@@ -107,7 +108,7 @@ func (l *Loop) Wait(ctx context.Context) error {
 	case <-t.C:
 		l.p.d.Logger.LogAttrs(context.Background(), slog.LevelWarn,
 			"relay: stop: returning while the last pass still unwinds; it records what it finished and releases the election in the background",
-			slog.String("within", (pass.OutcomeTimeout+election.UnlockTimeout).Round(time.Microsecond).String()))
+			slog.String("within", (pass.OutcomeTimeout+session.UnlockTimeout).Round(time.Microsecond).String()))
 	}
 	return fmt.Errorf("relay: stop: %w", ctx.Err())
 }
@@ -207,7 +208,11 @@ func (l *Loop) periodic(ctx context.Context, woken bool) (next time.Duration, co
 		}
 		return res.Err == nil && !res.Backlog && (woken || res.Woken || res.Processed() > 0)
 	}
-	res := l.p.Pass(ctx, kind, Opts{Halt: l.halt, Drain: true, Own: l.own, Keep: keep, Wake: l.wake, Woken: woken, AfterLoss: l.afterLoss})
+	res := l.p.Pass(ctx, kind, Opts{
+		Pass:     pass.Opts{Halt: l.halt, Drain: true, Wake: l.wake},
+		Election: election.Opts{Own: l.own, Woken: woken, AfterLoss: l.afterLoss},
+		Keep:     keep,
+	})
 	l.afterLoss = false
 	switch n := d.Failing(); {
 	case res.Backlog && res.Err == nil:

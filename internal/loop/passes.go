@@ -62,23 +62,18 @@ type Passes struct {
 // New returns the passes of the relay d describes.
 func New(d Deps) *Passes { return &Passes{d: d, slot: make(chan struct{}, 1)} }
 
-// Opts tune a pass: the engine's (internal/pass) and the election's. The
-// zero value is Run's and RunIfElected's: one batch.
+// Opts tune a pass: the engine's (internal/pass) and the election's, each
+// in its own words. The zero value is Run's and RunIfElected's: one batch.
 type Opts struct {
-	Halt  <-chan struct{}      // closed: start no new message or batch (graceful stop)
-	Drain bool                 // take batches while they come back full
-	Own   *election.OwnSession // the started relay's own session, for the idle poll; nil: the pool's
+	// Pass is the engine's: Halt, Drain, Wake. The loop fills in the rest
+	// (the partitions held, the drain's bound, the key index).
+	Pass pass.Opts
+	// Election is the election's: Own, Woken, AfterLoss. The loop fills in
+	// the rest (the types the idle poll looks for, Keep).
+	Election election.Opts
 	// Keep, for the loop's passes, says from the pass's result whether the
 	// election is kept for the next pass (Polled); nil: let go.
 	Keep func(Result) bool
-	// Wake is the loop's wake-ups: one that comes while the pass waits for
-	// its last messages has it select again at once. nil: none.
-	Wake <-chan struct{}
-	// Woken says a wake-up (or its follow-up) started the loop's pass
-	// (election.Opts).
-	Woken bool
-	// AfterLoss says the loop's last pass lost its election (election.Opts).
-	AfterLoss bool
 }
 
 // Result is what a pass did: the engine's result, and whether it ran.
@@ -119,7 +114,7 @@ func (p *Passes) Pass(ctx context.Context, kind Kind, o Opts) Result {
 	}
 	defer func() { <-p.slot }()
 	var res Result
-	eo := election.Opts{Own: o.Own, Woken: o.Woken, AfterLoss: o.AfterLoss}
+	eo := o.Election
 	work := true
 	if kind == Timed {
 		res, work = p.poll(ctx, e, eo)
@@ -155,7 +150,9 @@ func (p *Passes) elected(ctx context.Context, e election.Election, eo election.O
 		}
 	}
 	res.Ran, res.Err = e.Run(ctx, eo, func(ctx context.Context, t election.Term) error {
-		res.Result = p.dispatch(ctx, pass.Opts{Halt: o.Halt, Drain: o.Drain, Wake: o.Wake, Parts: t.Parts}, t)
+		po := o.Pass
+		po.Parts = t.Parts
+		res.Result = p.dispatch(ctx, po, t)
 		return res.Err
 	})
 	return res

@@ -4,7 +4,10 @@
 // most Concurrency workers, calls each type's Sender and records each
 // outcome. Run, RunIfElected and the loop's periodic
 // pass all run it, under whatever election the relay holds; it takes its
-// dependencies as one value (Deps) and knows nothing of the election.
+// dependencies as one value (Deps) and knows nothing of the election. It
+// reaches the database by one route, its Outbox (internal/store's, built
+// once in relay.New), which selects, records and lends the connections the
+// outcomes are written on.
 //
 // # Guarantees
 //

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -661,13 +662,13 @@ func (e *engine) deliverRounds(t task, w *writer) (failed bool, stopped []*store
 		recorded := ds[:0:0]
 		more := false
 		for i, d := range ds {
-			if d.out == OutcomeInterrupted {
+			if d.out == relaytype.OutcomeInterrupted {
 				e.halt()
 				break
 			}
 			recorded = append(recorded, d)
 			k := keys[i]
-			if d.out == OutcomeSent {
+			if d.out == relaytype.OutcomeSent {
 				next[k]++
 				more = more || next[k] < len(t.groups[k])
 			} else {
@@ -747,20 +748,20 @@ func (r *Runner) outcomeOf(ctx context.Context, m *store.Row, err error, took ti
 	permanent := false
 	switch {
 	case err == nil:
-		d.out = OutcomeSent
+		d.out = relaytype.OutcomeSent
 	case ctx.Err() != nil:
 		// Our own cancellation (stop, lost election) cut the send short: its
 		// outcome is unknown, so the row stays as read and a later pass re-sends it.
 		r.deps.Logger.LogAttrs(ctx, slog.LevelDebug, "relay: send interrupted",
 			slog.Int64("id", m.ID), slog.String("type", m.Type), slog.String("error", ErrorText(err, 0)))
-		d.out = OutcomeInterrupted
+		d.out = relaytype.OutcomeInterrupted
 		return d
 	case permanentFailure(err):
-		d.out, permanent = OutcomeDead, true
+		d.out, permanent = relaytype.OutcomeDead, true
 	case m.Attempts+1 >= r.cfg.MaxAttempts:
-		d.out = OutcomeDead
+		d.out = relaytype.OutcomeDead
 	default:
-		d.out = OutcomeFailed
+		d.out = relaytype.OutcomeError
 	}
 	l := r.lanes.all[m.Lane]
 	l.observe(d.out, permanent, err, m.Key, took, r.cfg.SendTimeout/2) // the type's health (lanes.go)

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -57,12 +57,14 @@ func (t *memTable) Fetch(_ context.Context, q Query) (store.Batch, error) {
 
 func (t *memTable) Starved() bool { return false }
 
+func (t *memTable) Acquire(context.Context) (store.Conn, error) { panic("memTable: Acquire") }
+
 // The memOutcomes strategy records; the rest of Outbox is not called.
-func (t *memTable) Record(context.Context, store.Querier, []store.Outcome) (map[int64]bool, error) {
+func (t *memTable) Record(context.Context, store.Querier, []store.Update) (map[int64]bool, error) {
 	panic("memTable: Record")
 }
 
-func (t *memTable) RecordEach(context.Context, *pgxpool.Conn, []store.Outcome) (map[int64]bool, map[int64]error, error) {
+func (t *memTable) RecordEach(context.Context, store.Conn, []store.Update) (map[int64]bool, map[int64]error, error) {
 	panic("memTable: RecordEach")
 }
 
@@ -88,7 +90,7 @@ func (s memOutcomes) add(ds []delivery, _ *heldConn) error {
 	s.t.mu.Lock()
 	for _, d := range ds {
 		r := s.t.rows[d.m.ID]
-		if d.out == OutcomeSent {
+		if d.out == relaytype.OutcomeSent {
 			r.Status.String = store.StatusSent
 		} else {
 			r.Status.String = store.StatusError

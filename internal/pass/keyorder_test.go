@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -275,11 +275,12 @@ func (t worldTable) Fetch(_ context.Context, q Query) (store.Batch, error) {
 	return f, nil
 }
 
-func (t worldTable) Starved() bool { return false }
-func (t worldTable) Record(context.Context, store.Querier, []store.Outcome) (map[int64]bool, error) {
+func (t worldTable) Starved() bool                               { return false }
+func (t worldTable) Acquire(context.Context) (store.Conn, error) { panic("worldTable: Acquire") }
+func (t worldTable) Record(context.Context, store.Querier, []store.Update) (map[int64]bool, error) {
 	panic("worldTable: Record")
 }
-func (t worldTable) RecordEach(context.Context, *pgxpool.Conn, []store.Outcome) (map[int64]bool, map[int64]error, error) {
+func (t worldTable) RecordEach(context.Context, store.Conn, []store.Update) (map[int64]bool, map[int64]error, error) {
 	panic("worldTable: RecordEach")
 }
 func (t worldTable) States(context.Context, store.Querier, []int64) (map[int64]store.State, error) {
@@ -328,7 +329,7 @@ func (s worldOutcomes) write(ds []delivery, all bool) {
 		r := s.w.rows[d.m.ID]
 		s.w.note("outcome %d %v", d.m.ID, d.out)
 		delete(s.w.picked, d.m.ID)
-		if d.out == OutcomeSent {
+		if d.out == relaytype.OutcomeSent {
 			r.status = store.StatusSent
 		} else {
 			r.status = store.StatusError

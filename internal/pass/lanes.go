@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/xadm/relay/internal/relaytype"
 )
 
 // This file is isolation between message types (decision 0040). Each type
@@ -191,12 +193,12 @@ func (l *lane) releaseProbe() {
 // opens the lane, a failure counts, and pauses it after pauseAfter in a row;
 // a probe's failure pauses it at once, unless it is the pause's first and
 // was fast (below slowProbe): then another key's probe goes first.
-func (l *lane) observe(out Outcome, permanent bool, err error, key string, took, slowProbe time.Duration) {
+func (l *lane) observe(out relaytype.Outcome, permanent bool, err error, key string, took, slowProbe time.Duration) {
 	if l == nil {
 		return
 	}
-	healthy := out == OutcomeSent || permanent
-	if out == OutcomeSent {
+	healthy := out.Delivered() || permanent
+	if out.Delivered() {
 		l.lastSent.Store(time.Now().UnixNano())
 	}
 	l.mu.Lock()
@@ -299,14 +301,14 @@ func (l *lane) said(opened, paused bool) {
 	}
 }
 
-// pausedType is l as [PausedType], and whether it is paused or probing.
-func (l *lane) pausedType() (PausedType, bool) {
+// pausedType is l as [relaytype.PausedType], and whether it is paused or probing.
+func (l *lane) pausedType() (relaytype.PausedType, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.state == laneOpen {
-		return PausedType{}, false
+		return relaytype.PausedType{}, false
 	}
-	return PausedType{Type: l.typ, Reason: l.reason, Since: l.since, Until: l.until, Probing: l.state == laneProbing}, true
+	return relaytype.PausedType{Type: l.typ, Reason: l.reason, Since: l.since, Until: l.until, Probing: l.state == laneProbing}, true
 }
 
 // Sendable lists the types whose rows may be sent now: not paused, or whose
@@ -323,8 +325,8 @@ func (ls *Lanes) Sendable() []string {
 }
 
 // Paused lists the lanes paused or probing now.
-func (ls *Lanes) Paused() []PausedType {
-	var ps []PausedType
+func (ls *Lanes) Paused() []relaytype.PausedType {
+	var ps []relaytype.PausedType
 	for _, l := range ls.all {
 		if p, ok := l.pausedType(); ok {
 			ps = append(ps, p)
@@ -333,30 +335,17 @@ func (ls *Lanes) Paused() []PausedType {
 	return ps
 }
 
-// PausedType is a message type a relay has paused ([Config.PauseAfter]): its
-// rows wait, with their status and attempts untouched, while the relay's
-// other types go on.
-type PausedType struct {
-	Type   string
-	Reason string    // why: the last failure, or the abandoned Sends still running
-	Since  time.Time // when the first pause of this run of pauses began
-	Until  time.Time // when one of its messages is next sent as a probe
-	// Probing says the pause has ended and a message is being sent as a
-	// probe: its success resumes the type.
-	Probing bool
-}
-
 // OnChange has f told, from the goroutine that saw it, each time a lane
 // pauses or opens, or its stuck Sends change.
 func (ls *Lanes) OnChange(f func()) { ls.changed.Store(&f) }
 
 // Stuck lists the lanes with stuck Sends now (stuck.go).
-func (ls *Lanes) Stuck() []StuckType {
-	var st []StuckType
+func (ls *Lanes) Stuck() []relaytype.StuckSends {
+	var st []relaytype.StuckSends
 	for _, l := range ls.all {
 		l.mu.Lock()
 		if n := l.stuck.Load(); n > 0 {
-			st = append(st, StuckType{Type: l.typ, Sends: int(n), Since: l.stuckSince})
+			st = append(st, relaytype.StuckSends{Type: l.typ, Sends: int(n), Since: l.stuckSince})
 		}
 		l.mu.Unlock()
 	}

@@ -7,8 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -58,19 +57,23 @@ type SendError struct {
 func (e *SendError) Error() string { return e.Text }
 func (e *SendError) Unwrap() error { return e.Err }
 
-// Outbox is the table as a pass reads and writes it.
+// Outbox is the table as a pass reads and writes it (store.Outbox), and
+// the one source of the connections its outcomes are written on.
 type Outbox interface {
 	// Fetch selects one batch, outside any transaction.
 	Fetch(ctx context.Context, q Query) (store.Batch, error)
+	// Acquire takes a pooled connection for the outcomes of a worker's
+	// sends (or of the grouped recorder), within store.AcquireTimeout.
+	Acquire(ctx context.Context) (store.Conn, error)
 	// Starved reports whether no connection is free for a select.
 	Starved() bool
 	// Record writes outcomes: one in its own short transaction, several in
 	// one statement, each fenced on the state the pass read. It returns the
 	// ids of the rows that had moved on and were left alone.
-	Record(ctx context.Context, db store.Querier, outs []store.Outcome) (stale map[int64]bool, err error)
+	Record(ctx context.Context, db store.Querier, outs []store.Update) (stale map[int64]bool, err error)
 	// RecordEach writes each outcome in its own transaction, in one round
 	// trip; failed are the rows whose own statement failed.
-	RecordEach(ctx context.Context, c *pgxpool.Conn, outs []store.Outcome) (stale map[int64]bool, failed map[int64]error, err error)
+	RecordEach(ctx context.Context, c store.Conn, outs []store.Update) (stale map[int64]bool, failed map[int64]error, err error)
 	// States reads the current state of rows by id.
 	States(ctx context.Context, db store.Querier, ids []int64) (map[int64]store.State, error)
 	// ErrWidth is how many characters last_error holds; 0: as many as
@@ -81,31 +84,13 @@ type Outbox interface {
 	Relearn()
 }
 
-// Query is what one select asks for (sql/pass.sql, fetch).
-type Query struct {
-	Preflight bool // the pass's first: ask whether the server is writable
-	// StartEpoch starts an epoch: every lane from the start, and the table's
-	// highest id read first (store.Batch.Epoch). Epoch is the current one's.
-	StartEpoch bool
-	Epoch      int64
-	Parts      []int // only rows of these partitions; nil: all
-	// Types are the lanes to select, each past its After, at most its Width
-	// rows (a probing lane's is one).
-	Types []string
-	After []int64
-	Width []int32
-	// All are the relay's types, whose older live rows of a key hold back
-	// its later ones; Later those that cannot send in this pass.
-	All, Later []string
-	// Keyed says the table has the key index (each lane its share of the
-	// batch, rows probed by key).
-	Keyed bool
-}
+// Query is what one select asks for (store.Query).
+type Query = store.Query
 
 // Report is one recorded outcome, for the relay's counters and Observer.
 type Report struct {
 	Row      *store.Row
-	Outcome  Outcome
+	Outcome  relaytype.Outcome
 	Attempts int // the attempts column as written
 	Took     time.Duration
 	Err      error // the Sender's, nil when sent
@@ -113,8 +98,7 @@ type Report struct {
 
 // Deps are what a Runner takes from the relay that builds it.
 type Deps struct {
-	Pool    *pgxpool.Pool // the connections outcomes are written on
-	Outbox  Outbox
+	Outbox  Outbox            // the table, and the connections outcomes are written on
 	Senders map[string]Sender // by type: the types the relay drains
 	Logger  *slog.Logger
 	// Report is told each recorded outcome, from the goroutine that recorded
@@ -144,16 +128,13 @@ const DrainMax = 10 * time.Second
 
 // Result is what a pass did.
 type Result struct {
-	Sent, Failed, Dead int
-	Lag                time.Duration // the age of the first batch's oldest row
-	OutcomesWaiting    int           // the most outcomes that waited to be written at once
-	Backlog            bool          // draining stopped at DrainMax with rows left
-	Woken              bool          // a wake-up came during the pass, and it selected again
-	Err                error
+	relaytype.Counts               // the outcomes recorded, by kind
+	Lag              time.Duration // the age of the first batch's oldest row
+	OutcomesWaiting  int           // the most outcomes that waited to be written at once
+	Backlog          bool          // draining stopped at DrainMax with rows left
+	Woken            bool          // a wake-up came during the pass, and it selected again
+	Err              error
 }
-
-// Processed is how many rows the pass recorded.
-func (p *Result) Processed() int { return p.Sent + p.Failed + p.Dead }
 
 // Runner runs a relay's passes, one at a time: the engine of each, and what
 // outlives them, the types' lanes and the messages held back.

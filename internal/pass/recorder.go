@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -25,36 +25,17 @@ import (
 // read-only server, a starved pool, a column too narrow or a missing grant
 // never turn into a storm of duplicates.
 
-// Outcome is what became of one message of a batch.
-type Outcome int
-
-// The outcomes of a message.
-const (
-	OutcomeInterrupted Outcome = iota // the pass was cancelled mid-send: nothing recorded, the row stays as read
-	OutcomeSent                       // SENT
-	OutcomeFailed                     // ERROR below the ceiling: a later pass retries it
-	OutcomeDead                       // ERROR at the ceiling: dead until an operator re-queues it
-)
-
 // delivery is one message's send, waiting to be recorded.
 type delivery struct {
 	m       *store.Row
-	out     Outcome
+	out     relaytype.Outcome
 	sendErr error
 	took    time.Duration
 }
 
 // newAttempts is the attempts column the outcome writes.
 func (d *delivery) newAttempts(maxAttempts int) int64 {
-	read := int64(d.m.Attempts) // a NULL attempts was read as 0
-	switch d.out {
-	case OutcomeSent:
-		return read
-	case OutcomeDead:
-		return max(read+1, int64(maxAttempts))
-	default:
-		return read + 1
-	}
+	return d.out.Attempts(int64(d.m.Attempts), maxAttempts) // a NULL attempts was read as 0
 }
 
 // errorText is the failure's text as last_error, width characters wide, keeps it.
@@ -68,8 +49,8 @@ func (d *delivery) errorText(width int) string {
 
 // record is d as the table records it, its failure's text width characters
 // wide at most.
-func (d *delivery) record(maxAttempts, width int) store.Outcome {
-	o := store.Outcome{ID: d.m.ID, Status: d.m.Status, ReadAttempts: d.m.ReadAttempts, Sent: d.out == OutcomeSent,
+func (d *delivery) record(maxAttempts, width int) store.Update {
+	o := store.Update{ID: d.m.ID, Status: d.m.Status, ReadAttempts: d.m.ReadAttempts, Sent: d.out.Status() == store.StatusSent,
 		NewAttempts: d.newAttempts(maxAttempts)}
 	if !o.Sent {
 		o.LastError = d.errorText(width)
@@ -84,7 +65,7 @@ func (d *delivery) record(maxAttempts, width int) store.Outcome {
 // attempts >= MaxAttempts), which the JVM relay shares; "" for any other
 // outcome.
 func (d *delivery) permanentPrefix() string {
-	if d.out != OutcomeDead {
+	if d.out != relaytype.OutcomeDead {
 		return ""
 	}
 	switch {
@@ -142,19 +123,20 @@ const (
 )
 
 // heldConn is a pooled connection a worker (or the grouped recorder) holds
-// for the outcomes of its sends, acquired before the first of them.
+// for the outcomes of its sends, acquired from the Outbox before the first
+// of them.
 type heldConn struct {
-	pool *pgxpool.Pool
-	c    *pgxpool.Conn
+	src Outbox
+	c   store.Conn
 }
 
 // get returns the held connection, acquiring one first if there is none.
-func (h *heldConn) get(ctx context.Context) (*pgxpool.Conn, error) {
+func (h *heldConn) get(ctx context.Context) (store.Conn, error) {
 	if h.c != nil && !h.c.Conn().IsClosed() {
 		return h.c, nil
 	}
 	h.release()
-	c, err := store.Acquire(ctx, h.pool, "record an outcome")
+	c, err := h.src.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +219,7 @@ func (r *Runner) newRecorder(ctx context.Context, res *Result) *recorder {
 	rc := &recorder{r: r, ctx: context.WithoutCancel(ctx), res: res, pipeline: outcomePipeline}
 	switch n := r.cfg.GroupOutcomes; {
 	case n > 1:
-		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{pool: r.deps.Pool}, behind: make(chan struct{}, 1)}
+		rc.outcomeStrategy = &groupedOutcomes{rc: rc, size: n, conn: heldConn{src: r.deps.Outbox}, behind: make(chan struct{}, 1)}
 		rc.direct = true
 	case n == 1:
 		rc.outcomeStrategy = eachOutcomes{rc}
@@ -305,7 +287,7 @@ func (rc *recorder) writeAs(ds []delivery, conn *heldConn, mode writeMode) (reco
 		if err != nil {
 			return nil, err
 		}
-		outs := make([]store.Outcome, len(ds))
+		outs := make([]store.Update, len(ds))
 		for i := range ds {
 			outs[i] = ds[i].record(r.cfg.MaxAttempts, width)
 		}
@@ -331,7 +313,7 @@ func (rc *recorder) writeAs(ds []delivery, conn *heldConn, mode writeMode) (reco
 		r.deps.Outbox.Relearn()
 		width = min(width, 100)
 		for i := range ds {
-			if ds[i].out != OutcomeSent {
+			if !ds[i].out.Delivered() {
 				ds[i].sendErr = fmt.Errorf("the failure's text could not be recorded (SQLSTATE %s): %.40s", code, ErrorText(ds[i].sendErr, 40))
 			}
 		}
@@ -391,11 +373,7 @@ func (rc *recorder) ownEarlierWrite(ctx context.Context, conn *heldConn, ds []de
 		if !stale[d.m.ID] || !ok || st.Status == nil || st.Attempts == nil {
 			continue
 		}
-		want := store.StatusSent
-		if d.out != OutcomeSent {
-			want = store.StatusError
-		}
-		if *st.Status == want && *st.Attempts == d.newAttempts(rc.r.cfg.MaxAttempts) {
+		if *st.Status == d.out.Status() && *st.Attempts == d.newAttempts(rc.r.cfg.MaxAttempts) {
 			delete(stale, d.m.ID)
 		}
 	}
@@ -411,7 +389,7 @@ func (rc *recorder) unrecorded(ctx context.Context, ds []delivery, err error) er
 	for _, d := range ds {
 		until := r.held.hold(d.m.ID)
 		r.deps.Logger.LogAttrs(ctx, slog.LevelError, "relay: outcome not recorded; the message is not sent again before its backoff step",
-			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Bool("sent", d.out == OutcomeSent),
+			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Bool("sent", d.out.Delivered()),
 			slog.String("not_before", until.UTC().Format(time.RFC3339)), slog.String("why", why), slog.String("error", err.Error()))
 	}
 	return fmt.Errorf("relay: record the outcome of %d message(s) from id %d: %s: %w", len(ds), ds[0].m.ID, why, err)
@@ -445,14 +423,7 @@ func recordFailure(err error, table string) string {
 func (rc *recorder) report(ds []delivery) {
 	rc.mu.Lock()
 	for _, d := range ds {
-		switch d.out {
-		case OutcomeSent:
-			rc.res.Sent++
-		case OutcomeFailed:
-			rc.res.Failed++
-		case OutcomeDead:
-			rc.res.Dead++
-		}
+		rc.res.Add(d.out)
 	}
 	rc.mu.Unlock()
 	for _, d := range ds {
@@ -466,10 +437,10 @@ func (rc *recorder) reportOne(d delivery) {
 	ctx := rc.ctx
 	attempts := int(d.newAttempts(r.cfg.MaxAttempts))
 	switch d.out {
-	case OutcomeFailed:
+	case relaytype.OutcomeError:
 		r.deps.Logger.LogAttrs(ctx, slog.LevelWarn, "relay: send failed; will retry",
 			slog.Int64("id", d.m.ID), slog.String("type", d.m.Type), slog.Int("attempts", attempts), slog.String("error", ErrorText(d.sendErr, 0)))
-	case OutcomeDead:
+	case relaytype.OutcomeDead:
 		msg := "relay: send failed; message is dead until re-queued"
 		if d.m.Bad != "" {
 			msg = "relay: row cannot be delivered; marked dead without sending"

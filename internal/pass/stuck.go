@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 )
 
 // This file is the relay's account of stuck Sends: Sends that ignored their
@@ -85,11 +84,4 @@ func (s *stuckSends) done(l *lane, key string) {
 	}
 	s.mu.Unlock()
 	l.abandoned(false)
-}
-
-// StuckType is one type's stuck Sends on this relay.
-type StuckType struct {
-	Type  string
-	Sends int       // how many run now
-	Since time.Time // since when the type has had some running, without a break
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -207,9 +208,9 @@ func (k *worker) deliverKey(g group) (failed int, stopped *store.Row, kept bool)
 		if !kept {
 			return -1, nil, false
 		}
-		more := i < len(g)-1 && (d.out == OutcomeSent || m.Bad != "")
+		more := i < len(g)-1 && (d.out.Delivered() || m.Bad != "")
 		if f, stop := k.settle(d, more); stop {
-			if d.out != OutcomeSent && d.out != OutcomeInterrupted {
+			if !d.out.Delivered() && d.out != relaytype.OutcomeInterrupted {
 				stopped = m
 			}
 			if f {
@@ -227,12 +228,12 @@ func (k *worker) deliverKey(g group) (failed int, stopped *store.Row, kept bool)
 // could not be recorded, or the message failed (failed).
 func (k *worker) settle(d delivery, more bool) (failed, stop bool) {
 	switch {
-	case d.out == OutcomeInterrupted:
+	case d.out == relaytype.OutcomeInterrupted:
 		k.e.halt()
 		return false, true
 	case k.w.recordOne(d, more) != nil:
 		return false, true
-	case d.out != OutcomeSent && d.m.Bad == "":
+	case !d.out.Delivered() && d.m.Bad == "":
 		return true, true
 	}
 	return false, false
@@ -242,7 +243,7 @@ func (k *worker) settle(d delivery, more bool) (failed, stop bool) {
 // delivered, and says what became of it; recording it is the recorder's job.
 func (k *worker) deliverOne(m *store.Row) (d delivery, kept bool) {
 	if m.Bad != "" {
-		return delivery{m: m, out: OutcomeDead, sendErr: errors.New(m.Bad)}, true
+		return delivery{m: m, out: relaytype.OutcomeDead, sendErr: errors.New(m.Bad)}, true
 	}
 	kept, err := k.send(m)
 	if !kept {

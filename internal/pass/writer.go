@@ -35,7 +35,7 @@ func (rc *recorder) newWriter(ctx context.Context) (*writer, error) {
 	if err := rc.errorOf(); err != nil {
 		return nil, err // the pass failed: hold nothing for sends that will not start
 	}
-	w := &writer{rc: rc, conn: heldConn{pool: rc.r.deps.Pool}, in: make(chan submission, 2*rc.pipeline),
+	w := &writer{rc: rc, conn: heldConn{src: rc.r.deps.Outbox}, in: make(chan submission, 2*rc.pipeline),
 		slots: make(chan struct{}, rc.pipeline), done: make(chan struct{})}
 	if err := rc.hold(ctx, &w.conn); err != nil {
 		// The pass failed meanwhile (another worker's outcome could not be

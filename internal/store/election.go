@@ -245,7 +245,7 @@ type LockSession struct {
 	Idle     *string
 }
 
-// MarkReplica adds a relay's replica id (internal/election's presence) to the election mark
+// MarkReplica adds a relay's replica id (internal/session's presence) to the election mark
 // of stmt: "/* relay election replica=1a2b3c4d */ …", so that Admin links an
 // election's session to the live replica whose pass it runs. statements
 // without the mark, and an empty id, are returned as they are.

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The pass's outcomes; their statements are in sql/outcomes.sql.
@@ -18,7 +17,7 @@ import (
 // record writes the outcomes ds: one in its own short transaction, several in
 // one statement. Each row is fenced on the state the pass read; it returns the
 // ids of the rows that had moved on and were left alone.
-func (r *Table) Record(ctx context.Context, db querier, ds []Outcome) (stale map[int64]bool, err error) {
+func (r *Table) Record(ctx context.Context, db querier, ds []Update) (stale map[int64]bool, err error) {
 	if len(ds) == 1 {
 		d := &ds[0]
 		sql, args := r.sentSQL, []any{d.ID, d.Status, d.ReadAttempts}
@@ -96,7 +95,7 @@ func staleOf(rows pgx.Rows, ids []int64) (map[int64]bool, error) {
 
 // allSentFresh reports whether every delivery of ds was sent from a row read
 // as PENDING with no attempt: the common group, which has its own statement.
-func allSentFresh(ds []Outcome) bool {
+func allSentFresh(ds []Update) bool {
 	for i := range ds {
 		m := &ds[i]
 		if !m.Sent || !m.Status.Valid || m.Status.String != StatusPending || !m.ReadAttempts.Valid || m.ReadAttempts.Int64 != 0 {
@@ -116,12 +115,12 @@ func allSentFresh(ds []Outcome) bool {
 // It needs named prepared statements; on a connection whose pgx mode does not
 // prepare statements (configured for a transaction-pooling proxy), it writes
 // them one by one.
-func (r *Table) RecordEach(ctx context.Context, c *pgxpool.Conn, ds []Outcome) (stale map[int64]bool, failed map[int64]error, err error) {
+func (r *Table) RecordEach(ctx context.Context, c Conn, ds []Update) (stale map[int64]bool, failed map[int64]error, err error) {
 	stale, failed = map[int64]bool{}, map[int64]error{}
 	conn := c.Conn()
 	if mode := conn.Config().DefaultQueryExecMode; mode != pgx.QueryExecModeCacheStatement && mode != pgx.QueryExecModeCacheDescribe {
 		for _, d := range ds {
-			st, err := r.Record(ctx, c, []Outcome{d})
+			st, err := r.Record(ctx, c, []Update{d})
 			if err != nil {
 				if SQLState(err) == "" || ConnectionFailed(err) {
 					return nil, nil, err

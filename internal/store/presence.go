@@ -9,7 +9,7 @@ import (
 )
 
 // Presence's statements, in sql/presence.sql: the locks a started relay holds
-// (internal/election), Admin's reading of them, and the table's
+// (internal/session), Admin's reading of them, and the table's
 // indexes (relay's indexes.go).
 
 var (

@@ -13,7 +13,7 @@ import (
 )
 
 // One type, one app: the delivers keys a started relay holds and the table's
-// registry of types, in sql/registry.sql (internal/election's ownership.go
+// registry of types, in sql/registry.sql (internal/session's ownership.go
 // takes them; the relay's Admin reads the registry).
 
 var (

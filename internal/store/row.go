@@ -62,9 +62,9 @@ type Batch struct {
 	HeadersAdded bool // the table has the headers column, which the select did not read (preflight only)
 }
 
-// Outcome is one message's outcome to record: the fence (the row's state as
-// read) and what to write.
-type Outcome struct {
+// Update is one row's fenced update, a message's outcome as the table
+// records it: the fence (the row's state as read) and what to write.
+type Update struct {
 	ID           int64
 	Status       pgtype.Text // as read
 	ReadAttempts pgtype.Int8 // as read

@@ -135,9 +135,9 @@ func exerciseStatements(t *testing.T, q sqltest.Recorder) (built []string) {
 					}
 				}
 				_ = r.LoadLarge(ctx, q, &Batch{Rows: []Row{{ID: 1, Large: true}}}, 100)
-				sent := Outcome{ID: 1, Status: pending, ReadAttempts: zero, Sent: true}
-				failed := Outcome{ID: 2, Status: failedState, ReadAttempts: three, NewAttempts: 4, LastError: "e"}
-				for _, ds := range [][]Outcome{{sent}, {failed}, {sent, sent}, {sent, failed}} {
+				sent := Update{ID: 1, Status: pending, ReadAttempts: zero, Sent: true}
+				failed := Update{ID: 2, Status: failedState, ReadAttempts: three, NewAttempts: 4, LastError: "e"}
+				for _, ds := range [][]Update{{sent}, {failed}, {sent, sent}, {sent, failed}} {
 					_, _ = r.Record(ctx, q, ds)
 				}
 				_, _ = r.States(ctx, q, []int64{1})

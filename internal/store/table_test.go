@@ -47,8 +47,8 @@ func TestAsyncCommitIsLocalToTheOutcome(t *testing.T) {
 		var id int64
 		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+table+" (type, natural_key, payload) VALUES ('t', 'k', '{}') RETURNING id").Scan(&id))
 		pending, zero := pgtype.Text{String: StatusPending, Valid: true}, pgtype.Int8{Valid: true}
-		m := Outcome{ID: id, Status: pending, ReadAttempts: zero, Sent: true}
-		for _, ds := range [][]Outcome{
+		m := Update{ID: id, Status: pending, ReadAttempts: zero, Sent: true}
+		for _, ds := range [][]Update{
 			{m}, // one outcome
 			{m, {ID: -1, Status: pending, Sent: true}}, // a group
 		} {

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -28,10 +28,10 @@ type Listener struct {
 	Types    []string // the types the relay delivers: a notification of another wakes nothing
 	Wake     bool     // Config.WakeOnCommit: LISTEN; false: the session only carries presence
 	Interval time.Duration
-	Presence *election.Presence
-	Sessions *election.SessionCheck // nil: no election checks the pool
-	Own      *election.OwnSession   // the statements handed to the session between its waits
-	WakeUp   func()                 // wakes the loop
+	Presence *session.Presence
+	Sessions *session.SessionCheck // nil: no election checks the pool
+	Own      *session.OwnSession   // the statements handed to the session between its waits
+	WakeUp   func()                // wakes the loop
 }
 
 // Run is the started relay's listener: a connection of its own on which it
@@ -41,7 +41,7 @@ type Listener struct {
 // says so once and polls. A lost connection is replaced, with a backoff; the
 // loop is woken after each reconnection, for what was missed meanwhile.
 //
-// The same session carries the relay's presence (internal/election): its locks are
+// The same session carries the relay's presence (internal/session): its locks are
 // taken once the session is known to be one (the probe came back), and again
 // after each reconnection. With WakeOnCommit off, the session LISTENs for
 // nothing and only carries presence.
@@ -58,7 +58,7 @@ func (r *Listener) Run(ctx context.Context, attempted func()) {
 		conn, pid, err := r.openListener(ctx, channel, wake)
 		once.Do(attempted)
 		switch {
-		case errors.Is(err, election.ErrPresenceMoved):
+		case errors.Is(err, session.ErrPresenceMoved):
 			r.Logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
 				slog.String("replica", r.Presence.ID()))
 			return
@@ -98,7 +98,7 @@ func (r *Listener) Run(ctx context.Context, attempted func()) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, election.ErrPresenceMoved) {
+		if errors.Is(err, session.ErrPresenceMoved) {
 			r.Logger.LogAttrs(ctx, slog.LevelError, "relay: presence is off: "+err.Error()+"; relayctl who and the console will not list this replica",
 				slog.String("replica", r.Presence.ID()))
 			return
@@ -132,9 +132,9 @@ func (r *Listener) dropsSessions(ctx context.Context) bool {
 	if r.Sessions != nil {
 		return errors.Is(r.Sessions.Verify(ctx, r.Pool, r.Logger), store.ErrTransactionPooling)
 	}
-	cctx, cancel := context.WithTimeout(ctx, election.SessionCheckTimeout)
+	cctx, cancel := context.WithTimeout(ctx, session.SessionCheckTimeout)
 	defer cancel()
-	_, err := election.ProbeSessions(cctx, r.Pool)
+	_, err := session.ProbeSessions(cctx, r.Pool)
 	return errors.Is(err, store.ErrTransactionPooling)
 }
 
@@ -154,7 +154,7 @@ func (r *Listener) openListener(ctx context.Context, channel string, wake bool) 
 		return nil, 0, err
 	}
 	present := func() (*pgx.Conn, uint32, error) {
-		pctx, cancel := context.WithTimeout(ctx, election.LockTimeout)
+		pctx, cancel := context.WithTimeout(ctx, session.LockTimeout)
 		defer cancel()
 		pid, err := r.Presence.Take(pctx, conn)
 		if err != nil {

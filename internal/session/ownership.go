@@ -1,4 +1,4 @@
-package election
+package session
 
 import (
 	"context"
@@ -97,6 +97,19 @@ func (o *Ownership) Yielded() []Yield {
 		return nil
 	}
 	return *o.now.Load()
+}
+
+// YieldedTypes are the types of Yielded, nil when it yields none.
+func (o *Ownership) YieldedTypes() []string {
+	ys := o.Yielded()
+	if len(ys) == 0 {
+		return nil
+	}
+	types := make([]string, len(ys))
+	for i, y := range ys {
+		types[i] = y.Type
+	}
+	return types
 }
 
 // OnChange has f told when the yields change.

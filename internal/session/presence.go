@@ -1,4 +1,4 @@
-package election
+package session
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/xadm/relay/internal/lease"
+	"github.com/xadm/relay/internal/relaytype"
 	"github.com/xadm/relay/internal/store"
 )
 
@@ -67,8 +68,8 @@ type Presence struct {
 	args []any // of takePresenceSQL: app, id, MaxAttempts, Partitions, types, table
 	desc Descriptor
 	// marks is the comment the statements carry: desc, with the types
-	// paused now (SetPaused), yielded (ownership.go), with Sends stuck
-	// (SetStuck) and the last retention run (SetRetention). The next
+	// paused now (Follow), yielded (ownership.go), with Sends stuck
+	// (Follow) and the last retention run (SetRetention). The next
 	// statement on the session says it.
 	marks atomic.Pointer[string]
 
@@ -157,7 +158,7 @@ func NewPresence(app, table string, maxAttempts, partitions int, types []string)
 	host, _ := os.Hostname()
 	p.desc = Descriptor{App: app, Table: table, Replica: p.id, Types: types, MaxAttempts: maxAttempts,
 		Partitions: max(partitions, 1), Host: host, Process: os.Getpid(), Since: time.Now().UTC().Truncate(time.Second)}
-	p.SetPaused(nil)
+	p.setPaused(nil)
 	return p
 }
 
@@ -182,20 +183,45 @@ func (p *Presence) Args() []any { return p.args }
 // Mark is the comment the presence statements carry now.
 func (p *Presence) Mark() string { return *p.marks.Load() }
 
-// SetPaused makes the statements say the types paused now, with as much of
+// Lanes are what presence says of a pass's lanes (internal/pass's Lanes):
+// the types paused now, and those with abandoned Sends still running.
+type Lanes interface {
+	Paused() []relaytype.PausedType
+	Stuck() []relaytype.StuckSends
+}
+
+// Follow returns what the lanes' OnChange calls, from the goroutine that saw
+// the change: it makes the statements say l's paused types and stuck Sends
+// as they are now. The relay wires it once, in New.
+func (p *Presence) Follow(l Lanes) func() {
+	return func() {
+		var paused []PausedDescriptor
+		for _, pt := range l.Paused() {
+			paused = append(paused, PausedDescriptor{Type: pt.Type, Reason: pt.Reason, Since: pt.Since, Until: pt.Until, Probing: pt.Probing})
+		}
+		p.setPaused(paused)
+		var stuck []StuckDescriptor
+		for _, s := range l.Stuck() {
+			stuck = append(stuck, StuckDescriptor{Type: s.Type, Sends: s.Sends, Since: s.Since})
+		}
+		p.setStuck(stuck)
+	}
+}
+
+// setPaused makes the statements say the types paused now, with as much of
 // their reasons as fits presenceCommentMax (then only their names).
 // The descriptors come as the lanes say them: Since and Until are rounded,
 // and the reasons clipped, here.
-func (p *Presence) SetPaused(paused []PausedDescriptor) {
+func (p *Presence) setPaused(paused []PausedDescriptor) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.paused = paused
 	p.remark()
 }
 
-// SetStuck makes the statements say the types whose abandoned Sends still
+// setStuck makes the statements say the types whose abandoned Sends still
 // run, how many and since when.
-func (p *Presence) SetStuck(stuck []StuckDescriptor) {
+func (p *Presence) setStuck(stuck []StuckDescriptor) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stuck = stuck
