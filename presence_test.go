@@ -94,6 +94,24 @@ func TestPresenceListsLiveReplicas(t *testing.T) {
 	require.Empty(t, replicasOf(t, admin))
 }
 
+// TestPresenceGoneWhenStoppedAtOnce: a relay stopped the moment its presence
+// is listed (its listener may still be claiming its types on the session)
+// is no longer listed when Stop returns.
+func TestPresenceGoneWhenStoppedAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	require.NoError(t, err)
+	for i := range 30 {
+		r := b.newRelay(t, b.cfg, newRecorder("order", nil))
+		require.NoError(t, r.Start(ctx))
+		require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 20*time.Second, time.Millisecond, "round %d: listed", i)
+		require.NoError(t, r.Stop(ctx))
+		require.Empty(t, replicasOf(t, admin), "round %d: listed after Stop returned", i)
+	}
+}
+
 // TestPresenceReconnects: a presence session that is terminated (a killed
 // backend, a failover) is taken again by the reconnected listener.
 func TestPresenceReconnects(t *testing.T) {

@@ -158,6 +158,10 @@ func (r *Listener) openListener(ctx context.Context, channel string, wake bool) 
 		defer cancel()
 		pid, err := r.Presence.Take(pctx, conn)
 		if err != nil {
+			// The locks may be held: a stop meanwhile cut short the claim of
+			// the relay's types that follows their taking. Gone before Stop
+			// returns, as below.
+			r.leavePresence(conn, conn.PgConn().PID(), err)
 			return fail(err)
 		}
 		// Through a transaction-pooling proxy the next statement may answer
