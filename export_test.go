@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/xadm/relay/internal/election"
 	"github.com/xadm/relay/internal/store"
 	"github.com/xadm/relay/internal/wake"
 )
@@ -29,22 +28,6 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 // goes without a NOTIFY the wake-up token did not grant.
 func WithWakeUpForTest(window, denseGap, forceAfter time.Duration) EnqueueOption {
 	return withWakeWindows(wake.NewWindows(window, denseGap, forceAfter))
-}
-
-// KeepElectionForTest makes r's loop keep its election between passes for
-// up to idle without work, instead of keptIdle. It must run before Start.
-func KeepElectionForTest(r *Relay, idle time.Duration) {
-	if !election.SetKeptIdle(r.election, idle) {
-		panic("relay: KeepElectionForTest: not the relay's own election")
-	}
-}
-
-// IdleCheckNextForTest reports whether r's partitioned membership will look
-// for work on the relay's own session at its next timer pass, instead of
-// rebalancing (membership.idleCheck): its last pass was an idle one that
-// rebalanced.
-func IdleCheckNextForTest(r *Relay) bool {
-	return election.IdleCheckNext(r.election)
 }
 
 // RetryBackoffMaxForTest is the cap of the wait before an ERROR row is retried.
