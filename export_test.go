@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/xadm/relay/internal/store"
-	"github.com/xadm/relay/internal/wake"
 )
 
 // FetchForTest is the select of a batch of at most limit rows of types as a
@@ -20,14 +19,6 @@ func FetchForTest(table string, backoff time.Duration, maxAttempts int, types []
 		panic(err)
 	}
 	return r.FetchSQL(maxAttempts, types, limit)
-}
-
-// WithWakeUpForTest makes the Enqueue calls given the same option share
-// wake-up attempts of their own: how often a producer whose Enqueues come
-// within denseGap of each other tries to wake the relays, and how long it
-// goes without a NOTIFY the wake-up token did not grant.
-func WithWakeUpForTest(window, denseGap, forceAfter time.Duration) EnqueueOption {
-	return withWakeWindows(wake.NewWindows(window, denseGap, forceAfter))
 }
 
 // RetryBackoffMaxForTest is the cap of the wait before an ERROR row is retried.
