@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -78,8 +77,10 @@ func waitListening(t *testing.T, b *bundle) {
 	}, 10*time.Second, 5*time.Millisecond, "the relay listens")
 }
 
-// TestEnqueueNotifies: Enqueue's NOTIFY, carried by one transaction at a
-// time, and none WithoutWakeUp.
+// TestEnqueueNotifies: Enqueue's NOTIFY, and none WithoutWakeUp. (That one
+// transaction at a time carries it is internal/store's
+// TestEnqueueWakeTokenOneNotifierAtATime; one per window of a process's dense
+// Enqueues, TestEnqueueOneWakeUpPerWindow.)
 func TestEnqueueNotifies(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -93,57 +94,6 @@ func TestEnqueueNotifies(t *testing.T) {
 	n, err := listener.WaitForNotification(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "loud", n.Payload, "notifications arrive in commit order: the quiet one sent none")
-
-	// Concurrent transactions, each trying to wake the relays (the window
-	// is 0, every Enqueue dense): only the one holding the wake-up token notifies (the producer
-	// notifying without it after wakeForceAfter is stretched to an hour here).
-	tries := relay.WithWakeUpForTest(0, time.Hour, time.Hour)
-	enqueueIn := func(tx pgx.Tx, key string) {
-		t.Helper()
-		_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: key, Payload: []byte(`{}`)}, tries) // a key each: no order lock between them
-		require.NoError(t, err)
-	}
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	enqueueIn(holder, "holder")
-	second, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	enqueueIn(second, "silenced")
-	require.NoError(t, second.Commit(ctx))
-	require.NoError(t, holder.Commit(ctx))
-	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", "relay:"+b.table)
-	require.NoError(t, err)
-	got := 0
-	for {
-		n, err := listener.WaitForNotification(ctx)
-		require.NoError(t, err)
-		if n.Payload == "sentinel" {
-			break
-		}
-		t.Logf("notification %q from backend %d", n.Payload, n.PID)
-		got++
-	}
-	require.Equal(t, 1, got, "the token holder's; the other sent none")
-
-	// One process's dense Enqueues within its window: the first carries
-	// the wake-up, the others neither try the token nor notify.
-	window := relay.WithWakeUpForTest(time.Hour, time.Hour, time.Hour)
-	for i := range 20 {
-		_, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "burst", Key: fmt.Sprint("k", i), Payload: []byte(`{}`)}, window)
-		require.NoError(t, err)
-	}
-	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", "relay:"+b.table)
-	require.NoError(t, err)
-	var burst []string
-	for {
-		n, err := listener.WaitForNotification(ctx)
-		require.NoError(t, err)
-		if n.Payload == "sentinel" {
-			break
-		}
-		burst = append(burst, n.Payload)
-	}
-	require.Equal(t, []string{"burst"}, burst, "one wake-up per window")
 }
 
 // TestWakeTriggerOneNotifierAtATime: of two transactions inserting at once,

@@ -130,7 +130,7 @@ func NewGuarded(r *Deps, guard TryRunner) Election { return guardElection{r: r, 
 // NewPolled is the relay's own guard on its pool, with its idle poll and its
 // kept election.
 func NewPolled(r *Deps, own *Guard) Election {
-	return &polledElection{r: r, own: own, keptIdle: keptIdle}
+	return &polledElection{r: r, own: own}
 }
 
 // NewMember is the partitioned election.
@@ -203,9 +203,8 @@ type polledElection struct {
 	r   *Deps
 	own *Guard
 
-	mu       sync.Mutex
-	kept     *Held         // the election kept between the loop's passes; nil: none
-	keptIdle time.Duration // keptIdle; a test may lengthen it
+	mu   sync.Mutex
+	kept *Held // the election kept between the loop's passes; nil: none
 }
 
 // keptIdle is how long, at most, the loop keeps the election without a
@@ -227,7 +226,7 @@ func (e *polledElection) Polls() bool {
 func (e *polledElection) Keeps() (bool, time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.kept != nil, e.keptIdle
+	return e.kept != nil, keptIdle
 }
 
 // take takes the kept election out, if there is one: the pass that runs on
