@@ -89,22 +89,10 @@ const recentWork = 10 * time.Second
 // closed is a channel that is always ready.
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// tasksPerWorker is how many tasks a batch's keys are cut into per worker
-// when there are several: enough for a slow key not to leave the other
-// workers idle, few enough that a hand-off serves many messages. A single
-// worker has no other to leave idle: it takes a lane's keys of a batch as one
-// task, and the next batch is selected as soon as it has taken them, while
-// it sends them (the select waits for the last task to be handed out). A
-// lane that waits meanwhile still has its turn at the next key (starving).
+// tasksPerWorker is how many tasks a batch's keys are cut into per worker:
+// enough for a slow key not to leave the other workers idle, few enough that
+// a hand-off serves many messages.
 const tasksPerWorker = 4
-
-// taskCut is how many tasks a lane's keys of a batch are cut into.
-func taskCut(workers int) int {
-	if workers == 1 {
-		return 1
-	}
-	return workers * tasksPerWorker
-}
 
 // engine is one pass's dispatch: it selects batches outside any transaction,
 // splits them by natural key and by lane (each message type is one: lanes.go),
@@ -590,8 +578,7 @@ func (e *engine) plan(rows []store.Row, fl *flight, now time.Time) (skipped, hel
 		singles[l.index] = append(singles[l.index], g)
 	}
 	for lane, single := range singles {
-		cut := taskCut(e.r.cfg.Workers)
-		size := max(1, (len(single)+cut-1)/cut)
+		size := max(1, (len(single)+e.r.cfg.Workers*tasksPerWorker-1)/(e.r.cfg.Workers*tasksPerWorker))
 		for len(single) > 0 {
 			n := min(size, len(single))
 			tasks = append(tasks, task{groups: single[:n:n], lane: lane, first: single[0][0].ID})
