@@ -28,11 +28,11 @@ var (
 // relay's descriptor comment); it returns the backend's pid and whether
 // every lock was granted.
 func PresenceTakeStatement(ctx context.Context, db querier, mark string, args []any, idle time.Duration) (pid uint32, ok bool, err error) {
-	var ignored [2]*string
+	var ignored [3]*string
 	all := append(append([]any{}, args...), strconv.Itoa(int(idle/time.Millisecond)),
 		strconv.Itoa(int(lease.KeepaliveIdle/time.Second)), strconv.Itoa(int(lease.KeepaliveInterval/time.Second)),
 		strconv.Itoa(lease.KeepaliveCount), strconv.Itoa(int(idle/time.Millisecond)))
-	err = db.QueryRow(ctx, mark+presenceTakeSQL, all...).Scan(&pid, &ok, &ignored[0], &ignored[1])
+	err = db.QueryRow(ctx, mark+presenceTakeSQL, all...).Scan(&pid, &ok, &ignored[0], &ignored[1], &ignored[2])
 	return pid, ok, err
 }
 

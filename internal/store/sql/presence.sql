@@ -17,9 +17,12 @@ SELECT hashtext('relay_presence_app') AS a, hashtext(@app) AS b
 
 -- name: presenceTake @app @replica @max_attempts @partitions @types @table @idle_timeout @keepalive_idle @keepalive_interval @keepalive_count @user_timeout
 -- Takes the presence locks and sets the session's lease, in one round trip:
--- @idle_timeout idle_session_timeout (ms); on PostgreSQL 13 the TCP
+-- @idle_timeout idle_session_timeout (ms), and the same inside a transaction
+-- (the claim of the relay's types opens one: a client cut off between its
+-- BEGIN and its first statement would otherwise leave the session, and its
+-- locks, idle in a transaction for good); on PostgreSQL 13 the TCP
 -- keepalives (s) and @user_timeout tcp_user_timeout (ms).
-SELECT s.pid, s.ok,
+SELECT s.pid, s.ok, set_config('idle_in_transaction_session_timeout', @idle_timeout, false),
   CASE WHEN s.version >= 140000 THEN set_config('idle_session_timeout', @idle_timeout, false) END,
   CASE WHEN s.version < 140000 THEN set_config('tcp_keepalives_idle', @keepalive_idle, false) || set_config('tcp_keepalives_interval', @keepalive_interval, false)
     || set_config('tcp_keepalives_count', @keepalive_count, false) || set_config('tcp_user_timeout', @user_timeout, false) END
