@@ -280,10 +280,12 @@ func TestPagerOverlap(t *testing.T) {
 	w.waitReplicas(t, 1)
 	w.startRelay(t, renamed, "y")
 	var stdout string
+	// The second app is listed once it holds its presence, and says it
+	// yields once its claim of its types, which follows, has decided.
 	require.Eventually(t, func() bool {
 		var code int
 		code, stdout, _ = w.ctl(t, ctx, "status", "--sample", "0")
-		return code == statusWarning
+		return code == statusWarning && strings.Contains(stdout, "(yields it)")
 	}, 10*time.Second, 50*time.Millisecond)
 	first, details, _ := plugin(t, stdout)
 	require.Equal(t, "WARNING: type y served by two apps on "+w.table, first)
