@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -15,20 +14,6 @@ import (
 // The kept election (internal/election, elections.go): the loop keeps the election it won between
 // its passes while work keeps arriving, and lets go of it when nothing comes,
 // on Stop, and when its session is lost.
-
-// trickle writes n messages of type "t" one at a time through Enqueue (which
-// notifies), each once the previous one was sent, and returns their ids.
-func (b *bundle) trickle(t *testing.T, rec *recorder, from, n int) []int64 {
-	t.Helper()
-	var ids []int64
-	for i := from; i < from+n; i++ {
-		id, err := relay.Enqueue(context.Background(), b.pool, b.table, relay.Outgoing{Type: "t", Key: fmt.Sprint("k", i), Payload: []byte(`{}`)})
-		require.NoError(t, err)
-		ids = append(ids, id)
-		require.Eventually(t, func() bool { return rec.count() >= i+1 }, 30*time.Second, time.Millisecond, "message %d", i)
-	}
-	return ids
-}
 
 // TestKeptElectionTrickle counts, with a proxy in front of the server, the
 // round trips of a started relay fed one message at a time: its woken passes

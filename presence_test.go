@@ -16,20 +16,6 @@ import (
 	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
-// replicasOf reads the live replicas of admin's app.
-func replicasOf(t *testing.T, a *relay.Admin) []relay.Replica {
-	t.Helper()
-	reps, err := a.Replicas(context.Background())
-	require.NoError(t, err)
-	return reps
-}
-
-func startRelay(t *testing.T, r *relay.Relay) {
-	t.Helper()
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(func() { _ = r.Stop(context.Background()) })
-}
-
 // TestPresenceListsLiveReplicas: a single-key relay (with wake-ups) and a
 // partitioned one (without) of one app are listed between passes with their
 // types, ceiling and Partitions; a relay of another app is not; Stop removes

@@ -128,17 +128,6 @@ func TestWakeTriggerOneNotifierAtATime(t *testing.T) {
 	require.Equal(t, []string{"first"}, got)
 }
 
-// listenOn opens a session of the test's own that LISTENs on channel.
-func listenOn(t *testing.T, channel string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), server().URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	_, err = conn.Exec(context.Background(), "LISTEN "+pgx.Identifier{channel}.Sanitize())
-	require.NoError(t, err)
-	return conn
-}
-
 // TestWakeUpsBehindATransactionPooler: LISTEN cannot work through a
 // transaction-pooling proxy; the relay finds out, says so once, and polls.
 func TestWakeUpsBehindATransactionPooler(t *testing.T) {
