@@ -13,7 +13,6 @@ import (
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/internal/testkit/pgserver"
-	"github.com/xadm/relay/internal/tools/benchkit"
 )
 
 // TestWakeOnCommit: with an Interval of an hour, only the wake-up can deliver
@@ -207,49 +206,4 @@ func TestListenerProbeLate(t *testing.T) {
 	_, err = relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{"n": 1}`)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return rec.count() == 1 }, 30*time.Second, 10*time.Millisecond, "a commit wakes it")
-}
-
-// TestIdleCost: three idle replicas, one statement per pass each (the idle
-// poll), whoever holds the election, counted by a tracer on their pools.
-func TestIdleCost(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t)
-	cfg := b.cfg
-	cfg.Interval = 50 * time.Millisecond
-	type replica struct {
-		r     *relay.Relay
-		trips *benchkit.Tracer
-	}
-	var replicas []replica
-	for range 3 {
-		trips := &benchkit.Tracer{}
-		pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trips })
-		r, err := relay.New(pool, cfg, newRecorder("t", nil))
-		require.NoError(t, err)
-		require.NoError(t, r.Start(ctx))
-		t.Cleanup(func() { _ = r.Stop(ctx) })
-		replicas = append(replicas, replica{r, trips})
-	}
-	passes := func(r *relay.Relay) int64 {
-		s := r.Stats()
-		return s.PassesElected + s.PassesCoalesced + s.PassesFailed
-	}
-	for _, rep := range replicas { // past start-up: the table learned, the listener's LISTEN
-		require.Eventually(t, func() bool { return passes(rep.r) >= 3 }, 10*time.Second, 5*time.Millisecond)
-	}
-	type mark struct{ passes, statements int64 }
-	before := make([]mark, len(replicas))
-	for i, rep := range replicas {
-		before[i] = mark{passes(rep.r), rep.trips.Statements()}
-	}
-	for _, rep := range replicas {
-		require.Eventually(t, func() bool { return passes(rep.r) >= before[0].passes+20 }, 30*time.Second, 5*time.Millisecond)
-	}
-	for i, rep := range replicas {
-		p, s := passes(rep.r)-before[i].passes, rep.trips.Statements()-before[i].statements
-		t.Logf("replica %d: %d statements in %d idle passes", i, s, p)
-		require.LessOrEqual(t, s, p+1, "replica %d: at most one statement per idle pass", i) // +1: a pass may straddle the marks
-		require.Zero(t, rep.r.Stats().Sent)
-	}
 }

@@ -223,7 +223,7 @@ func TestPartitionsFleetKillAndAdd(t *testing.T) {
 
 // TestIdlePartitionedFleetOneRoundTripPerReplica: an idle fleet of 16
 // members with Partitions 64 asks the server for one round trip per replica
-// per pass, as one member alone does (TestIdlePartitionedMemberOneRoundTripPerPass):
+// per pass, as one member alone does (internal/loop's TestIdlePartitionedMemberOneRoundTripPerPass):
 // each member's passes take its two sessions in turn, and nothing a member
 // sends grows with the fleet. A proxy in front of the server counts them.
 func TestIdlePartitionedFleetOneRoundTripPerReplica(t *testing.T) {
