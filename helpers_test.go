@@ -116,10 +116,6 @@ var (
 	bouncerPool  = harness.BouncerPool
 )
 
-// takeoverBound: another replica delivers within this long of the leader
-// going silent (harness.TakeoverBound).
-const takeoverBound = harness.TakeoverBound
-
 // recorder is a Sender that records what it was asked to send.
 type recorder struct{ *harness.Recorder }
 
