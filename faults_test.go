@@ -89,11 +89,6 @@ func (l *ledger) recordedSent() map[int64]int {
 	return n
 }
 
-// appNameOf is the application_name the pool's sessions carry (newPool sets one per pool).
-func appNameOf(pool *pgxpool.Pool) string {
-	return pool.Config().ConnConfig.RuntimeParams["application_name"]
-}
-
 // terminateApp kills every backend whose application_name is app, as a
 // failover or an operator would, and waits until those backends are gone. It
 // returns how many it killed. It works on a connection of its own, under a
@@ -532,23 +527,6 @@ func TestRollingDeploy(t *testing.T) {
 		require.Equal(t, 1, delivered[id], "row %d", id)
 	}
 	t.Logf("%d rows, %d rolls: every row delivered exactly once", rows, rolls)
-}
-
-// bouncerPool opens a pool of maxConns through a PgBouncer; mode is pgx's
-// query exec mode (pgx's default statement cache does not survive
-// transaction pooling before PgBouncer 1.21).
-func bouncerPool(t *testing.T, url string, maxConns int32, mode pgx.QueryExecMode) *pgxpool.Pool {
-	t.Helper()
-	return pgserver.Pool(t, url, "", maxConns, func(pc *pgxpool.Config) { pc.ConnConfig.DefaultQueryExecMode = mode })
-}
-
-func startBouncer(t *testing.T, mode string) *pgserver.PgBouncer {
-	t.Helper()
-	pgserver.RequirePgBouncer(t)
-	pb, err := pgserver.StartPgBouncer(context.Background(), server(), mode)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pb.Stop() })
-	return pb
 }
 
 // TestPgBouncer runs the relay through a real PgBouncer. In session mode it

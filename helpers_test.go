@@ -74,6 +74,13 @@ func (b *bundle) deadCount(t testing.TB, ceiling int) int {
 	return b.h.DeadCount(t, ceiling)
 }
 
+// trickle writes n messages of type "t" one at a time through Enqueue, each
+// once rec sent the one before (harness.Bundle.Trickle).
+func (b *bundle) trickle(t *testing.T, rec *recorder, from, n int) []int64 {
+	t.Helper()
+	return b.h.Trickle(t, rec.Recorder, from, n)
+}
+
 func (b *bundle) statusOfKey(t testing.TB, key string) string {
 	t.Helper()
 	return b.h.StatusOfKey(t, key)
@@ -95,11 +102,19 @@ var (
 	holdersOf = harness.HoldersOf
 	// testLogger logs through t.Log until the test ends.
 	testLogger = harness.TestLogger
+	// startRelay starts a relay and stops it at the test's end.
+	startRelay = harness.StartRelay
+	// replicasOf reads the live replicas of an Admin's app.
+	replicasOf = harness.Replicas
+	// listenOn opens a session of the test's own that LISTENs on a channel.
+	listenOn = harness.ListenOn
+	// appNameOf is the application_name a pool's sessions carry.
+	appNameOf = harness.AppNameOf
+	// startBouncer starts a PgBouncer in a pool mode; bouncerPool opens a
+	// pool through it.
+	startBouncer = harness.StartBouncer
+	bouncerPool  = harness.BouncerPool
 )
-
-// takeoverBound: another replica delivers within this long of the leader
-// going silent (harness.TakeoverBound).
-const takeoverBound = harness.TakeoverBound
 
 // recorder is a Sender that records what it was asked to send.
 type recorder struct{ *harness.Recorder }

@@ -194,6 +194,32 @@ func TestStartStop(t *testing.T) {
 	})
 }
 
+// TestKeptElectionLetGoOfAtStop: Stop lets go of the election a started
+// relay's loop keeps between its passes before it returns. (The kept election
+// itself, every pass under one election and a standby's coalescing on it,
+// is internal/election's TestKeptElectionUntilEnd.)
+func TestKeptElectionLetGoOfAtStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.cfg
+	cfg.Interval = time.Hour
+	rec := newRecorder("t", nil)
+	r := b.newRelay(t, cfg, rec)
+	startRelay(t, r)
+	admin, err := relay.NewAdmin(b.pool, cfg)
+	require.NoError(t, err)
+	for n := 0; ; n++ { // kept after a delivery, until a quiet second
+		b.trickle(t, rec, n, 1)
+		hs, err := admin.Election(context.Background())
+		require.NoError(t, err)
+		if len(hs) == 1 {
+			break
+		}
+	}
+	require.NoError(t, r.Stop(context.Background()))
+	require.True(t, lockFree(t, cfg.AppName), "Stop lets go of the kept election before it returns")
+}
+
 // panicObserver panics in its first passes, as a buggy metrics exporter might.
 type panicObserver struct{ calls atomic.Int32 }
 

@@ -152,6 +152,31 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, 16, cfg.Partitions)
 }
 
+// TestPartitionsConfig: Partitions is checked, and read from RELAY_PARTITIONS.
+func TestPartitionsConfig(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 4)
+	s := relay.SenderFunc("t", func(context.Context, relay.Message) error { return nil })
+	for _, tc := range []struct {
+		change func(*relay.Config)
+		want   string
+	}{
+		{func(c *relay.Config) { c.Partitions = 0 }, "relay: Config.Partitions must be between 1 and 4096, got 0"},
+		{func(c *relay.Config) { c.Partitions = 4097 }, "relay: Config.Partitions must be between 1 and 4096, got 4097"},
+		{func(c *relay.Config) { c.Partitions, c.ClusterLock = 4, false }, "relay: Config.Partitions is 4, but ClusterLock is false"},
+		{func(c *relay.Config) { c.Partitions, c.Guard = 4, relay.NewPostgresGuard(pool) }, "leave Guard nil"},
+	} {
+		cfg := relay.DefaultConfig()
+		tc.change(&cfg)
+		_, err := relay.New(pool, cfg, s)
+		require.ErrorContains(t, err, tc.want)
+		var fe *relay.FieldError
+		require.ErrorAs(t, err, &fe)
+		require.Equal(t, "Partitions", fe.Field)
+	}
+	require.Equal(t, 1, relay.DefaultConfig().Partitions)
+}
+
 func TestCreateTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

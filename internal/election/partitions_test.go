@@ -14,7 +14,7 @@ import (
 // go of are taken at the very next pass, as when every pass rebalanced. Here
 // the next pass is such a look when the other member leaves. (The whole
 // relay's side, the first pass after another replica's Stop holding its
-// partitions, is the root's TestPartitionsFreedTakenAtTheNextPass.)
+// partitions, is TestPartitionsFreedTakenAtTheNextPass, partitions_relay_test.go.)
 func TestPartitionsIdleCheckTakesFreed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -1,7 +1,8 @@
-package relay_test
+package wake_test
 
 import (
 	"context"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,20 +13,30 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/testkit/harness"
 	"github.com/xadm/relay/internal/testkit/pgserver"
-	"github.com/xadm/relay/internal/tools/benchkit"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
+
+// The wake-up on commit, proven from a whole Relay: producers' NOTIFY (the
+// Enqueue's and the trigger's, one transaction at a time), the listener that
+// wakes the loop, and its failures: a transaction-pooling proxy, a late probe.
+
+// TestMain gets a real PostgreSQL (RELAY_TEST_DATABASE_URL, a container, or
+// the local binaries) and, after the tests, checks that no goroutine was left
+// behind.
+func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL")) }
 
 // TestWakeOnCommit: with an Interval of an hour, only the wake-up can deliver
 // what producers commit after the first pass.
 func TestWakeOnCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	started := func(t *testing.T, b *bundle, rec *recorder) *relay.Relay {
+	started := func(t *testing.T, b *harness.Bundle, rec *harness.Recorder) *relay.Relay {
 		t.Helper()
-		cfg := b.cfg
+		cfg := b.Config
 		cfg.Interval = time.Hour
-		r := b.newRelay(t, cfg, rec)
+		r := b.NewRelay(t, cfg, rec)
 		require.NoError(t, r.Start(ctx))
 		t.Cleanup(func() { require.NoError(t, r.Stop(ctx)) })
 		// The first pass runs at once; after it, nothing but a wake-up passes.
@@ -37,42 +48,42 @@ func TestWakeOnCommit(t *testing.T) {
 
 	t.Run("EnqueueWakesTheRelay", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		rec := newRecorder("t", nil)
+		b := harness.Setup(t)
+		rec := harness.NewRecorder("t", nil)
 		started(t, b, rec)
 		for i := range 3 {
-			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-				_, err := relay.Enqueue(ctx, tx, b.table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`)})
+			require.NoError(t, pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
+				_, err := relay.Enqueue(ctx, tx, b.Table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{}`)})
 				return err
 			}))
-			require.Eventually(t, func() bool { return rec.count() == i+1 }, 10*time.Second, time.Millisecond,
+			require.Eventually(t, func() bool { return rec.Count() == i+1 }, 10*time.Second, time.Millisecond,
 				"message %d is delivered on its commit, not at the next Interval", i)
 		}
 	})
 
 	t.Run("TheTriggerWakesItForPlainSQL", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		require.NoError(t, relay.CreateWakeTrigger(ctx, b.pool, b.table))
-		require.NoError(t, relay.CreateWakeTrigger(ctx, b.pool, b.table), "idempotent")
-		rec := newRecorder("t", nil)
+		b := harness.Setup(t)
+		require.NoError(t, relay.CreateWakeTrigger(ctx, b.Pool, b.Table))
+		require.NoError(t, relay.CreateWakeTrigger(ctx, b.Pool, b.Table), "idempotent")
+		rec := harness.NewRecorder("t", nil)
 		started(t, b, rec)
-		b.insert(t, "t", "a") // plain SQL, as the JVM writes
-		require.Eventually(t, func() bool { return rec.count() == 1 }, 10*time.Second, time.Millisecond)
+		b.Insert(t, "t", "a") // plain SQL, as the JVM writes
+		require.Eventually(t, func() bool { return rec.Count() == 1 }, 10*time.Second, time.Millisecond)
 	})
 }
 
 // waitListening waits until a session of the bundle's app LISTENs: its last
 // statement is the LISTEN, or the presence it takes once the LISTEN's probe
-// came back (internal/election/presence.go).
-func waitListening(t *testing.T, b *bundle) {
+// came back (internal/session/presence.go).
+func waitListening(t *testing.T, b *harness.Bundle) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var n int
-		require.NoError(t, b.pool.QueryRow(context.Background(),
+		require.NoError(t, b.Pool.QueryRow(context.Background(),
 			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
 			  AND (query LIKE 'LISTEN %' OR query LIKE '/* relay presence %')`,
-			appNameOf(b.pool)).Scan(&n))
+			harness.AppNameOf(b.Pool)).Scan(&n))
 		return n > 0
 	}, 10*time.Second, 5*time.Millisecond, "the relay listens")
 }
@@ -84,12 +95,12 @@ func waitListening(t *testing.T, b *bundle) {
 func TestEnqueueNotifies(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	listener := listenOn(t, "relay:"+b.table)
+	b := harness.Setup(t)
+	listener := harness.ListenOn(t, "relay:"+b.Table)
 
-	_, err := relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "quiet", Key: "k", Payload: []byte(`{}`)}, relay.WithoutWakeUp())
+	_, err := relay.Enqueue(ctx, b.Pool, b.Table, relay.Outgoing{Type: "quiet", Key: "k", Payload: []byte(`{}`)}, relay.WithoutWakeUp())
 	require.NoError(t, err)
-	_, err = relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "loud", Key: "k", Payload: []byte(`{}`)})
+	_, err = relay.Enqueue(ctx, b.Pool, b.Table, relay.Outgoing{Type: "loud", Key: "k", Payload: []byte(`{}`)})
 	require.NoError(t, err)
 	n, err := listener.WaitForNotification(ctx)
 	require.NoError(t, err)
@@ -102,19 +113,19 @@ func TestEnqueueNotifies(t *testing.T) {
 func TestWakeTriggerOneNotifierAtATime(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	require.NoError(t, relay.CreateWakeTrigger(ctx, b.pool, b.table))
-	listener := listenOn(t, "relay:"+b.table)
-	insert := "INSERT INTO " + pgx.Identifier{b.table}.Sanitize() + " (type, natural_key, payload) VALUES ($1, 'k', '{}')"
+	b := harness.Setup(t)
+	require.NoError(t, relay.CreateWakeTrigger(ctx, b.Pool, b.Table))
+	listener := harness.ListenOn(t, "relay:"+b.Table)
+	insert := "INSERT INTO " + pgx.Identifier{b.Table}.Sanitize() + " (type, natural_key, payload) VALUES ($1, 'k', '{}')"
 
-	first, err := b.pool.Begin(ctx)
+	first, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	_, err = first.Exec(ctx, insert, "first")
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, insert, "second") // commits at once, while first holds the token
+	_, err = b.Pool.Exec(ctx, insert, "second") // commits at once, while first holds the token
 	require.NoError(t, err)
 	require.NoError(t, first.Commit(ctx))
-	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", "relay:"+b.table)
+	_, err = b.Pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", "relay:"+b.Table)
 	require.NoError(t, err)
 	var got []string
 	for {
@@ -128,39 +139,28 @@ func TestWakeTriggerOneNotifierAtATime(t *testing.T) {
 	require.Equal(t, []string{"first"}, got)
 }
 
-// listenOn opens a session of the test's own that LISTENs on channel.
-func listenOn(t *testing.T, channel string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), server().URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	_, err = conn.Exec(context.Background(), "LISTEN "+pgx.Identifier{channel}.Sanitize())
-	require.NoError(t, err)
-	return conn
-}
-
 // TestWakeUpsBehindATransactionPooler: LISTEN cannot work through a
 // transaction-pooling proxy; the relay finds out, says so once, and polls.
 func TestWakeUpsBehindATransactionPooler(t *testing.T) {
 	t.Parallel()
 	pgserver.RequirePgBouncer(t)
 	ctx := context.Background()
-	b := setup(t)
-	bouncer := startBouncer(t, "transaction")
-	pool := bouncerPool(t, bouncer.URL, 4, pgx.QueryExecModeExec)
-	var logs logBuffer
-	cfg := b.cfg
+	b := harness.Setup(t)
+	bouncer := harness.StartBouncer(t, "transaction")
+	pool := harness.BouncerPool(t, bouncer.URL, 4, pgx.QueryExecModeExec)
+	var logs testlog.Buffer
+	cfg := b.Config
 	cfg.ClusterLock = false // the election needs session pooling; the wake-up is what this test is about
 	cfg.Interval = 50 * time.Millisecond
 	cfg.Logger = logs.Logger()
-	rec := newRecorder("t", nil)
+	rec := harness.NewRecorder("t", nil)
 	r, err := relay.New(pool, cfg, rec)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(ctx))
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "wake-ups on commit are off") },
 		20*time.Second, 10*time.Millisecond)
-	b.insert(t, "t", "a", "b")
-	require.Eventually(t, func() bool { return rec.count() == 2 }, 10*time.Second, 5*time.Millisecond, "polling delivers")
+	b.Insert(t, "t", "a", "b")
+	require.Eventually(t, func() bool { return rec.Count() == 2 }, 10*time.Second, 5*time.Millisecond, "polling delivers")
 	require.NoError(t, r.Stop(ctx))
 	require.Equal(t, 1, strings.Count(logs.String(), "wake-ups on commit are off"), "said once")
 }
@@ -195,72 +195,27 @@ func (p *lateProbe) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQ
 func TestListenerProbeLate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
+	b := harness.Setup(t)
 	probe := &lateProbe{}
-	pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = probe })
-	var logs logBuffer
-	cfg := b.cfg
+	pool := pgserver.Pool(t, harness.Server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = probe })
+	var logs testlog.Buffer
+	cfg := b.Config
 	cfg.Interval = time.Hour // past its first pass, only a wake-up makes it pass
 	cfg.Logger = logs.Logger()
-	rec := newRecorder("t", nil)
+	rec := harness.NewRecorder("t", nil)
 	r, err := relay.New(pool, cfg, rec)
 	require.NoError(t, err)
-	startRelay(t, r)
+	harness.StartRelay(t, r)
 
-	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	admin, err := relay.NewAdmin(b.Pool, b.Config)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return len(replicasOf(t, admin)) == 1 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(harness.Replicas(t, admin)) == 1 }, 30*time.Second, 10*time.Millisecond,
 		"the replica is listed once its listener is back")
 	require.True(t, probe.held.Load(), "the first probe came back late")
 	require.Contains(t, logs.String(), "did not come back", "the late probe is logged")
 	require.NotContains(t, logs.String(), "wake-ups on commit are off")
 
-	_, err = relay.Enqueue(ctx, b.pool, b.table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{"n": 1}`)})
+	_, err = relay.Enqueue(ctx, b.Pool, b.Table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{"n": 1}`)})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return rec.count() == 1 }, 30*time.Second, 10*time.Millisecond, "a commit wakes it")
-}
-
-// TestIdleCost: three idle replicas, one statement per pass each (the idle
-// poll), whoever holds the election, counted by a tracer on their pools.
-func TestIdleCost(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t)
-	cfg := b.cfg
-	cfg.Interval = 50 * time.Millisecond
-	type replica struct {
-		r     *relay.Relay
-		trips *benchkit.Tracer
-	}
-	var replicas []replica
-	for range 3 {
-		trips := &benchkit.Tracer{}
-		pool := pgserver.Pool(t, server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trips })
-		r, err := relay.New(pool, cfg, newRecorder("t", nil))
-		require.NoError(t, err)
-		require.NoError(t, r.Start(ctx))
-		t.Cleanup(func() { _ = r.Stop(ctx) })
-		replicas = append(replicas, replica{r, trips})
-	}
-	passes := func(r *relay.Relay) int64 {
-		s := r.Stats()
-		return s.PassesElected + s.PassesCoalesced + s.PassesFailed
-	}
-	for _, rep := range replicas { // past start-up: the table learned, the listener's LISTEN
-		require.Eventually(t, func() bool { return passes(rep.r) >= 3 }, 10*time.Second, 5*time.Millisecond)
-	}
-	type mark struct{ passes, statements int64 }
-	before := make([]mark, len(replicas))
-	for i, rep := range replicas {
-		before[i] = mark{passes(rep.r), rep.trips.Statements()}
-	}
-	for _, rep := range replicas {
-		require.Eventually(t, func() bool { return passes(rep.r) >= before[0].passes+20 }, 30*time.Second, 5*time.Millisecond)
-	}
-	for i, rep := range replicas {
-		p, s := passes(rep.r)-before[i].passes, rep.trips.Statements()-before[i].statements
-		t.Logf("replica %d: %d statements in %d idle passes", i, s, p)
-		require.LessOrEqual(t, s, p+1, "replica %d: at most one statement per idle pass", i) // +1: a pass may straddle the marks
-		require.Zero(t, rep.r.Stats().Sent)
-	}
+	require.Eventually(t, func() bool { return rec.Count() == 1 }, 30*time.Second, 10*time.Millisecond, "a commit wakes it")
 }

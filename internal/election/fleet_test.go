@@ -1,4 +1,4 @@
-package relay_test
+package election_test
 
 import (
 	"context"
@@ -20,7 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/testkit/harness"
 	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
 
 // A fleet of partitioned replicas at the size issue 37 asks about: 16
@@ -81,12 +83,12 @@ func (n *namedReceiver) sent(name string, id int64) bool {
 // startChildReplica starts a replica of a partitioned test in a process of
 // its own (TestPartitionsKilledChild), sending to url, so that it can be
 // killed with -9.
-func startChildReplica(t *testing.T, b *bundle, name, url string, partitions int) *exec.Cmd {
+func startChildReplica(t *testing.T, b *harness.Bundle, name, url string, partitions int) *exec.Cmd {
 	t.Helper()
-	var out logBuffer
+	var out testlog.Buffer
 	c := exec.Command(os.Args[0], "-test.run=^TestPartitionsKilledChild$", "-test.v")
-	c.Env = append(os.Environ(), "RELAY_PARTITION_CHILD="+name, "RELAY_TEST_DATABASE_URL="+server().URL,
-		"RELAY_PARTITION_TABLE="+b.table, "RELAY_PARTITION_RECEIVER="+url, "RELAY_PARTITION_N="+strconv.Itoa(partitions))
+	c.Env = append(os.Environ(), "RELAY_PARTITION_CHILD="+name, "RELAY_TEST_DATABASE_URL="+harness.Server().URL,
+		"RELAY_PARTITION_TABLE="+b.Table, "RELAY_PARTITION_RECEIVER="+url, "RELAY_PARTITION_N="+strconv.Itoa(partitions))
 	c.Stdout, c.Stderr = &out, &out
 	require.NoError(t, c.Start())
 	t.Cleanup(func() {
@@ -137,7 +139,7 @@ func TestPartitionsFleetKillAndAdd(t *testing.T) {
 	}
 	t.Parallel()
 	const replicas, partitions = 16, 64
-	b := setup(t)
+	b := harness.Setup(t)
 	recv := newOrderReceiver()
 	dest := newNamedReceiver(t, recv, time.Millisecond)
 	cfg := partitionedConfig(b, partitions)
@@ -146,9 +148,9 @@ func TestPartitionsFleetKillAndAdd(t *testing.T) {
 	start := func(name string) *replica {
 		s, err := relay.NewHTTPSender(relay.HTTPSenderConfig{Type: "t", URL: relay.URLWithKey(dest.url(name))})
 		require.NoError(t, err)
-		return b.startReplica(t, name, cfg, s)
+		return startReplica(t, b, name, cfg, s)
 	}
-	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	admin, err := relay.NewAdmin(b.Pool, b.Config)
 	require.NoError(t, err)
 
 	victim := startChildReplica(t, b, "victim", dest.url("victim"), partitions)
@@ -173,7 +175,7 @@ func TestPartitionsFleetKillAndAdd(t *testing.T) {
 
 	// A backlog, five rows for each of 640 keys in one commit, and rows that
 	// keep coming.
-	rows, err := b.pool.Query(context.Background(), "INSERT INTO "+pgx.Identifier{b.table}.Sanitize()+
+	rows, err := b.Pool.Query(context.Background(), "INSERT INTO "+pgx.Identifier{b.Table}.Sanitize()+
 		" (type, natural_key, payload) SELECT 't', 'k' || (i % 640), '{}' FROM generate_series(0, 5 * 640 - 1) i RETURNING id")
 	require.NoError(t, err)
 	backlog, err := pgx.CollectRows(rows, pgx.RowTo[int64])
@@ -184,15 +186,15 @@ func TestPartitionsFleetKillAndAdd(t *testing.T) {
 		"the replica to be killed delivers its partitions' rows")
 	require.NoError(t, victim.Process.Kill())
 	_ = victim.Wait()
-	left := len(backlog) + prod.count() - b.countStatus(t, "SENT")
+	left := len(backlog) + prod.count() - b.CountStatus(t, "SENT")
 	require.Positive(t, left, "killed while the fleet drains")
 	newcomer := start("newcomer")
 	fleet = append(fleet, newcomer)
-	require.Less(t, b.countStatus(t, "SENT"), len(backlog), "the newcomer comes while the backlog drains")
+	require.Less(t, b.CountStatus(t, "SENT"), len(backlog), "the newcomer comes while the backlog drains")
 	require.Eventually(t, func() bool { return dest.delivered("newcomer") >= 20 }, 120*time.Second, time.Millisecond,
 		"the newcomer gets a share and delivers while the rows keep coming")
 	written := append(backlog, prod.stop(t)...)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 120*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(written) }, 120*time.Second, 10*time.Millisecond,
 		"every row written is delivered")
 	require.Eventually(t, func() bool { return settled(fleet, partitions) }, 120*time.Second, 10*time.Millisecond,
 		"the 15 left and the newcomer hold four partitions each")
@@ -221,7 +223,7 @@ func TestPartitionsFleetKillAndAdd(t *testing.T) {
 
 // TestIdlePartitionedFleetOneRoundTripPerReplica: an idle fleet of 16
 // members with Partitions 64 asks the server for one round trip per replica
-// per pass, as one member alone does (TestIdlePartitionedMemberOneRoundTripPerPass):
+// per pass, as one member alone does (internal/loop's TestIdlePartitionedMemberOneRoundTripPerPass):
 // each member's passes take its two sessions in turn, and nothing a member
 // sends grows with the fleet. A proxy in front of the server counts them.
 func TestIdlePartitionedFleetOneRoundTripPerReplica(t *testing.T) {
@@ -230,38 +232,38 @@ func TestIdlePartitionedFleetOneRoundTripPerReplica(t *testing.T) {
 	}
 	t.Parallel()
 	const replicas, partitions = 16, 64
-	b := setup(t)
-	proxy, via, err := pgserver.ProxyURL(server().URL)
+	b := harness.Setup(t)
+	proxy, via, err := pgserver.ProxyURL(harness.Server().URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proxy.Close() })
 	cfg := partitionedConfig(b, partitions)
 	cfg.Interval = 1100 * time.Millisecond // past pgxpool's 1 s, so that a pooled statement would be pinged first
-	passes := make([]*passCounter, replicas)
+	passes := make([]*harness.PassCounter, replicas)
 	var fleet []*replica
 	for i := range replicas {
-		passes[i] = &passCounter{}
+		passes[i] = &harness.PassCounter{}
 		c := cfg
 		c.Observer = passes[i]
-		r, err := relay.New(pgserver.Pool(t, via, fmt.Sprintf("%s_r%d", b.table, i), 8), c, newRecorder("t", nil))
+		r, err := relay.New(pgserver.Pool(t, via, fmt.Sprintf("%s_r%d", b.Table, i), 8), c, harness.NewRecorder("t", nil))
 		require.NoError(t, err)
-		startRelay(t, r)
+		harness.StartRelay(t, r)
 		fleet = append(fleet, &replica{r: r})
 	}
 	require.Eventually(t, func() bool { return settled(fleet, partitions) }, 60*time.Second, 10*time.Millisecond)
 	total := func() (n int64) {
 		for _, p := range passes {
-			n += p.n.Load()
+			n += p.N.Load()
 		}
 		return n
 	}
 	everyOne := func(more int64) {
 		var at []int64
 		for _, p := range passes {
-			at = append(at, p.n.Load()+more)
+			at = append(at, p.N.Load()+more)
 		}
 		require.Eventually(t, func() bool {
 			for i, p := range passes {
-				if p.n.Load() < at[i] {
+				if p.N.Load() < at[i] {
 					return false
 				}
 			}
@@ -312,29 +314,29 @@ func (c *rebalanceCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBa
 func TestPartitionsUnderWakeUps(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	require.NoError(t, relay.CreateWakeTrigger(ctx, b.pool, b.table))
+	b := harness.Setup(t)
+	require.NoError(t, relay.CreateWakeTrigger(ctx, b.Pool, b.Table))
 	cfg := partitionedConfig(b, 16)
 	cfg.Interval = 300 * time.Millisecond
 	recv := newOrderReceiver()
 	var counters []*rebalanceCounter
-	var passes []*passCounter
+	var passes []*harness.PassCounter
 	start := func(name string) *replica {
-		c, p := &rebalanceCounter{}, &passCounter{}
+		c, p := &rebalanceCounter{}, &harness.PassCounter{}
 		counters, passes = append(counters, c), append(passes, p)
 		rc := cfg
 		rc.Observer = p
-		pool := pgserver.Pool(t, server().URL, b.table+"_"+name, int32(cfg.Concurrency+4),
+		pool := pgserver.Pool(t, harness.Server().URL, b.Table+"_"+name, int32(cfg.Concurrency+4),
 			func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = c })
 		r, err := relay.New(pool, rc, recv.sender("t"))
 		require.NoError(t, err)
-		startRelay(t, r)
+		harness.StartRelay(t, r)
 		return &replica{r: r, pool: pool}
 	}
 	sum := func() (rebalances, n int64) {
 		for i := range counters {
 			rebalances += counters[i].n.Load()
-			n += passes[i].n.Load()
+			n += passes[i].N.Load()
 		}
 		return rebalances, n
 	}
@@ -360,25 +362,25 @@ func TestPartitionsUnderWakeUps(t *testing.T) {
 
 	// A pause waits for the app's key: the members leave at their next
 	// rebalance, within an Interval, wake-ups or not.
-	conn, err := b.pool.Acquire(ctx)
+	conn, err := b.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	asked := time.Now()
-	_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", b.cfg.AppName+relay.LockKeySuffix)
+	_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", b.Config.AppName+relay.LockKeySuffix)
 	require.NoError(t, err)
 	t.Logf("the pause was granted %s after it asked", time.Since(asked).Round(time.Millisecond))
 	for _, rp := range fleet {
 		require.Nil(t, rp.r.Stats().Partitions, "every member left the election to the pause")
 	}
-	sent := b.countStatus(t, "SENT")
+	sent := b.CountStatus(t, "SENT")
 	_, n := sum()
 	require.Eventually(t, func() bool { _, m := sum(); return m >= n+12 }, 30*time.Second, 10*time.Millisecond)
-	require.Equal(t, sent, b.countStatus(t, "SENT"), "nothing is delivered while the pause holds the key")
-	_, err = conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1))", b.cfg.AppName+relay.LockKeySuffix)
+	require.Equal(t, sent, b.CountStatus(t, "SENT"), "nothing is delivered while the pause holds the key")
+	_, err = conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1))", b.Config.AppName+relay.LockKeySuffix)
 	require.NoError(t, err)
 
 	written := prod.stop(t)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
 		"the members come back and deliver every row")
 	require.Empty(t, recv.check(t, written), "nothing failed: every row came once")
 }

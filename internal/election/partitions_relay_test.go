@@ -1,4 +1,4 @@
-package relay_test
+package election_test
 
 import (
 	"context"
@@ -18,7 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/testkit/harness"
 	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/testlog"
 )
 
 // The partitioned election (partitions.go), proven from outside: replicas
@@ -90,9 +92,9 @@ type replica struct {
 	pool *pgxpool.Pool
 }
 
-func (b *bundle) startReplica(t *testing.T, name string, cfg relay.Config, senders ...relay.Sender) *replica {
+func startReplica(t *testing.T, b *harness.Bundle, name string, cfg relay.Config, senders ...relay.Sender) *replica {
 	t.Helper()
-	pool := pgserver.Pool(t, server().URL, b.table+"_"+name, int32(cfg.Concurrency+4))
+	pool := pgserver.Pool(t, harness.Server().URL, b.Table+"_"+name, int32(cfg.Concurrency+4))
 	r, err := relay.New(pool, cfg, senders...)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
@@ -123,8 +125,8 @@ func settled(replicas []*replica, n int) bool {
 	return true
 }
 
-func partitionedConfig(b *bundle, n int) relay.Config {
-	cfg := b.cfg
+func partitionedConfig(b *harness.Bundle, n int) relay.Config {
+	cfg := b.Config
 	cfg.Partitions = n
 	cfg.Interval = 50 * time.Millisecond
 	return cfg
@@ -135,12 +137,12 @@ func partitionedConfig(b *bundle, n int) relay.Config {
 // come, they get their share. No coordinator: each rebalances at its passes.
 func TestPartitionsShareOut(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	cfg := partitionedConfig(b, 16)
 	recv := newOrderReceiver()
 	var replicas []*replica
 	for i := range 4 {
-		replicas = append(replicas, b.startReplica(t, fmt.Sprint("r", i), cfg, recv.sender("t")))
+		replicas = append(replicas, startReplica(t, b, fmt.Sprint("r", i), cfg, recv.sender("t")))
 	}
 	require.Eventually(t, func() bool { return settled(replicas, 16) }, 30*time.Second, 10*time.Millisecond,
 		"four replicas hold four partitions each")
@@ -148,7 +150,7 @@ func TestPartitionsShareOut(t *testing.T) {
 		require.Len(t, rp.r.Stats().Partitions, 4)
 	}
 	// An operator sees the members and their partitions.
-	admin, err := relay.NewAdmin(b.pool, b.cfg)
+	admin, err := relay.NewAdmin(b.Pool, b.Config)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		holders, err := admin.Election(context.Background())
@@ -170,12 +172,12 @@ func TestPartitionsShareOut(t *testing.T) {
 	require.Eventually(t, func() bool { return settled(replicas, 16) }, 30*time.Second, 10*time.Millisecond,
 		"the three left take the stopped one's partitions")
 
-	replicas = append(replicas, b.startReplica(t, "r4", cfg, recv.sender("t")), b.startReplica(t, "r5", cfg, recv.sender("t")))
+	replicas = append(replicas, startReplica(t, b, "r4", cfg, recv.sender("t")), startReplica(t, b, "r5", cfg, recv.sender("t")))
 	require.Eventually(t, func() bool { return settled(replicas, 16) }, 30*time.Second, 10*time.Millisecond,
 		"newcomers get their share: 16 over 5 is 3 or 4 each")
 
-	ids := b.insert(t, "t", distinctKeys("k", 200)...)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
+	ids := b.Insert(t, "t", harness.DistinctKeys("k", 200)...)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
 	require.Empty(t, recv.check(t, ids), "nothing failed: every row came once")
 	delivering := 0
 	for _, rp := range replicas {
@@ -225,18 +227,18 @@ func (p *passPartitions) firstAfter(t time.Time) (passHeld, bool) {
 // TestPartitionsFreedTakenAtTheNextPass: partitions a member let go of at
 // its Stop are taken at the other member's very next pass, whether that pass
 // rebalances or, after an idle one, looks on the relay's own session (the
-// look's side: internal/election's TestPartitionsIdleCheckTakesFreed).
+// look's side: TestPartitionsIdleCheckTakesFreed, partitions_test.go).
 func TestPartitionsFreedTakenAtTheNextPass(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	cfg := partitionedConfig(b, 4)
 	cfg.Interval = time.Second // the stop falls between two of a's timer passes
 	var passes passPartitions
 	acfg := cfg
 	acfg.Observer = &passes
-	a := b.startReplica(t, "a", acfg, newRecorder("t", nil))
+	a := startReplica(t, b, "a", acfg, harness.NewRecorder("t", nil))
 	passes.r.Store(a.r)
-	other := b.startReplica(t, "b", cfg, newRecorder("t", nil))
+	other := startReplica(t, b, "b", cfg, harness.NewRecorder("t", nil))
 	require.Eventually(t, func() bool { return settled([]*replica{a, other}, 4) }, 30*time.Second, 10*time.Millisecond)
 
 	require.NoError(t, other.r.Stop(context.Background()))
@@ -256,30 +258,30 @@ func TestPartitionsFreedTakenAtTheNextPass(t *testing.T) {
 // Go replica of Partitions 1.
 func TestPartitionsExcludeJVM(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	cfg := partitionedConfig(b, 8)
 	recv := newOrderReceiver()
 
-	release := holdLikeJVM(t, b.cfg.AppName)
-	ids := b.insert(t, "t", distinctKeys("k", 20)...)
-	rp := b.startReplica(t, "p", cfg, recv.sender("t"))
+	release := harness.HoldLikeJVM(t, b.Config.AppName)
+	ids := b.Insert(t, "t", harness.DistinctKeys("k", 20)...)
+	rp := startReplica(t, b, "p", cfg, recv.sender("t"))
 	require.Eventually(t, func() bool { return rp.r.Stats().PassesCoalesced >= 5 }, 30*time.Second, 10*time.Millisecond)
 	require.Zero(t, rp.r.Stats().PassesElected)
 	require.Nil(t, rp.r.Stats().Partitions)
-	require.Zero(t, b.countStatus(t, "SENT"), "nothing delivered while the JVM relay holds the key")
+	require.Zero(t, b.CountStatus(t, "SENT"), "nothing delivered while the JVM relay holds the key")
 
 	release()
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond,
 		"the partitioned replica delivers once the JVM relay let go")
 	require.Len(t, rp.r.Stats().Partitions, 8, "alone, it holds every partition")
-	require.False(t, lockFree(t, b.cfg.AppName), "a JVM relay cannot win the key while a partitioned replica runs")
+	require.False(t, harness.LockFree(t, b.Config.AppName), "a JVM relay cannot win the key while a partitioned replica runs")
 
 	// A Go replica of Partitions 1 is excluded the same way.
-	single := b.cfg
+	single := b.Config
 	single.Interval = 20 * time.Millisecond
-	one := b.startReplica(t, "one", single, recv.sender("t"))
-	more := b.insert(t, "t", distinctKeys("m", 20)...)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
+	one := startReplica(t, b, "one", single, recv.sender("t"))
+	more := b.Insert(t, "t", harness.DistinctKeys("m", 20)...)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
 	require.Zero(t, one.r.Stats().PassesElected, "the replica of Partitions 1 never won the key")
 	require.Zero(t, one.r.Stats().Sent)
 
@@ -287,7 +289,7 @@ func TestPartitionsExcludeJVM(t *testing.T) {
 	require.Eventually(t, func() bool { return one.r.Stats().PassesElected > 0 }, 30*time.Second, 10*time.Millisecond,
 		"once the partitioned replica stopped, the replica of Partitions 1 is elected")
 	require.NoError(t, one.r.Stop(context.Background()))
-	require.True(t, lockFree(t, b.cfg.AppName), "stopped replicas leave no lock behind")
+	require.True(t, harness.LockFree(t, b.Config.AppName), "stopped replicas leave no lock behind")
 	require.Empty(t, recv.check(t, append(ids, more...)))
 }
 
@@ -296,7 +298,7 @@ func TestPartitionsExcludeJVM(t *testing.T) {
 // every row is delivered exactly once, and each key in id order.
 func TestPartitionsRollingDeploy(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	cfg := partitionedConfig(b, 16)
 	cfg.Concurrency = 4
 	recv := newOrderReceiver()
@@ -305,7 +307,7 @@ func TestPartitionsRollingDeploy(t *testing.T) {
 
 	replicas := make([]*replica, 4)
 	for i := range replicas {
-		replicas[i] = b.startReplica(t, fmt.Sprint("a", i), cfg, recv.sender("t"))
+		replicas[i] = startReplica(t, b, fmt.Sprint("a", i), cfg, recv.sender("t"))
 	}
 	for gen := range 2 {
 		for i := range replicas {
@@ -313,11 +315,11 @@ func TestPartitionsRollingDeploy(t *testing.T) {
 			mark := prod.count()
 			require.Eventually(t, func() bool { return prod.count() >= mark+50 }, 30*time.Second, time.Millisecond)
 			require.NoError(t, replicas[i].r.Stop(context.Background()))
-			replicas[i] = b.startReplica(t, fmt.Sprintf("g%d_%d", gen, i), cfg, recv.sender("t"))
+			replicas[i] = startReplica(t, b, fmt.Sprintf("g%d_%d", gen, i), cfg, recv.sender("t"))
 		}
 	}
 	written := prod.stop(t)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
 		"every row written is delivered")
 	require.Empty(t, recv.check(t, written), "a rolling deploy repeats nothing")
 	t.Logf("%d rows over 40 keys, 12 replicas in turn", len(written))
@@ -327,20 +329,20 @@ func TestPartitionsRollingDeploy(t *testing.T) {
 // runs its share and leaves, and reports whether it held a partition.
 func TestPartitionsRunIfElected(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	cfg := partitionedConfig(b, 4)
 	recv := newOrderReceiver()
-	r := b.newRelay(t, cfg, recv.sender("t"))
-	ids := b.insert(t, "t", distinctKeys("k", 40)...)
+	r := b.NewRelay(t, cfg, recv.sender("t"))
+	ids := b.Insert(t, "t", harness.DistinctKeys("k", 40)...)
 	ran, err := r.RunIfElected(context.Background())
 	require.NoError(t, err)
 	require.True(t, ran)
-	require.Equal(t, len(ids), b.countStatus(t, "SENT"), "alone, it holds every partition")
-	require.True(t, lockFree(t, b.cfg.AppName), "RunIfElected leaves the election when it returns")
+	require.Equal(t, len(ids), b.CountStatus(t, "SENT"), "alone, it holds every partition")
+	require.True(t, harness.LockFree(t, b.Config.AppName), "RunIfElected leaves the election when it returns")
 	require.Nil(t, r.Stats().Partitions)
 
-	release := holdLikeJVM(t, b.cfg.AppName)
-	b.insert(t, "t", "late")
+	release := harness.HoldLikeJVM(t, b.Config.AppName)
+	b.Insert(t, "t", "late")
 	ran, err = r.RunIfElected(context.Background())
 	require.NoError(t, err)
 	require.False(t, ran, "a JVM relay holds the key")
@@ -356,7 +358,7 @@ func TestPartitionsRunIfElected(t *testing.T) {
 // killed replica had sent without recording its outcome comes twice.
 func TestPartitionsKilled(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	recv := newOrderReceiver()
 	dest := newNamedReceiver(t, recv, time.Millisecond)
 	children := map[string]*exec.Cmd{}
@@ -378,7 +380,7 @@ func TestPartitionsKilled(t *testing.T) {
 	kill("b")
 	require.Eventually(t, func() bool { return dest.delivered("d") >= 20 }, 60*time.Second, time.Millisecond, "the newcomer gets its share")
 	written := prod.stop(t)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(written) }, 60*time.Second, 10*time.Millisecond,
 		"every row written is delivered")
 
 	repeated := recv.check(t, written)
@@ -418,7 +420,7 @@ func TestPartitionsKilledChild(t *testing.T) {
 	cfg.Concurrency = 4
 	sender, err := relay.NewHTTPSender(relay.HTTPSenderConfig{Type: "t", URL: relay.URLWithKey(os.Getenv("RELAY_PARTITION_RECEIVER"))})
 	require.NoError(t, err)
-	r, err := relay.New(pgserver.Pool(t, server().URL, table+"_"+name, 8), cfg, sender)
+	r, err := relay.New(pgserver.Pool(t, harness.Server().URL, table+"_"+name, 8), cfg, sender)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
 	select {} // until the parent kills it
@@ -431,19 +433,19 @@ func TestPartitionsKilledChild(t *testing.T) {
 // never delivered by two replicas at once.
 func TestPartitionsChangeCount(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	recv := newOrderReceiver()
-	old := b.startReplica(t, "old", partitionedConfig(b, 8), recv.sender("t"))
+	old := startReplica(t, b, "old", partitionedConfig(b, 8), recv.sender("t"))
 	require.Eventually(t, func() bool { return len(old.r.Stats().Partitions) == 8 }, 30*time.Second, 10*time.Millisecond)
 
-	logs := &logBuffer{}
+	logs := &testlog.Buffer{}
 	cfg := partitionedConfig(b, 16)
 	cfg.Logger = logs.Logger()
-	next := b.startReplica(t, "new", cfg, recv.sender("t"))
+	next := startReplica(t, b, "new", cfg, recv.sender("t"))
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "partitions are held with another Partitions") },
 		30*time.Second, 10*time.Millisecond, "the newcomer says why it takes none:\n%s", logs)
-	ids := b.insert(t, "t", distinctKeys("k", 50)...)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
+	ids := b.Insert(t, "t", harness.DistinctKeys("k", 50)...)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
 	require.Nil(t, next.r.Stats().Partitions)
 	require.Zero(t, next.r.Stats().Sent, "the replica of the new count delivered nothing beside the old one")
 	require.Equal(t, 8, len(old.r.Stats().Partitions), "the old one keeps all of its count's partitions")
@@ -451,34 +453,9 @@ func TestPartitionsChangeCount(t *testing.T) {
 	require.NoError(t, old.r.Stop(context.Background()))
 	require.Eventually(t, func() bool { return len(next.r.Stats().Partitions) == 16 }, 30*time.Second, 10*time.Millisecond,
 		"once the old count's last holder stopped, the new count takes over")
-	more := b.insert(t, "t", distinctKeys("m", 50)...)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
+	more := b.Insert(t, "t", harness.DistinctKeys("m", 50)...)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
 	require.Empty(t, recv.check(t, append(ids, more...)))
-}
-
-// TestPartitionsConfig: Partitions is checked, and read from RELAY_PARTITIONS.
-func TestPartitionsConfig(t *testing.T) {
-	t.Parallel()
-	pool := newPool(t, 4)
-	s := relay.SenderFunc("t", func(context.Context, relay.Message) error { return nil })
-	for _, tc := range []struct {
-		change func(*relay.Config)
-		want   string
-	}{
-		{func(c *relay.Config) { c.Partitions = 0 }, "relay: Config.Partitions must be between 1 and 4096, got 0"},
-		{func(c *relay.Config) { c.Partitions = 4097 }, "relay: Config.Partitions must be between 1 and 4096, got 4097"},
-		{func(c *relay.Config) { c.Partitions, c.ClusterLock = 4, false }, "relay: Config.Partitions is 4, but ClusterLock is false"},
-		{func(c *relay.Config) { c.Partitions, c.Guard = 4, relay.NewPostgresGuard(pool) }, "leave Guard nil"},
-	} {
-		cfg := relay.DefaultConfig()
-		tc.change(&cfg)
-		_, err := relay.New(pool, cfg, s)
-		require.ErrorContains(t, err, tc.want)
-		var fe *relay.FieldError
-		require.ErrorAs(t, err, &fe)
-		require.Equal(t, "Partitions", fe.Field)
-	}
-	require.Equal(t, 1, relay.DefaultConfig().Partitions)
 }
 
 // producer writes rows of type t over keys natural keys, one per statement,
@@ -491,14 +468,14 @@ type producer struct {
 	err     error
 }
 
-func startProducer(b *bundle, keys int, pause time.Duration) *producer {
+func startProducer(b *harness.Bundle, keys int, pause time.Duration) *producer {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &producer{cancel: cancel}
-	insert := "INSERT INTO " + pgx.Identifier{b.table}.Sanitize() + " (type, natural_key, payload) VALUES ('t', $1, '{}') RETURNING id"
+	insert := "INSERT INTO " + pgx.Identifier{b.Table}.Sanitize() + " (type, natural_key, payload) VALUES ('t', $1, '{}') RETURNING id"
 	p.done.Go(func() {
 		for i := 0; ctx.Err() == nil; i++ {
 			var id int64
-			if err := b.pool.QueryRow(context.Background(), insert, fmt.Sprint("k", i%keys)).Scan(&id); err != nil {
+			if err := b.Pool.QueryRow(context.Background(), insert, fmt.Sprint("k", i%keys)).Scan(&id); err != nil {
 				p.mu.Lock()
 				p.err = err
 				p.mu.Unlock()
@@ -537,32 +514,32 @@ func (p *producer) stop(t *testing.T) []int64 {
 // the field-faults bound, in key order.
 func TestPartitionsZombieMember(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	proxy, viaProxy, err := pgserver.ProxyURL(server().URL)
+	b := harness.Setup(t)
+	proxy, viaProxy, err := pgserver.ProxyURL(harness.Server().URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Close() })
 	cfg := partitionedConfig(b, 8)
 	cfg.Interval = 100 * time.Millisecond
 	recv := newOrderReceiver()
 
-	cutOff, err := relay.New(pgserver.Pool(t, viaProxy, b.table+"_a", 6), cfg, recv.sender("t"))
+	cutOff, err := relay.New(pgserver.Pool(t, viaProxy, b.Table+"_a", 6), cfg, recv.sender("t"))
 	require.NoError(t, err)
 	require.NoError(t, cutOff.Start(context.Background()))
-	other := b.startReplica(t, "b", cfg, recv.sender("t"))
+	other := startReplica(t, b, "b", cfg, recv.sender("t"))
 	both := []*replica{{r: cutOff}, other}
 	require.Eventually(t, func() bool { return settled(both, 8) }, 30*time.Second, 5*time.Millisecond)
-	before := b.insert(t, "t", distinctKeys("before", 40)...)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(before) }, 30*time.Second, 5*time.Millisecond)
+	before := b.Insert(t, "t", harness.DistinctKeys("before", 40)...)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(before) }, 30*time.Second, 5*time.Millisecond)
 
 	proxy.Freeze()
 	cut := time.Now()
-	after := b.insert(t, "t", distinctKeys("after", 40)...)
-	require.Eventually(t, func() bool { return len(other.r.Stats().Partitions) == 8 }, takeoverBound+5*time.Second, 10*time.Millisecond,
+	after := b.Insert(t, "t", harness.DistinctKeys("after", 40)...)
+	require.Eventually(t, func() bool { return len(other.r.Stats().Partitions) == 8 }, harness.TakeoverBound+5*time.Second, 10*time.Millisecond,
 		"the other member takes the cut-off one's partitions")
 	takeover := time.Since(cut)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(before)+len(after) }, 30*time.Second, 10*time.Millisecond)
-	t.Logf("the other member held every partition %s after the cut (bound %s)", takeover.Round(time.Millisecond), takeoverBound)
-	require.Less(t, takeover, takeoverBound)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(before)+len(after) }, 30*time.Second, 10*time.Millisecond)
+	t.Logf("the other member held every partition %s after the cut (bound %s)", takeover.Round(time.Millisecond), harness.TakeoverBound)
+	require.Less(t, takeover, harness.TakeoverBound)
 
 	proxy.Thaw()
 	stopCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -570,7 +547,7 @@ func TestPartitionsZombieMember(t *testing.T) {
 	require.NoError(t, other.r.Stop(stopCtx))
 	_ = cutOff.Stop(stopCtx) // its last pass may end with its session lost
 	require.Empty(t, recv.check(t, append(before, after...)), "nothing was in flight at the cut: nothing repeated")
-	require.True(t, lockFree(t, b.cfg.AppName), "no lock left behind")
+	require.True(t, harness.LockFree(t, b.Config.AppName), "no lock left behind")
 }
 
 // TestPartitionsIdleMemberFindsRows: an idle member learns in its rebalance's
@@ -582,21 +559,21 @@ func TestPartitionsZombieMember(t *testing.T) {
 // is back.
 func TestPartitionsIdleMemberFindsRows(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := harness.Setup(t)
 	cfg := partitionedConfig(b, 4)
 	cfg.WakeOnCommit = false // only the timer's passes, whose rebalance carries the check
 	recv := newOrderReceiver()
-	var passes [2]passCounter
+	var passes [2]harness.PassCounter
 	var replicas []*replica
 	for i := range passes {
 		c := cfg
 		c.Observer = &passes[i]
-		replicas = append(replicas, b.startReplica(t, fmt.Sprint("r", i), c, recv.sender("t")))
+		replicas = append(replicas, startReplica(t, b, fmt.Sprint("r", i), c, recv.sender("t")))
 	}
 	require.Eventually(t, func() bool { return settled(replicas, 4) }, 30*time.Second, 10*time.Millisecond)
 	idle := func() { // a few passes more on each, with nothing to deliver
-		n0, n1 := passes[0].n.Load(), passes[1].n.Load()
-		require.Eventually(t, func() bool { return passes[0].n.Load() >= n0+3 && passes[1].n.Load() >= n1+3 },
+		n0, n1 := passes[0].N.Load(), passes[1].N.Load()
+		require.Eventually(t, func() bool { return passes[0].N.Load() >= n0+3 && passes[1].N.Load() >= n1+3 },
 			30*time.Second, 10*time.Millisecond)
 	}
 	idle()
@@ -604,17 +581,17 @@ func TestPartitionsIdleMemberFindsRows(t *testing.T) {
 	for i := range 40 {
 		keys = append(keys, fmt.Sprintf("k%02d", i%10))
 	}
-	ids := b.insert(t, "t", keys...)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
+	ids := b.Insert(t, "t", keys...)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids) }, 30*time.Second, 10*time.Millisecond)
 	require.Empty(t, recv.check(t, ids), "each row delivered once")
 
-	away := pgx.Identifier{b.table + "_away"}.Sanitize()
-	b.exec(t, "ALTER TABLE %s RENAME TO "+away)
+	away := pgx.Identifier{b.Table + "_away"}.Sanitize()
+	b.Exec(t, "ALTER TABLE %s RENAME TO "+away)
 	idle()
-	_, err := b.pool.Exec(context.Background(), "ALTER TABLE "+away+" RENAME TO "+pgx.Identifier{b.table}.Sanitize())
+	_, err := b.Pool.Exec(context.Background(), "ALTER TABLE "+away+" RENAME TO "+pgx.Identifier{b.Table}.Sanitize())
 	require.NoError(t, err)
-	more := b.insert(t, "t", keys[:10]...)
-	require.Eventually(t, func() bool { return b.countStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
+	more := b.Insert(t, "t", keys[:10]...)
+	require.Eventually(t, func() bool { return b.CountStatus(t, "SENT") == len(ids)+len(more) }, 30*time.Second, 10*time.Millisecond)
 	require.Empty(t, recv.check(t, append(ids, more...)))
 	require.True(t, settled(replicas, 4), "the members kept their partitions")
 }
