@@ -12,7 +12,7 @@ import (
 // once for the replicas and the names their statements carry, and again to
 // hash those names. A replica that comes up between two reads is seen by the
 // second, with names it did not hash: it was listed with an unnamed type
-// (TestPresenceListsLiveReplicas, about once in 50 runs under load). It is
+// (internal/session's TestPresenceListsLiveReplicas, about once in 50 runs under load). It is
 // named now, by a read more.
 func TestReplicasNamesAReplicaThatCameBetweenReads(t *testing.T) {
 	t.Parallel()

@@ -152,7 +152,7 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, 16, cfg.Partitions)
 }
 
-// TestPartitionsConfig: Partitions is checked, and read from RELAY_PARTITIONS.
+// TestPartitionsConfig: New checks Partitions and names the field in its error.
 func TestPartitionsConfig(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t, 4)

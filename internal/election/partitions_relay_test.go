@@ -552,7 +552,7 @@ func TestPartitionsZombieMember(t *testing.T) {
 
 // TestPartitionsIdleMemberFindsRows: an idle member learns in its rebalance's
 // round trip that its partitions have nothing to deliver, and makes no select
-// then (session_test.go counts it); rows written without a NOTIFY, later, are
+// then (internal/loop's TestIdlePartitionedMemberOneRoundTripPerPass counts it); rows written without a NOTIFY, later, are
 // found by that same check and delivered, in key order, by both members. A
 // check that fails (the table renamed away under the members) is no verdict:
 // the passes fail on the select, as before, and deliver again once the table
