@@ -360,8 +360,8 @@ func TestStuckSendsBound(t *testing.T) {
 // keys are queued behind a slow destination are selected at a wake-up and
 // sent before x's queue drains.
 func TestLanesHungrySelect(t *testing.T) {
-	// With one worker, x's 30 keys are one task (taskCut): the worker hands
-	// its rest back at a key's end once y waits.
+	// With one worker, the worker on x's task hands its rest back at a key's
+	// end once y waits (starving).
 	for _, workers := range []int{1, 2} {
 		t.Run(map[int]string{1: "OneWorker", 2: "TwoWorkers"}[workers], func(t *testing.T) {
 			table := newMemTable(100)
