@@ -3,17 +3,16 @@ package loop_test
 import (
 	"context"
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
 	"github.com/xadm/relay/internal/testkit/harness"
 	"github.com/xadm/relay/internal/testkit/pgserver"
+	"github.com/xadm/relay/internal/testkit/pgtrace"
 )
 
 // The loop's idle passes, proven from a whole Relay: an idle replica costs
@@ -24,32 +23,6 @@ import (
 // the local binaries) and, after the tests, checks that no goroutine was left
 // behind.
 func TestMain(m *testing.M) { os.Exit(pgserver.Run(m, "RELAY_TEST_DATABASE_URL")) }
-
-// tracer is a pgx tracer that counts what a pool's connections send, as the
-// measuring tools' does (internal/tools/benchkit, which the tests of a
-// mechanism may not import): each query and each batch is one statement, one
-// round trip; and the connections the pool opens.
-type tracer struct{ queries, batches, connects atomic.Int64 }
-
-// Statements is how many queries and batches the pool sent.
-func (t *tracer) Statements() int64 { return t.queries.Load() + t.batches.Load() }
-
-func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	t.queries.Add(1)
-	return ctx
-}
-func (t *tracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	t.batches.Add(1)
-	return ctx
-}
-func (t *tracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (t *tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-func (t *tracer) TraceConnectStart(ctx context.Context, _ pgx.TraceConnectStartData) context.Context {
-	t.connects.Add(1)
-	return ctx
-}
-func (t *tracer) TraceConnectEnd(context.Context, pgx.TraceConnectEndData) {}
 
 // idleRoundTrips starts a relay of cfg (its Interval 1.1 s: past pgxpool's
 // 1s, so that a pooled statement would be pinged first) behind a proxy that
@@ -120,7 +93,7 @@ func TestFirstMessageOpensNoConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := harness.Setup(t)
-	var trips tracer
+	var trips pgtrace.Tracer
 	pool := pgserver.Pool(t, harness.Server().URL, pgserver.Name(t), 6, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = &trips })
 	var passes harness.PassCounter
 	cfg := b.Config
@@ -131,11 +104,11 @@ func TestFirstMessageOpensNoConnection(t *testing.T) {
 	harness.StartRelay(t, r)
 	require.Eventually(t, func() bool { return passes.N.Load() >= 2 }, 30*time.Second, 10*time.Millisecond, "idle passes")
 
-	before := trips.connects.Load()
+	before := trips.Connects.Load()
 	_, err = relay.Enqueue(ctx, b.Pool, b.Table, relay.Outgoing{Type: "t", Key: "k", Payload: []byte(`{"n": 1}`)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return rec.Count() == 1 }, 30*time.Second, 10*time.Millisecond)
-	require.Equal(t, before, trips.connects.Load(), "the first message's pass opened no connection")
+	require.Equal(t, before, trips.Connects.Load(), "the first message's pass opened no connection")
 }
 
 // TestIdleCost: three idle replicas, one statement per pass each (the idle
@@ -148,11 +121,11 @@ func TestIdleCost(t *testing.T) {
 	cfg.Interval = 50 * time.Millisecond
 	type replica struct {
 		r     *relay.Relay
-		trips *tracer
+		trips *pgtrace.Tracer
 	}
 	var replicas []replica
 	for range 3 {
-		trips := &tracer{}
+		trips := &pgtrace.Tracer{}
 		pool := pgserver.Pool(t, harness.Server().URL, pgserver.Name(t), 4, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trips })
 		r, err := relay.New(pool, cfg, harness.NewRecorder("t", nil))
 		require.NoError(t, err)
