@@ -463,6 +463,16 @@ func (j *judge) decide() {
 			"Nothing is delivered because the server is read-only (%s): a relay connected to it can read its rows but not record an outcome. %s. "+
 				"Point the relays' database URL at the primary.", why, waiting))
 		return
+	case j.oldestType() == nil:
+		// No row waits for the relays (each waits out a backoff, or its type
+		// is paused): whoever holds the election, a pass in flight or a
+		// partitioned member, is not why they wait.
+		if lead := j.pausedLead(); lead != "" {
+			j.set(OK, CauseTypePaused, lead)
+			return
+		}
+		j.set(OK, CauseRetrying, j.retryLead())
+		return
 	case holder != nil && holder.Kind == relay.HolderRelay && holder.Mode == relay.LockShared:
 		// Partitioned replicas hold the key for as long as they run.
 		members, held, of := partitionsHeld(j.in.Now.Holders)
@@ -514,14 +524,6 @@ func (j *judge) decide() {
 	if st := j.in.Stats; st != nil && st.LastPassErr != nil && stuck {
 		j.set(Stalled, CausePassFails, fmt.Sprintf(
 			"Nothing is delivered because this process's relay fails its passes: %v. %s.", st.LastPassErr, waiting))
-		return
-	}
-	if j.oldestType() == nil {
-		if lead := j.pausedLead(); lead != "" {
-			j.set(OK, CauseTypePaused, lead)
-			return
-		}
-		j.set(OK, CauseRetrying, j.retryLead())
 		return
 	}
 	if !stuck {

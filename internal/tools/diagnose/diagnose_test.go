@@ -417,6 +417,16 @@ func TestPausedTypes(t *testing.T) {
 	require.EqualValues(t, 4, d.Waiting)
 	require.Contains(t, d.Lead, `"orders" (4 row(s); paused by replica a1 since 2026-11-30T09:55:00Z, after “5 failures in a row: PUT http://orders/1: 503 Service Unavailable”; probed again at 2026-11-30T10:00:40Z (in 40s))`)
 
+	// Whoever holds the election meanwhile, a pass in flight or another
+	// client, the pause is why those rows wait (TestStatusPausedType read
+	// the holder's words when a pass was in flight).
+	for _, h := range []relay.LockHolder{holder(relay.HolderRelay, 42, "billing-7f9c"), holder(relay.HolderOther, 42, "billing")} {
+		held := in
+		held.Now.Holders = []relay.LockHolder{h}
+		d := diagnose.Diagnose(held)
+		require.Equal(t, diagnose.CauseTypePaused, d.Cause, "held by %s: %s", h.Kind, d.Summary)
+	}
+
 	// Without the pause the same look is a stall: the pause is what tells.
 	in.Now.Replicas[0].Paused = nil
 	require.Equal(t, diagnose.Stalled, diagnose.Diagnose(in).Verdict)
