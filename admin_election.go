@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/xadm/relay/internal/session"
 )
 
 // HolderKind tells what holds an election, as [LockHolder] reports it.
@@ -14,7 +16,8 @@ type HolderKind string
 const (
 	// HolderRelay is a Go relay of this library: every statement its guard
 	// runs on the lock's session is marked, and the heartbeat's mark says
-	// since when it holds the election.
+	// since when it holds the election; its idle poll, which holds the
+	// election for its statement's length, carries the relay's presence mark.
 	HolderRelay HolderKind = "relay"
 	// HolderPause is an operator's pause (relayctl pause): a session that holds
 	// the election so that no relay delivers.
@@ -108,10 +111,17 @@ const applicationNameMax = 63
 // classify sets h's Kind, Since and Replica from its last statement and its
 // application_name: a Go relay's guard marks every statement it runs on the
 // lock's session (sql/election.sql, electionMark), and its heartbeat also says since
-// when it holds the election.
+// when it holds the election; its idle poll carries its presence mark.
 func classify(h *LockHolder, app string) {
 	if since, id, ok := parseElectionMark(h.query, h.queryStart); ok {
 		h.Kind, h.Since, h.Replica, h.ReplicaID = HolderRelay, since, h.ApplicationName, id
+		return
+	}
+	if id, ok := session.MarkedReplica(h.query); ok {
+		// The idle poll: it wins the election for its own statement's length,
+		// on the relay's own session, whose statements carry the presence
+		// mark (sql/pass.sql, poll).
+		h.Kind, h.Since, h.Replica, h.ReplicaID = HolderRelay, h.queryStart, h.ApplicationName, id
 		return
 	}
 	// The pause's name is cut at 63 bytes for a long app name.

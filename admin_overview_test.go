@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/xadm/relay"
+	"github.com/xadm/relay/internal/session"
 	"github.com/xadm/relay/internal/testkit/pgserver"
 )
 
@@ -359,6 +360,33 @@ func TestAdminElection(t *testing.T) {
 		require.Equal(t, relay.HolderRelay, h.Kind, "the guard marks its statements on the lock's session")
 		require.WithinDuration(t, before, h.Since, 5*time.Second)
 		require.Equal(t, replica, h.Replica, "the replica's own application_name, untouched")
+	})
+
+	t.Run("GoRelaysIdlePoll", func(t *testing.T) {
+		// A started relay's idle poll wins the election for its statement's
+		// length on the relay's own session, a statement that carries the
+		// relay's presence mark, not the election's: it is a Go relay's too.
+		t.Parallel()
+		b := setup(t)
+		p := session.NewPresence(b.cfg.AppName, b.cfg.Table, b.cfg.MaxAttempts, 1, []string{"t"})
+		replica := pgserver.Name(t)
+		cfg, err := pgx.ParseConfig(server().URL)
+		require.NoError(t, err)
+		cfg.RuntimeParams["application_name"] = replica
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		before := time.Now()
+		_, err = conn.Exec(ctx, p.Mark()+"SELECT pg_advisory_lock(hashtext($1))", b.cfg.AppName+relay.LockKeySuffix)
+		require.NoError(t, err)
+		holders, err := b.newAdmin(t).Election(ctx)
+		require.NoError(t, err)
+		require.Len(t, holders, 1)
+		h := holders[0]
+		require.Equal(t, relay.HolderRelay, h.Kind, "the presence mark is a Go relay's")
+		require.Equal(t, p.ID(), h.ReplicaID, "the presence mark names its replica")
+		require.Equal(t, replica, h.Replica)
+		require.WithinDuration(t, before, h.Since, 5*time.Second, "it holds since its statement started")
 	})
 
 	t.Run("Pause", func(t *testing.T) {

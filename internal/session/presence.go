@@ -325,6 +325,17 @@ func ParseComment(query string) (Descriptor, bool) {
 	return d, true
 }
 
+// MarkedReplica reports whether query is a presence statement, as the relay's
+// own session runs them (its idle poll among them), and the replica it names:
+// "" when the comment was cut (track_activity_query_size).
+func MarkedReplica(query string) (replica string, ok bool) {
+	if !strings.HasPrefix(query, presenceMarkPrefix) {
+		return "", false
+	}
+	d, _ := ParseComment(query)
+	return d.Replica, true
+}
+
 // Take takes the presence locks on conn, a session of this relay's own, and
 // returns its backend's pid. With an Ownership, it then claims the relay's
 // types on the session (ownership.go); a claim that fails is logged, and
