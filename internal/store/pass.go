@@ -174,7 +174,9 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 		// each row's bytes a slice of their own).
 		var (
 			m       Row
-			typ     string
+			typ     pgtype.DriverBytes // valid until the next row: interned
+			status  pgtype.DriverBytes
+			texts   = interned{}
 			key     pgtype.Text
 			created pgtype.Timestamptz
 			stored  pgtype.Int4
@@ -183,7 +185,7 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 			held    int32
 			more    bool
 		)
-		dest := []any{&m.ID, &typ, &key, &m.Status, &m.ReadAttempts, &created, &held, &more, &stored, &payload, &hdrs}
+		dest := []any{&m.ID, &typ, &key, &status, &m.ReadAttempts, &created, &held, &more, &stored, &payload, &hdrs}
 		if !a.Headers {
 			dest = dest[:len(dest)-1]
 		}
@@ -192,9 +194,10 @@ func (r *Table) Fetch(ctx context.Context, db querier, a FetchArgs) (Batch, erro
 			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
-			m.Type, m.Source, m.Key, m.Held = typ, a.Source, key.String, Held(held)
-			if more && (len(f.More) == 0 || f.More[len(f.More)-1] != typ) {
-				f.More = append(f.More, typ) // compacted below
+			m.Type, m.Source, m.Key, m.Held = texts.of(typ), a.Source, key.String, Held(held)
+			m.Status = pgtype.Text{String: texts.of(status), Valid: status != nil}
+			if more && (len(f.More) == 0 || f.More[len(f.More)-1] != m.Type) {
+				f.More = append(f.More, m.Type) // compacted below
 			}
 			m.Attempts = int(m.ReadAttempts.Int64) // 0 when NULL
 			if created.Valid && created.InfinityModifier == pgtype.Finite {
@@ -369,6 +372,20 @@ type TableInfo struct {
 	Headers   bool   // it has the optional headers column (a JVM-made table has not)
 	KeyIndex  bool   // an index leads with (natural_key, id) over the live rows: selects may leave types out
 	IDCache   int64  // the CACHE of the id's sequence (1 when it has none)
+}
+
+// interned holds one string per text that a batch's rows repeat (their
+// types, their statuses), so that a row's costs no allocation of its own.
+type interned map[string]string
+
+// of is b's text, made once per batch.
+func (in interned) of(b []byte) string {
+	if s, ok := in[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	in[s] = s
+	return s
 }
 
 // requiredColumns are the columns the pass reads and writes.

@@ -114,3 +114,41 @@ func TestSelectRunsOnItsGenericPlan(t *testing.T) {
 	require.NoError(t, c.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode))
 	require.Equal(t, "auto", mode, "the session keeps its own setting")
 }
+
+// TestFetchReadsStatusAndType: a batch's types and statuses, read once per
+// batch and shared by its rows (interned), are each row's own: a NULL status
+// (a foreign table may allow one) stays NULL, which the outcome's fence reads
+// as the row was.
+func TestFetchReadsStatusAndType(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, table := table(t)
+	_, err := pool.Exec(ctx, "ALTER TABLE "+table+" ALTER COLUMN status DROP NOT NULL")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+table+` (type, natural_key, payload, status, attempts, updated_at) VALUES
+		('t', 'a', '{}', 'PENDING', 0, now()), ('u', 'b', '{}', NULL, 0, now()),
+		('t', 'c', '{}', 'ERROR', 1, now() - interval '1 day'), ('u', 'd', '{}', 'PENDING', 0, now())`)
+	require.NoError(t, err)
+	repo, err := NewTable(table, 2*time.Second, time.Hour, false)
+	require.NoError(t, err)
+	c, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	f, err := repo.Fetch(ctx, c, FetchArgs{MaxAttempts: 10, Types: []string{"t", "u"}, All: []string{"t", "u"}, Limit: 10, MaxBytes: 1 << 20,
+		After: []int64{math.MinInt64, math.MinInt64}, Width: []int32{10, 10}, Keyed: true, StartEpoch: true, Preflight: true, Headers: true, Source: table})
+	require.NoError(t, err)
+	type read struct {
+		typ, key string
+		status   pgtype.Text
+	}
+	var got []read
+	for _, m := range f.Rows {
+		got = append(got, read{m.Type, m.Key, m.Status})
+	}
+	require.Equal(t, []read{
+		{"t", "a", pgtype.Text{String: "PENDING", Valid: true}},
+		{"u", "b", pgtype.Text{}},
+		{"t", "c", pgtype.Text{String: "ERROR", Valid: true}},
+		{"u", "d", pgtype.Text{String: "PENDING", Valid: true}},
+	}, got)
+}
