@@ -33,6 +33,18 @@ func table(t *testing.T) (*pgxpool.Pool, string) {
 	return pool, name
 }
 
+// fetcher is the statements of table, with a backoff of 2s, and a
+// connection of pool to run them on, released at the test's end.
+func fetcher(t *testing.T, pool *pgxpool.Pool, table string) (*Table, *pgxpool.Conn) {
+	t.Helper()
+	repo, err := NewTable(table, 2*time.Second, time.Hour, false)
+	require.NoError(t, err)
+	c, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(c.Release)
+	return repo, c
+}
+
 // TestAsyncCommitIsLocalToTheOutcome shows that AsyncCommit's statements turn
 // synchronous_commit off for their own transaction, whose commit then does not
 // wait for its WAL flush, and leave the pooled session as they found it.
@@ -94,11 +106,7 @@ func TestSelectRunsOnItsGenericPlan(t *testing.T) {
 	pool, table := table(t)
 	_, err := pool.Exec(ctx, "INSERT INTO "+table+" (type, natural_key, payload) SELECT 't', 'k' || g, '{}' FROM generate_series(1, 20) g")
 	require.NoError(t, err)
-	repo, err := NewTable(table, 2*time.Second, time.Hour, false)
-	require.NoError(t, err)
-	c, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer c.Release()
+	repo, c := fetcher(t, pool, table)
 	for i := range 8 {
 		f, err := repo.Fetch(ctx, c, FetchArgs{MaxAttempts: 10, Types: []string{"t"}, All: []string{"t"}, Limit: 5, MaxBytes: 1 << 20,
 			After: []int64{math.MinInt64}, Keyed: true, StartEpoch: i == 0, Preflight: i == 0, Headers: true, Source: table})
@@ -129,11 +137,7 @@ func TestFetchReadsStatusAndType(t *testing.T) {
 		('t', 'a', '{}', 'PENDING', 0, now()), ('u', 'b', '{}', NULL, 0, now()),
 		('t', 'c', '{}', 'ERROR', 1, now() - interval '1 day'), ('u', 'd', '{}', 'PENDING', 0, now())`)
 	require.NoError(t, err)
-	repo, err := NewTable(table, 2*time.Second, time.Hour, false)
-	require.NoError(t, err)
-	c, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer c.Release()
+	repo, c := fetcher(t, pool, table)
 	f, err := repo.Fetch(ctx, c, FetchArgs{MaxAttempts: 10, Types: []string{"t", "u"}, All: []string{"t", "u"}, Limit: 10, MaxBytes: 1 << 20,
 		After: []int64{math.MinInt64, math.MinInt64}, Width: []int32{10, 10}, Keyed: true, StartEpoch: true, Preflight: true, Headers: true, Source: table})
 	require.NoError(t, err)
